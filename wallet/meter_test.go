@@ -1,0 +1,200 @@
+package wallet
+
+import (
+	"strings"
+	"testing"
+)
+
+// sse feeds a raw text/event-stream to m the way the gateway's SSE reader
+// would: event name plus joined data lines per event.
+func sse(m *Meter, stream string) {
+	for _, block := range strings.Split(strings.TrimSpace(stream), "\n\n") {
+		var name string
+		var data []string
+		for _, line := range strings.Split(block, "\n") {
+			switch {
+			case strings.HasPrefix(line, "event: "):
+				name = strings.TrimPrefix(line, "event: ")
+			case strings.HasPrefix(line, "data: "):
+				data = append(data, strings.TrimPrefix(line, "data: "))
+			}
+		}
+		buf := []byte(strings.Join(data, "\n"))
+		m.Event(name, buf)
+		// The meter must not keep the data: the reader reuses its buffer.
+		for i := range buf {
+			buf[i] = 'x'
+		}
+	}
+}
+
+const openAIChatStream = `data: {"id":"chatcmpl-B9","object":"chat.completion.chunk","created":1727000000,"model":"gpt-4o-mini-2024-07-18","system_fingerprint":"fp_1","choices":[{"index":0,"delta":{"role":"assistant","content":"","refusal":null},"logprobs":null,"finish_reason":null}],"usage":null}
+
+data: {"id":"chatcmpl-B9","object":"chat.completion.chunk","created":1727000000,"model":"gpt-4o-mini-2024-07-18","system_fingerprint":"fp_1","choices":[{"index":0,"delta":{"content":"Hello! The word \"usage\" appears here."},"logprobs":null,"finish_reason":null}],"usage":null}
+
+data: {"id":"chatcmpl-B9","object":"chat.completion.chunk","created":1727000000,"model":"gpt-4o-mini-2024-07-18","system_fingerprint":"fp_1","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}],"usage":null}
+
+data: {"id":"chatcmpl-B9","object":"chat.completion.chunk","created":1727000000,"model":"gpt-4o-mini-2024-07-18","system_fingerprint":"fp_1","choices":[],"usage":{"prompt_tokens":19,"completion_tokens":10,"total_tokens":29,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}}}
+
+data: [DONE]`
+
+const responsesStream = `event: response.created
+data: {"type":"response.created","sequence_number":0,"response":{"id":"resp_67c","object":"response","created_at":1741290958,"status":"in_progress","model":"gpt-4.1-2025-04-14","output":[],"usage":null}}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","sequence_number":4,"item_id":"msg_67c","output_index":0,"content_index":0,"delta":"Hi there"}
+
+event: response.completed
+data: {"type":"response.completed","sequence_number":9,"response":{"id":"resp_67c","object":"response","created_at":1741290958,"status":"completed","model":"gpt-4.1-2025-04-14","output":[{"id":"msg_67c","type":"message","status":"completed","role":"assistant","content":[{"type":"output_text","text":"Hi there","annotations":[]}]}],"usage":{"input_tokens":37,"input_tokens_details":{"cached_tokens":0},"output_tokens":11,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":48}}}`
+
+const anthropicStream = `event: message_start
+data: {"type":"message_start","message":{"id":"msg_01","type":"message","role":"assistant","content":[],"model":"claude-sonnet-4-20250514","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":25,"cache_creation_input_tokens":100,"cache_read_input_tokens":2000,"output_tokens":1,"service_tier":"standard"}}}
+
+event: content_block_start
+data: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}
+
+event: ping
+data: {"type": "ping"}
+
+event: content_block_delta
+data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}
+
+event: content_block_stop
+data: {"type":"content_block_stop","index":0}
+
+event: message_delta
+data: {"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":7}}
+
+event: message_delta
+data: {"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":15}}
+
+event: message_stop
+data: {"type":"message_stop"}`
+
+func TestMeterStreams(t *testing.T) {
+	cases := []struct {
+		name   string
+		format Format
+		stream string
+		want   Usage
+	}{
+		{"openai chat", FormatOpenAIChat, openAIChatStream, Usage{19, 10, true}},
+		{"responses", FormatOpenAIResponses, responsesStream, Usage{37, 11, true}},
+		{"anthropic", FormatAnthropic, anthropicStream, Usage{25 + 100 + 2000, 15, true}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := NewMeter(c.format)
+			sse(m, c.stream)
+			if got := m.Usage(); got != c.want {
+				t.Errorf("Usage() = %+v, want %+v", got, c.want)
+			}
+		})
+	}
+}
+
+func TestMeterAnthropicNamelessEvents(t *testing.T) {
+	// Some proxies drop the event: lines; the type field still identifies them.
+	m := NewMeter(FormatAnthropic)
+	m.Event("", []byte(`{"type":"message_start","message":{"usage":{"input_tokens":12,"output_tokens":1}}}`))
+	m.Event("", []byte(`{"type":"message_delta","delta":{},"usage":{"output_tokens":4}}`))
+	if got := m.Usage(); got != (Usage{12, 4, true}) {
+		t.Errorf("Usage() = %+v", got)
+	}
+}
+
+func TestMeterAnthropicDeltaWithInput(t *testing.T) {
+	// With server tools, message_delta repeats cumulative input counts.
+	m := NewMeter(FormatAnthropic)
+	m.Event("message_start", []byte(`{"type":"message_start","message":{"usage":{"input_tokens":10,"output_tokens":1}}}`))
+	m.Event("message_delta", []byte(`{"type":"message_delta","delta":{},"usage":{"input_tokens":500,"cache_read_input_tokens":20,"output_tokens":40,"server_tool_use":{"web_search_requests":1}}}`))
+	if got := m.Usage(); got != (Usage{520, 40, true}) {
+		t.Errorf("Usage() = %+v", got)
+	}
+}
+
+func TestMeterBodies(t *testing.T) {
+	cases := []struct {
+		name   string
+		format Format
+		body   string
+		want   Usage
+	}{
+		{"openai chat", FormatOpenAIChat, `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21,"completion_tokens_details":{"reasoning_tokens":0}}}`, Usage{9, 12, true}},
+		{"responses", FormatOpenAIResponses, `{"id":"resp_1","object":"response","status":"completed","model":"o4-mini","output":[{"type":"reasoning","summary":[]},{"type":"message","role":"assistant","content":[{"type":"output_text","text":"4"}]}],"usage":{"input_tokens":14,"input_tokens_details":{"cached_tokens":0},"output_tokens":210,"output_tokens_details":{"reasoning_tokens":192},"total_tokens":224}}`, Usage{14, 210, true}},
+		{"anthropic", FormatAnthropic, `{"id":"msg_1","type":"message","role":"assistant","model":"claude-3-5-haiku-20241022","content":[{"type":"text","text":"Hi!"}],"stop_reason":"end_turn","usage":{"input_tokens":13,"cache_creation_input_tokens":0,"cache_read_input_tokens":50,"output_tokens":5}}`, Usage{63, 5, true}},
+		{"embeddings", FormatOpenAIEmbeddings, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.0023,-0.0093]}],"model":"text-embedding-3-small","usage":{"prompt_tokens":8,"total_tokens":8}}`, Usage{8, 0, true}},
+		{"error body", FormatOpenAIChat, `{"error":{"message":"Rate limit","type":"requests","code":"rate_limit_exceeded"}}`, Usage{0, 0, false}},
+		{"garbage", FormatAnthropic, `{"usage": oops`, Usage{0, 0, false}},
+		{"null usage", FormatOpenAIChat, `{"choices":[],"usage":null}`, Usage{0, 0, false}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := NewMeter(c.format)
+			m.Body([]byte(c.body))
+			if got := m.Usage(); got != c.want {
+				t.Errorf("Usage() = %+v, want %+v", got, c.want)
+			}
+		})
+	}
+}
+
+func TestMeterBillableFallback(t *testing.T) {
+	// Client hung up after some text: no usage chunk ever arrived.
+	m := NewMeter(FormatOpenAIChat)
+	m.Event("", []byte(`{"choices":[{"index":0,"delta":{"content":"Hello"}}],"usage":null}`))
+	m.DeliveredText(5)
+	m.DeliveredText(300)
+	if u := m.Usage(); u.Known {
+		t.Fatalf("Usage() = %+v, want unknown", u)
+	}
+	if got := m.Billable(4000); got != (Usage{4000, 305, false}) {
+		t.Errorf("Billable = %+v", got)
+	}
+
+	// Anthropic stream cut after message_start: input is known, output is not.
+	m = NewMeter(FormatAnthropic)
+	m.Event("message_start", []byte(`{"type":"message_start","message":{"usage":{"input_tokens":30,"output_tokens":1}}}`))
+	m.DeliveredText(12)
+	if got := m.Billable(9999); got != (Usage{30, 12, false}) {
+		t.Errorf("Billable = %+v", got)
+	}
+
+	// A complete report wins over the fallback.
+	m = NewMeter(FormatOpenAIChat)
+	m.DeliveredText(1000)
+	m.Body([]byte(`{"usage":{"prompt_tokens":3,"completion_tokens":4}}`))
+	if got := m.Billable(9999); got != (Usage{3, 4, true}) {
+		t.Errorf("Billable = %+v", got)
+	}
+}
+
+func TestIsUsageOnlyChunk(t *testing.T) {
+	cases := []struct {
+		data string
+		want bool
+	}{
+		{`{"id":"c","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}`, true},
+		{`{"id":"c","object":"chat.completion.chunk","usage":{"prompt_tokens":1,"completion_tokens":2}}`, true},
+		{`{"id":"c","choices":[{"index":0,"delta":{"content":"x"}}],"usage":null}`, false},
+		{`{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":2}}`, false},
+		{`{"id":"c","choices":[],"usage":null}`, false},
+		{`{"id":"c","choices":[{"index":0,"delta":{"content":"\"usage\""}}]}`, false},
+		{`[DONE]`, false},
+		{`{"usage":`, false},
+	}
+	for _, c := range cases {
+		if got := IsUsageOnlyChunk([]byte(c.data)); got != c.want {
+			t.Errorf("IsUsageOnlyChunk(%s) = %v, want %v", c.data, got, c.want)
+		}
+	}
+}
+
+func BenchmarkMeterOpenAIChunk(b *testing.B) {
+	chunk := []byte(`{"id":"chatcmpl-B9","object":"chat.completion.chunk","created":1727000000,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":"Hello"},"finish_reason":null}]}`)
+	m := NewMeter(FormatOpenAIChat)
+	b.ReportAllocs()
+	for b.Loop() {
+		m.Event("", chunk)
+	}
+}

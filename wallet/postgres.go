@@ -1,0 +1,105 @@
+package wallet
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+)
+
+// migrationLockKey is an arbitrary constant identifying this package's
+// schema migration among advisory locks ("llmf-wal" in ASCII).
+const migrationLockKey = 0x6c6c6d662d77616c
+
+var postgresSchema = []string{
+	`CREATE TABLE IF NOT EXISTS accounts (
+		id TEXT PRIMARY KEY,
+		balance BIGINT NOT NULL DEFAULT 0,
+		reserved BIGINT NOT NULL DEFAULT 0,
+		created_at BIGINT NOT NULL,
+		CHECK (reserved >= 0),
+		CHECK (balance >= reserved),
+		CHECK (balance >= 0)
+	)`,
+	`CREATE TABLE IF NOT EXISTS api_keys (
+		id TEXT PRIMARY KEY,
+		account_id TEXT NOT NULL REFERENCES accounts(id),
+		hash TEXT NOT NULL UNIQUE,
+		prefix TEXT NOT NULL,
+		label TEXT NOT NULL DEFAULT '',
+		created_at BIGINT NOT NULL,
+		revoked_at BIGINT
+	)`,
+	`CREATE INDEX IF NOT EXISTS api_keys_account ON api_keys (account_id)`,
+	`CREATE TABLE IF NOT EXISTS reservations (
+		id TEXT PRIMARY KEY,
+		account_id TEXT NOT NULL REFERENCES accounts(id),
+		key_id TEXT NOT NULL DEFAULT '',
+		model TEXT NOT NULL DEFAULT '',
+		request_id TEXT NOT NULL DEFAULT '',
+		amount BIGINT NOT NULL CHECK (amount >= 0),
+		expires_at BIGINT NOT NULL,
+		created_at BIGINT NOT NULL
+	)`,
+	`CREATE INDEX IF NOT EXISTS reservations_expiry ON reservations (expires_at)`,
+	`CREATE TABLE IF NOT EXISTS ledger (
+		id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		kind TEXT NOT NULL CHECK (kind IN ('charge', 'release', 'failed_attempt', 'credit', 'expired')),
+		account_id TEXT NOT NULL REFERENCES accounts(id),
+		key_id TEXT NOT NULL DEFAULT '',
+		model TEXT NOT NULL DEFAULT '',
+		channel TEXT NOT NULL DEFAULT '',
+		request_id TEXT NOT NULL DEFAULT '',
+		tokens_in BIGINT NOT NULL DEFAULT 0,
+		tokens_out BIGINT NOT NULL DEFAULT 0,
+		cost BIGINT NOT NULL,
+		note TEXT NOT NULL DEFAULT '',
+		created_at BIGINT NOT NULL
+	)`,
+	`CREATE INDEX IF NOT EXISTS ledger_account ON ledger (account_id, id)`,
+	`CREATE OR REPLACE FUNCTION ledger_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+		RAISE EXCEPTION 'ledger is append-only';
+	END $$`,
+	// CREATE OR REPLACE TRIGGER needs PostgreSQL 14+.
+	`CREATE OR REPLACE TRIGGER ledger_append_only BEFORE UPDATE OR DELETE ON ledger
+	FOR EACH ROW EXECUTE FUNCTION ledger_append_only()`,
+}
+
+// OpenPostgres connects to PostgreSQL and migrates the schema. Several
+// gateway instances may share one database: reservations serialise on the
+// account row, and concurrent migrations on an advisory lock. The schema is
+// created in the connection's search_path, so one database can hold several
+// wallets (add search_path=NAME to the DSN).
+func OpenPostgres(ctx context.Context, dsn string) (Store, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		// The DSN may hold a password, so it is not repeated here.
+		return nil, fmt.Errorf("opening PostgreSQL wallet: parsing DSN: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("opening PostgreSQL wallet: %w", err)
+	}
+	s := &sqlStore{
+		// database/sql over the pool lets both dialects share one
+		// implementation of every query.
+		db: stdlib.OpenDBFromPool(pool),
+		d: dialect{
+			name:        "postgres",
+			dollar:      true,
+			skipLocked:  " FOR UPDATE SKIP LOCKED",
+			migrateLock: fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", int64(migrationLockKey)),
+			schema:      postgresSchema,
+		},
+		onClose: pool.Close,
+		now:     time.Now,
+	}
+	if err := s.migrate(ctx); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("opening PostgreSQL wallet: %w", err)
+	}
+	return s, nil
+}

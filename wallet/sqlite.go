@@ -1,0 +1,125 @@
+package wallet
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"time"
+
+	// Pure-Go SQLite, so that xcaddy builds need no cgo.
+	_ "modernc.org/sqlite"
+)
+
+// sqliteConns bounds the pool. Writers are serialised anyway; the extra
+// connections let Authenticate and listings read concurrently under WAL
+// without waiting behind a write.
+const sqliteConns = 4
+
+var sqliteSchema = []string{
+	// STRICT makes SQLite reject a non-integer amount instead of storing it
+	// as a float; the CHECKs are the last line of defence for the
+	// no-overdraft rule should a code path ever get the arithmetic wrong.
+	`CREATE TABLE IF NOT EXISTS accounts (
+		id TEXT PRIMARY KEY,
+		balance INTEGER NOT NULL DEFAULT 0,
+		reserved INTEGER NOT NULL DEFAULT 0,
+		created_at INTEGER NOT NULL,
+		CHECK (reserved >= 0),
+		CHECK (balance >= reserved),
+		CHECK (balance >= 0)
+	) STRICT`,
+	`CREATE TABLE IF NOT EXISTS api_keys (
+		id TEXT PRIMARY KEY,
+		account_id TEXT NOT NULL REFERENCES accounts(id),
+		hash TEXT NOT NULL UNIQUE,
+		prefix TEXT NOT NULL,
+		label TEXT NOT NULL DEFAULT '',
+		created_at INTEGER NOT NULL,
+		revoked_at INTEGER
+	) STRICT`,
+	`CREATE INDEX IF NOT EXISTS api_keys_account ON api_keys (account_id)`,
+	`CREATE TABLE IF NOT EXISTS reservations (
+		id TEXT PRIMARY KEY,
+		account_id TEXT NOT NULL REFERENCES accounts(id),
+		key_id TEXT NOT NULL DEFAULT '',
+		model TEXT NOT NULL DEFAULT '',
+		request_id TEXT NOT NULL DEFAULT '',
+		amount INTEGER NOT NULL CHECK (amount >= 0),
+		expires_at INTEGER NOT NULL,
+		created_at INTEGER NOT NULL
+	) STRICT`,
+	`CREATE INDEX IF NOT EXISTS reservations_expiry ON reservations (expires_at)`,
+	// AUTOINCREMENT so IDs are never reused: Usage pages by ID.
+	`CREATE TABLE IF NOT EXISTS ledger (
+		id INTEGER PRIMARY KEY AUTOINCREMENT,
+		kind TEXT NOT NULL CHECK (kind IN ('charge', 'release', 'failed_attempt', 'credit', 'expired')),
+		account_id TEXT NOT NULL REFERENCES accounts(id),
+		key_id TEXT NOT NULL DEFAULT '',
+		model TEXT NOT NULL DEFAULT '',
+		channel TEXT NOT NULL DEFAULT '',
+		request_id TEXT NOT NULL DEFAULT '',
+		tokens_in INTEGER NOT NULL DEFAULT 0,
+		tokens_out INTEGER NOT NULL DEFAULT 0,
+		cost INTEGER NOT NULL,
+		note TEXT NOT NULL DEFAULT '',
+		created_at INTEGER NOT NULL
+	) STRICT`,
+	`CREATE INDEX IF NOT EXISTS ledger_account ON ledger (account_id, id)`,
+	// The ledger is the audit trail; nothing in this package updates or
+	// deletes it, and the triggers keep it that way for anyone with SQL.
+	`CREATE TRIGGER IF NOT EXISTS ledger_no_update BEFORE UPDATE ON ledger
+	BEGIN SELECT RAISE(ABORT, 'ledger is append-only'); END`,
+	`CREATE TRIGGER IF NOT EXISTS ledger_no_delete BEFORE DELETE ON ledger
+	BEGIN SELECT RAISE(ABORT, 'ledger is append-only'); END`,
+}
+
+// OpenSQLite opens (creating if needed) the wallet database at path and
+// migrates its schema. SQLite suits a single gateway instance; several
+// processes may share the file on one host, but not over a network share.
+func OpenSQLite(path string) (Store, error) {
+	if path == "" {
+		return nil, fmt.Errorf("opening SQLite wallet: %w: empty path", ErrInvalid)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("opening SQLite wallet %s: %w", path, err)
+	}
+	if err := os.MkdirAll(filepath.Dir(abs), 0o700); err != nil {
+		return nil, fmt.Errorf("opening SQLite wallet %s: creating directory: %w", path, err)
+	}
+	// immediate: every transaction takes the write lock at BEGIN, so a
+	// check-then-update can never hit SQLITE_BUSY halfway through.
+	// WAL lets readers run during a write; synchronous=NORMAL is durable
+	// against process crashes in WAL mode and only risks the last commits on
+	// power loss, for a large write-throughput gain. foreign_keys is off by
+	// default in SQLite and must be asked for on every connection.
+	q := url.Values{}
+	q.Set("_txlock", "immediate")
+	q.Add("_pragma", "busy_timeout(10000)")
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(NORMAL)")
+	q.Add("_pragma", "foreign_keys(1)")
+	dsn := "file:" + (&url.URL{Path: abs}).EscapedPath() + "?" + q.Encode()
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("opening SQLite wallet %s: %w", path, err)
+	}
+	db.SetMaxOpenConns(sqliteConns)
+	db.SetMaxIdleConns(sqliteConns)
+	s := &sqlStore{
+		db:       db,
+		d:        dialect{name: "sqlite", schema: sqliteSchema},
+		writeSem: make(chan struct{}, 1),
+		now:      time.Now,
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.migrate(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("opening SQLite wallet %s: %w", path, err)
+	}
+	return s, nil
+}

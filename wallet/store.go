@@ -1,0 +1,216 @@
+package wallet
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Errors a Store returns, wrapped with context; test with errors.Is. Any
+// other error means the store itself failed, and the gateway should refuse
+// to serve rather than serve unbilled.
+var (
+	// ErrInsufficientFunds: the account's available balance (balance minus
+	// reserved) cannot cover the amount. The gateway answers 402.
+	ErrInsufficientFunds = errors.New("insufficient funds")
+	ErrUnknownAccount    = errors.New("unknown account")
+	ErrAccountExists     = errors.New("account already exists")
+	ErrUnknownKey        = errors.New("unknown API key")
+	ErrKeyRevoked        = errors.New("API key revoked")
+	// ErrNotFound: the reservation was already settled, released or swept
+	// (or never existed). Seeing it on a second Settle is expected.
+	ErrNotFound = errors.New("reservation not found")
+	// ErrInvalid: a malformed argument, rejected before touching the store.
+	ErrInvalid = errors.New("invalid argument")
+)
+
+// Ledger entry kinds.
+const (
+	KindCharge        = "charge"         // settled with a non-zero charge
+	KindRelease       = "release"        // settled with nothing to charge
+	KindFailedAttempt = "failed_attempt" // an upstream attempt that failed; never charged
+	KindCredit        = "credit"         // operator top-up (or, negative, a correction)
+	KindExpired       = "expired"        // a reservation Sweep released after it expired
+)
+
+// DefaultReservationTTL is used when a Reservation has no ExpiresAt. It must
+// outlast the longest request (long generations can stream for many minutes),
+// since an expired reservation is released uncharged.
+const DefaultReservationTTL = 30 * time.Minute
+
+// Reservation holds back Amount of an account's balance for one request.
+type Reservation struct {
+	// ID must be unique; NewReservationID makes one.
+	ID        string
+	Account   string
+	KeyID     string
+	Model     string
+	RequestID string
+	Amount    Micros
+	// ExpiresAt is when Sweep may release it; zero means now plus
+	// DefaultReservationTTL.
+	ExpiresAt time.Time
+}
+
+// Entry is one immutable ledger row. The balance of an account always equals
+// the sum of its credit Costs minus the sum of its charge Costs.
+type Entry struct {
+	ID                                        int64
+	Kind                                      string
+	Account, KeyID, Model, Channel, RequestID string
+	TokensIn, TokensOut                       int64
+	// Cost is the amount charged for charge rows and the (signed) amount
+	// added for credit rows; zero for every other kind.
+	Cost Micros
+	Note string
+	Time time.Time
+}
+
+// Account is a prepaid balance. Balance never drops below Reserved.
+type Account struct {
+	ID                string
+	Balance, Reserved Micros
+	CreatedAt         time.Time
+}
+
+// Available is what new reservations can still take.
+func (a Account) Available() Micros { return a.Balance - a.Reserved }
+
+// Key is an API key's metadata. The key itself is stored only as a hash.
+type Key struct {
+	ID, Account string
+	// Prefix is the key's first characters (e.g. "sk-llmf-Ab3dE9"), enough
+	// to tell keys apart in a listing without revealing them.
+	Prefix    string
+	Label     string
+	CreatedAt time.Time
+	RevokedAt *time.Time
+}
+
+// Store is the persistent wallet: balances, keys, reservations and ledger.
+// Implementations are safe for concurrent use, also by several processes
+// sharing one database.
+type Store interface {
+	// Reserve holds back r.Amount of the account's available balance, or
+	// fails with ErrInsufficientFunds or ErrUnknownAccount.
+	Reserve(ctx context.Context, r Reservation) error
+	// Settle ends a reservation: it charges min(e.Cost, reserved amount),
+	// releases the rest and writes one ledger row (KindCharge, or
+	// KindRelease when nothing is charged). A charge below e.Cost means the
+	// usage exceeded the reservation; the row's Note says so. The account
+	// comes from the reservation; e.KeyID, e.Model and e.RequestID default
+	// to the reservation's. A second Settle of the same reservation, or one
+	// after Sweep released it, changes nothing and returns ErrNotFound.
+	// Pass a context that outlives the client (context.WithoutCancel): a
+	// settlement abandoned because the client hung up leaves the reservation
+	// to expire, and Sweep releases it uncharged.
+	Settle(ctx context.Context, reservationID string, e Entry) (charged Micros, err error)
+	// RecordAttempt writes a KindFailedAttempt row with zero cost.
+	RecordAttempt(ctx context.Context, e Entry) error
+	// Sweep releases, uncharged, every reservation that expired at or
+	// before now, each with a KindExpired row.
+	Sweep(ctx context.Context, now time.Time) (released int, err error)
+	CreateAccount(ctx context.Context, id string) (Account, error)
+	// Credit adds amount to the balance with a KindCredit row. A negative
+	// amount is a correction and fails with ErrInsufficientFunds if it would
+	// take more than the available balance; zero is rejected.
+	Credit(ctx context.Context, account string, amount Micros, note string) (Account, error)
+	Account(ctx context.Context, id string) (Account, error)
+	Accounts(ctx context.Context) ([]Account, error)
+	// CreateKey returns the new key's plaintext, which is not stored and
+	// cannot be shown again.
+	CreateKey(ctx context.Context, account, label string) (plaintext string, k Key, err error)
+	// RevokeKey fails with ErrUnknownKey, or ErrKeyRevoked if already revoked.
+	RevokeKey(ctx context.Context, keyID string) error
+	Keys(ctx context.Context, account string) ([]Key, error)
+	// Authenticate finds a key by its plaintext. A revoked key is returned
+	// together with ErrKeyRevoked.
+	Authenticate(ctx context.Context, plaintext string) (Key, error)
+	// Usage pages the account's ledger newest first: up to limit rows whose
+	// ID is below before (0 = start at the newest). Pass the last row's ID
+	// as before to get the next page.
+	Usage(ctx context.Context, account string, before int64, limit int) ([]Entry, error)
+	Ping(ctx context.Context) error
+	Close() error
+}
+
+// KeyPrefix starts every API key, so leaked keys are recognisable by secret
+// scanners and Authenticate can reject garbage without a query.
+const KeyPrefix = "sk-llmf-"
+
+const (
+	keyRandomLen     = 40 // base62 chars ≈ 238 bits: unguessable, so unsalted SHA-256 suffices
+	keyListPrefixLen = 6  // random chars kept in Key.Prefix (≈36 of the 238 bits)
+	maxIDLen         = 128
+)
+
+const base62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+// randomBase62 draws n uniformly distributed base62 characters.
+func randomBase62(n int) string {
+	out := make([]byte, 0, n)
+	var buf [64]byte
+	for len(out) < n {
+		if _, err := rand.Read(buf[:]); err != nil {
+			// crypto/rand.Read does not fail on supported platforms.
+			panic(fmt.Sprintf("crypto/rand: %v", err))
+		}
+		for _, b := range buf {
+			// Rejecting bytes ≥ 248 (= 4×62) keeps the draw unbiased.
+			if b < 248 && len(out) < n {
+				out = append(out, base62[b%62])
+			}
+		}
+	}
+	return string(out)
+}
+
+// NewReservationID returns a fresh random reservation ID.
+func NewReservationID() string { return "rsv_" + randomBase62(22) }
+
+func newKeyID() string { return "key_" + randomBase62(16) }
+
+func newKeyPlaintext() string { return KeyPrefix + randomBase62(keyRandomLen) }
+
+func hashKey(plaintext string) string {
+	h := sha256.Sum256([]byte(plaintext))
+	return hex.EncodeToString(h[:])
+}
+
+// plausibleKey rejects strings that cannot be keys before any query, so
+// scanners and typos cost the database nothing.
+func plausibleKey(s string) bool {
+	if !strings.HasPrefix(s, KeyPrefix) || len(s) < len(KeyPrefix)+32 || len(s) > len(KeyPrefix)+128 {
+		return false
+	}
+	for i := len(KeyPrefix); i < len(s); i++ {
+		if strings.IndexByte(base62, s[i]) < 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func validID(kind, id string) error {
+	if id == "" || len(id) > maxIDLen {
+		return fmt.Errorf("%w: %s ID must be 1-%d bytes", ErrInvalid, kind, maxIDLen)
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if c <= ' ' || c == 0x7f {
+			return fmt.Errorf("%w: %s ID %q contains whitespace or control characters", ErrInvalid, kind, id)
+		}
+	}
+	return nil
+}
+
+// Times are stored as Unix microseconds: one integer type behaves the same
+// in SQLite and PostgreSQL and compares cheaply in the expiry index.
+func toDB(t time.Time) int64 { return t.UnixMicro() }
+
+func fromDB(us int64) time.Time { return time.UnixMicro(us).UTC() }
