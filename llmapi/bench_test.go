@@ -1,0 +1,73 @@
+package llmapi
+
+import (
+	"strings"
+	"testing"
+)
+
+// benchBody is a realistic ~2 KB OpenAI chat request: a system prompt, a
+// short conversation, one image and a tool definition.
+var benchBody = []byte(`{
+  "model": "gpt-4o-2024-08-06",
+  "stream": true,
+  "stream_options": {"include_usage": true},
+  "temperature": 0.2,
+  "max_completion_tokens": 2048,
+  "messages": [
+    {"role": "system", "content": "You are a meticulous assistant for an e-commerce support team. Answer in the customer's language, cite order numbers exactly, never invent tracking codes, and escalate refunds above 500 EUR to a human agent. Keep answers under 120 words unless asked for detail."},
+    {"role": "user", "content": "Hi, my order #A-99812 hasn't arrived yet. It was supposed to come last Tuesday. Can you check what's going on?"},
+    {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "lookup_order", "arguments": "{\"order_id\":\"A-99812\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "{\"status\":\"in_transit\",\"carrier\":\"DHL\",\"eta\":\"2024-11-14\",\"last_scan\":\"Leipzig hub\"}"},
+    {"role": "assistant", "content": "Your order #A-99812 is in transit with DHL. The last scan was at the Leipzig hub and the new estimated delivery date is 14 November."},
+    {"role": "user", "content": [
+      {"type": "text", "text": "The box that arrived for my other order looks like this, is it damaged enough for a return?"},
+      {"type": "image_url", "image_url": {"url": "https://cdn.example.com/uploads/8f3a1c/photo.jpg", "detail": "low"}}
+    ]}
+  ],
+  "tools": [
+    {"type": "function", "function": {"name": "lookup_order", "description": "Look up the shipping status of an order by its id.", "parameters": {"type": "object", "properties": {"order_id": {"type": "string", "description": "Order id such as A-12345"}}, "required": ["order_id"]}}},
+    {"type": "function", "function": {"name": "open_return", "description": "Open a return for an order with a reason and optional photo.", "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}, "reason": {"type": "string", "enum": ["damaged", "wrong_item", "not_needed"]}, "photo_url": {"type": "string"}}, "required": ["order_id", "reason"]}}}
+  ],
+  "tool_choice": "auto",
+  "user": "customer-18842"
+}`)
+
+func TestBenchBody(t *testing.T) {
+	if n := len(benchBody); n < 1800 || n > 2600 {
+		t.Errorf("bench body is %d bytes, want about 2 KB", n)
+	}
+	r := mustParse(t, benchBody)
+	want := Request{Model: "gpt-4o-2024-08-06", Stream: true, MaxOutput: 2048, N: 1, IncludeUsage: true, HasStreamOptions: true, Images: 2}
+	r.modelStart, r.modelEnd = 0, 0
+	if r != want {
+		t.Errorf("got %+v, want %+v", r, want)
+	}
+	out := mustParse(t, benchBody).WithModel(benchBody, "gpt-4o")
+	if strings.Count(string(out), `"gpt-4o"`) != 1 || len(out) != len(benchBody)-len("-2024-08-06") {
+		t.Errorf("WithModel result unexpected: %d bytes", len(out))
+	}
+}
+
+var sinkReq Request
+var sinkBytes []byte
+
+func BenchmarkParseRequest(b *testing.B) {
+	b.ReportAllocs()
+	b.SetBytes(int64(len(benchBody)))
+	for b.Loop() {
+		r, err := ParseRequest(benchBody)
+		if err != nil {
+			b.Fatal(err)
+		}
+		sinkReq = r
+	}
+}
+
+func BenchmarkWithModel(b *testing.B) {
+	r := mustParse(b, benchBody)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(benchBody)))
+	for b.Loop() {
+		sinkBytes = r.WithModel(benchBody, "gpt-4o")
+	}
+}

@@ -1,0 +1,146 @@
+package llmapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+)
+
+func TestErrorBodyOpenAI(t *testing.T) {
+	tests := []struct {
+		status   int
+		typ      string
+		code     string // "" means null
+		override string
+	}{
+		{400, "invalid_request_error", "", ""},
+		{401, "invalid_request_error", "invalid_api_key", ""},
+		{402, "insufficient_quota", "insufficient_quota", ""},
+		{404, "invalid_request_error", "model_not_found", ""},
+		{413, "invalid_request_error", "request_too_large", ""},
+		{429, "rate_limit_exceeded", "rate_limit_exceeded", ""},
+		{500, "server_error", "", ""},
+		{502, "server_error", "", ""},
+		{503, "server_error", "", ""},
+		{504, "server_error", "timeout", ""},
+		{529, "server_error", "", ""},
+		{422, "invalid_request_error", "", ""},
+		// Code overrides the default code but not the type.
+		{404, "invalid_request_error", "no_route", "no_route"},
+		{400, "invalid_request_error", "context_length_exceeded", "context_length_exceeded"},
+		{429, "rate_limit_exceeded", "insufficient_quota", "insufficient_quota"},
+	}
+	for _, api := range []API{OpenAIChat, OpenAIResponses, OpenAICompletions, OpenAIEmbeddings, OpenAIModels, Unknown} {
+		for _, tt := range tests {
+			msg := "something \"failed\" <here> & there"
+			b := Error{Status: tt.status, Message: msg, Code: tt.override}.Body(api)
+			// Decode strictly into a generic map to check the exact shape.
+			var top map[string]json.RawMessage
+			if err := json.Unmarshal(b, &top); err != nil {
+				t.Fatalf("%v %d: invalid JSON %s: %v", api, tt.status, b, err)
+			}
+			if len(top) != 1 || top["error"] == nil {
+				t.Errorf("%v %d: top-level keys of %s, want only \"error\"", api, tt.status, b)
+				continue
+			}
+			var detail map[string]any
+			if err := json.Unmarshal(top["error"], &detail); err != nil {
+				t.Fatalf("%v %d: %s: %v", api, tt.status, b, err)
+			}
+			if len(detail) != 4 {
+				t.Errorf("%v %d: error has %d keys, want message/type/param/code: %s", api, tt.status, len(detail), b)
+			}
+			if detail["message"] != msg {
+				t.Errorf("%v %d: message = %v, want %q", api, tt.status, detail["message"], msg)
+			}
+			if detail["type"] != tt.typ {
+				t.Errorf("%v %d: type = %v, want %q", api, tt.status, detail["type"], tt.typ)
+			}
+			if p, ok := detail["param"]; !ok || p != nil {
+				t.Errorf("%v %d: param = %v (present %v), want null", api, tt.status, p, ok)
+			}
+			c, ok := detail["code"]
+			if !ok {
+				t.Errorf("%v %d: code missing: %s", api, tt.status, b)
+			} else if tt.code == "" && c != nil {
+				t.Errorf("%v %d: code = %v, want null", api, tt.status, c)
+			} else if tt.code != "" && c != tt.code {
+				t.Errorf("%v %d: code = %v, want %q", api, tt.status, c, tt.code)
+			}
+		}
+	}
+}
+
+func TestErrorBodyAnthropic(t *testing.T) {
+	tests := []struct {
+		status int
+		typ    string
+	}{
+		{400, "invalid_request_error"},
+		{401, "authentication_error"},
+		{402, "billing_error"},
+		{403, "permission_error"},
+		{404, "not_found_error"},
+		{413, "request_too_large"},
+		{422, "invalid_request_error"},
+		{429, "rate_limit_error"},
+		{409, "invalid_request_error"},
+		{500, "api_error"},
+		{502, "api_error"},
+		{503, "overloaded_error"},
+		{504, "timeout_error"},
+		{529, "overloaded_error"},
+	}
+	for _, api := range []API{AnthropicMessages, AnthropicCountTokens} {
+		for _, tt := range tests {
+			// Code is an OpenAI notion and must not leak into Anthropic bodies.
+			b := Error{Status: tt.status, Message: "nope", Code: "model_not_found"}.Body(api)
+			var top map[string]json.RawMessage
+			if err := json.Unmarshal(b, &top); err != nil {
+				t.Fatalf("%v %d: invalid JSON %s: %v", api, tt.status, b, err)
+			}
+			if len(top) != 2 || string(top["type"]) != `"error"` {
+				t.Errorf("%v %d: body %s, want {\"type\":\"error\",\"error\":{...}}", api, tt.status, b)
+			}
+			var detail map[string]any
+			if err := json.Unmarshal(top["error"], &detail); err != nil {
+				t.Fatalf("%v %d: %s: %v", api, tt.status, b, err)
+			}
+			want := map[string]any{"type": tt.typ, "message": "nope"}
+			if len(detail) != len(want) || detail["type"] != want["type"] || detail["message"] != want["message"] {
+				t.Errorf("%v %d: error = %v, want %v", api, tt.status, detail, want)
+			}
+			if bytes.Contains(b, []byte("model_not_found")) {
+				t.Errorf("%v %d: Anthropic body carries the OpenAI code: %s", api, tt.status, b)
+			}
+		}
+	}
+}
+
+func TestUpstreamMessage(t *testing.T) {
+	tests := []struct {
+		name, body, want string
+	}{
+		{"openai", `{"error":{"message":"Rate limit reached for gpt-4o","type":"requests","param":null,"code":"rate_limit_exceeded"}}`, "Rate limit reached for gpt-4o"},
+		{"anthropic", `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`, "Overloaded"},
+		{"error string", `{"error":"upstream connect error"}`, "upstream connect error"},
+		{"message only", `{"message":"x"}`, "x"},
+		{"nested message preferred", `{"error":{"message":"inner"},"message":"outer"}`, "inner"},
+		{"empty nested message falls back", `{"error":{"message":""},"message":"outer"}`, "outer"},
+		{"error number falls back", `{"error":500,"message":"outer"}`, "outer"},
+		{"error null falls back", `{"error":null,"message":"outer"}`, "outer"},
+		{"error empty string falls back", `{"error":"","message":"outer"}`, "outer"},
+		{"escaped", `{"error":{"message":"a \"quoted\" \u00e9"}}`, `a "quoted" é`},
+		{"garbage", `<html>502 Bad Gateway</html>`, ""},
+		{"empty", ``, ""},
+		{"array", `[{"message":"x"}]`, ""},
+		{"message not a string", `{"message":{"text":"x"}}`, ""},
+		{"unrelated object", `{"id":"chatcmpl-1","object":"chat.completion"}`, ""},
+		{"truncated", `{"error":{"message":"cut`, ""},
+	}
+	for _, tt := range tests {
+		if got := UpstreamMessage([]byte(tt.body)); got != tt.want {
+			t.Errorf("%s: UpstreamMessage(%s) = %q, want %q", tt.name, tt.body, got, tt.want)
+		}
+	}
+}

@@ -1,0 +1,132 @@
+package llmapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"testing"
+)
+
+// topLevelKeys returns the decoded top-level keys of a JSON object, in
+// order, duplicates included; ok is false when body is not an object.
+func topLevelKeys(body []byte) (keys []string, ok bool) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	tok, err := dec.Token()
+	if err != nil || tok != json.Delim('{') {
+		return nil, false
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, false
+		}
+		k, isString := tok.(string)
+		if !isString {
+			return nil, false
+		}
+		keys = append(keys, k)
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return nil, false
+		}
+	}
+	return keys, true
+}
+
+func FuzzParseRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"claude-3-5-sonnet-latest","max_tokens":1024,"stream":true,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AAAA"}}]}]}`,
+		`{"mod\u0065l":"x","n":3,"stream_options":{"include_usage":true}}`,
+		`{"model":"a","model":"b"}`,
+		`[1,2,3]`,
+		`{"model":""}`,
+		` { "model" : "m" , "max_completion_tokens" : 9 } `,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		orig := bytes.Clone(body)
+		r, err := ParseRequest(body)
+		if !bytes.Equal(body, orig) {
+			t.Fatalf("ParseRequest modified its input")
+		}
+		valid := json.Valid(body)
+		if !valid && !errors.Is(err, ErrMalformed) {
+			t.Fatalf("invalid JSON %q: err = %v, want ErrMalformed", body, err)
+		}
+		if err != nil && !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrNoModel) {
+			t.Fatalf("unexpected error %v", err)
+		}
+
+		if err == nil {
+			if r.Model == "" {
+				t.Fatalf("success with an empty model for %q", body)
+			}
+			if r.N < 1 || r.MaxOutput < 0 || r.Images < 0 {
+				t.Fatalf("implausible fields %+v for %q", r, body)
+			}
+			for _, model := range []string{"x", "dépl\"oy<&>"} {
+				out := r.WithModel(body, model)
+				if !bytes.Equal(body, orig) {
+					t.Fatalf("WithModel modified its input")
+				}
+				if !json.Valid(out) {
+					t.Fatalf("WithModel(%q, %q) = %q: invalid JSON", body, model, out)
+				}
+				r2, err := ParseRequest(out)
+				if err != nil {
+					t.Fatalf("ParseRequest(WithModel(%q)) = %q: %v", body, out, err)
+				}
+				if r2.Model != model || r2.Stream != r.Stream || r2.MaxOutput != r.MaxOutput || r2.N != r.N ||
+					r2.IncludeUsage != r.IncludeUsage || r2.HasStreamOptions != r.HasStreamOptions {
+					t.Fatalf("re-parse of %q: %+v, want model %q and the fields of %+v", out, r2, model, r)
+				}
+			}
+			if !r.HasStreamOptions {
+				out := WithIncludeUsage(body)
+				r3, err := ParseRequest(out)
+				if err != nil || !r3.HasStreamOptions || !r3.IncludeUsage || r3.Model != r.Model {
+					t.Fatalf("WithIncludeUsage(%q) = %q: %+v, %v", body, out, r3, err)
+				}
+			}
+		}
+
+		if !valid {
+			return
+		}
+		keys, isObject := topLevelKeys(body)
+		if !isObject {
+			if err == nil {
+				t.Fatalf("non-object %q parsed as %+v", body, r)
+			}
+			return
+		}
+		seen := map[string]bool{}
+		for _, k := range keys {
+			if seen[k] {
+				return // encoding/json keeps the last duplicate; skip.
+			}
+			seen[k] = true
+		}
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(body, &m); err != nil {
+			t.Fatalf("encoding/json rejects valid object %q: %v", body, err)
+		}
+		raw, hasModel := m["model"]
+		var want string
+		isString := hasModel && json.Unmarshal(raw, &want) == nil && len(raw) > 0 && raw[0] == '"'
+		if !isString || want == "" {
+			if !errors.Is(err, ErrNoModel) {
+				t.Fatalf("%q: err = %v, want ErrNoModel", body, err)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("%q: err = %v, want model %q", body, err, want)
+		}
+		if r.Model != want {
+			t.Fatalf("%q: Model = %q, encoding/json says %q", body, r.Model, want)
+		}
+	})
+}

@@ -1,0 +1,310 @@
+package llmapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestAPIFromPath(t *testing.T) {
+	tests := []struct {
+		path string
+		want API
+	}{
+		{"/v1/chat/completions", OpenAIChat},
+		{"/openai/v1/chat/completions", OpenAIChat},
+		{"/v1/chat/completions/", OpenAIChat},
+		{"/api/v1/chat/completions", OpenAIChat},
+		{"/v1/responses", OpenAIResponses},
+		{"/openai/v1/responses/", OpenAIResponses},
+		{"/v1/completions", OpenAICompletions},
+		{"/openai/v1/completions/", OpenAICompletions},
+		{"/v1/embeddings", OpenAIEmbeddings},
+		{"/api/v1/embeddings/", OpenAIEmbeddings},
+		{"/v1/models", OpenAIModels},
+		{"/openai/v1/models/", OpenAIModels},
+		{"/v1/messages", AnthropicMessages},
+		{"/anthropic/v1/messages/", AnthropicMessages},
+		{"/v1/messages/count_tokens", AnthropicCountTokens},
+		{"/anthropic/v1/messages/count_tokens/", AnthropicCountTokens},
+		{"/", Unknown},
+		{"", Unknown},
+		{"/v1/audio/speech", Unknown},
+		{"/v1/chat", Unknown},
+		{"/v1/models/gpt-4o", Unknown},
+		{"/v1/messages/batches", Unknown},
+	}
+	for _, tt := range tests {
+		if got := APIFromPath(tt.path); got != tt.want {
+			t.Errorf("APIFromPath(%q) = %v, want %v", tt.path, got, tt.want)
+		}
+	}
+}
+
+func TestAPIStringAndAnthropic(t *testing.T) {
+	names := map[API]string{
+		Unknown: "unknown", OpenAIChat: "openai_chat", OpenAIResponses: "openai_responses",
+		OpenAICompletions: "openai_completions", OpenAIEmbeddings: "openai_embeddings",
+		OpenAIModels: "openai_models", AnthropicMessages: "anthropic_messages",
+		AnthropicCountTokens: "anthropic_count_tokens", API(200): "unknown",
+	}
+	for a, want := range names {
+		if got := a.String(); got != want {
+			t.Errorf("API(%d).String() = %q, want %q", a, got, want)
+		}
+		wantAnthropic := a == AnthropicMessages || a == AnthropicCountTokens
+		if got := a.Anthropic(); got != wantAnthropic {
+			t.Errorf("API(%d).Anthropic() = %v, want %v", a, got, wantAnthropic)
+		}
+	}
+}
+
+func TestParseRequestFields(t *testing.T) {
+	tests := []struct {
+		name string
+		body string
+		want Request // only the exported fields are compared
+	}{
+		{"minimal", `{"model":"gpt-4o"}`, Request{Model: "gpt-4o", N: 1}},
+		{"stream true", `{"model":"m","stream":true}`, Request{Model: "m", Stream: true, N: 1}},
+		{"stream false", `{"model":"m","stream":false}`, Request{Model: "m", N: 1}},
+		{"stream string is not true", `{"model":"m","stream":"true"}`, Request{Model: "m", N: 1}},
+		{"max_tokens", `{"model":"m","max_tokens":1024}`, Request{Model: "m", MaxOutput: 1024, N: 1}},
+		{"max_completion_tokens", `{"max_completion_tokens":300,"model":"m"}`, Request{Model: "m", MaxOutput: 300, N: 1}},
+		{"max_output_tokens", `{"model":"m","max_output_tokens":77}`, Request{Model: "m", MaxOutput: 77, N: 1}},
+		{"largest max wins", `{"model":"m","max_tokens":10,"max_completion_tokens":500,"max_output_tokens":20}`, Request{Model: "m", MaxOutput: 500, N: 1}},
+		{"max_tokens float ignored", `{"model":"m","max_tokens":1.5}`, Request{Model: "m", N: 1}},
+		{"max_tokens null", `{"model":"m","max_tokens":null}`, Request{Model: "m", N: 1}},
+		{"max_tokens negative", `{"model":"m","max_tokens":-5}`, Request{Model: "m", N: 1}},
+		{"n", `{"model":"m","n":4}`, Request{Model: "m", N: 4}},
+		{"n zero stays 1", `{"model":"m","n":0}`, Request{Model: "m", N: 1}},
+		{"n null stays 1", `{"model":"m","n":null}`, Request{Model: "m", N: 1}},
+		{"stream_options include_usage", `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`,
+			Request{Model: "m", Stream: true, N: 1, IncludeUsage: true, HasStreamOptions: true}},
+		{"stream_options without include_usage", `{"model":"m","stream_options":{}}`,
+			Request{Model: "m", N: 1, HasStreamOptions: true}},
+		{"stream_options include_usage false", `{"model":"m","stream_options":{"include_usage":false}}`,
+			Request{Model: "m", N: 1, HasStreamOptions: true}},
+		{"stream_options null", `{"model":"m","stream_options":null}`, Request{Model: "m", N: 1}},
+		{"images openai chat", `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"data:,"}}]}]}`,
+			// "image_url" appears twice: as a type value and as a key.
+			Request{Model: "m", N: 1, Images: 2}},
+		{"images responses", `{"model":"m","input":[{"role":"user","content":[{"type":"input_image","image_url":"https://x/y.png"}]}]}`,
+			Request{Model: "m", N: 1, Images: 2}},
+		{"images anthropic", `{"model":"m","max_tokens":100,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AAAA"}},{"type":"text","text":"what?"}]}]}`,
+			Request{Model: "m", MaxOutput: 100, N: 1, Images: 1}},
+		{"no images", `{"model":"m","messages":[{"role":"user","content":"an image of a cat"}]}`, Request{Model: "m", N: 1}},
+		{"escaped key", `{"mod\u0065l":"gpt-4o-mini","str\u0065am":true}`, Request{Model: "gpt-4o-mini", Stream: true, N: 1}},
+		{"escaped value", `{"model":"a\"b\\c\u00e9"}`, Request{Model: "a\"b\\c\u00e9", N: 1}},
+		{"whitespace everywhere", " \n\t{ \r\n \"model\" \t:\n \"claude-3\" ,\n \"stream\"\t:\ttrue , \"max_tokens\" : 42 ,\"n\" :\n3 } \n",
+			Request{Model: "claude-3", Stream: true, MaxOutput: 42, N: 3}},
+		{"nested model keys ignored before", `{"messages":[{"model":"inner","content":"x"}],"metadata":{"model":"meta"},"model":"outer"}`,
+			Request{Model: "outer", N: 1}},
+		{"nested model keys ignored after", `{"model":"outer","tools":[{"function":{"name":"f","parameters":{"model":{"type":"string"}}}}],"x":{"stream":true,"n":9}}`,
+			Request{Model: "outer", N: 1}},
+		{"string values containing braces", `{"system":"}{\"model\":\"evil\"}][","model":"good","stop":["}","]"]}`,
+			Request{Model: "good", N: 1}},
+		{"duplicate model: last wins like encoding/json", `{"model":"first","model":"second"}`, Request{Model: "second", N: 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ParseRequest([]byte(tt.body))
+			if err != nil {
+				t.Fatalf("ParseRequest(%s): %v", tt.body, err)
+			}
+			got.modelStart, got.modelEnd = 0, 0
+			if got != tt.want {
+				t.Errorf("ParseRequest(%s)\n got %+v\nwant %+v", tt.body, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseRequestErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		body string
+		want error
+	}{
+		{"empty", ``, ErrMalformed},
+		{"truncated", `{"model":"gpt-4o"`, ErrMalformed},
+		{"trailing comma", `{"model":"gpt-4o",}`, ErrMalformed},
+		{"two values", `{"model":"a"}{"model":"b"}`, ErrMalformed},
+		{"single quotes", `{'model':'a'}`, ErrMalformed},
+		{"array", `[{"model":"gpt-4o"}]`, ErrMalformed},
+		{"string", `"model"`, ErrMalformed},
+		{"number", `42`, ErrMalformed},
+		{"null", `null`, ErrMalformed},
+		{"empty object", `{}`, ErrNoModel},
+		{"no model", `{"messages":[]}`, ErrNoModel},
+		{"only nested model", `{"messages":[{"model":"x"}]}`, ErrNoModel},
+		{"model number", `{"model":4}`, ErrNoModel},
+		{"model null", `{"model":null}`, ErrNoModel},
+		{"model object", `{"model":{"name":"x"}}`, ErrNoModel},
+		{"model array", `{"model":["x"]}`, ErrNoModel},
+		{"model bool", `{"model":true}`, ErrNoModel},
+		{"model empty", `{"model":""}`, ErrNoModel},
+		{"Model capitalised", `{"Model":"gpt-4o"}`, ErrNoModel},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseRequest([]byte(tt.body))
+			if !errors.Is(err, tt.want) {
+				t.Errorf("ParseRequest(%s) error = %v, want %v", tt.body, err, tt.want)
+			}
+		})
+	}
+}
+
+func mustParse(t testing.TB, body []byte) Request {
+	t.Helper()
+	r, err := ParseRequest(body)
+	if err != nil {
+		t.Fatalf("ParseRequest(%s): %v", body, err)
+	}
+	return r
+}
+
+func TestWithModel(t *testing.T) {
+	tests := []struct {
+		name, body, model, want string
+	}{
+		{"simple", `{"model":"gpt-4o","stream":true}`, "gpt-4o-2024-08-06",
+			`{"model":"gpt-4o-2024-08-06","stream":true}`},
+		{"last field", `{"stream":true,"model":"a"}`, "bbb", `{"stream":true,"model":"bbb"}`},
+		{"shorter", `{"model":"claude-3-5-sonnet-latest","max_tokens":5}`, "c", `{"model":"c","max_tokens":5}`},
+		{"whitespace kept", "{ \"model\" :  \"a\"  ,\n\"n\":2 }\n", "b", "{ \"model\" :  \"b\"  ,\n\"n\":2 }\n"},
+		{"nested untouched", `{"messages":[{"model":"a"}],"model":"a","metadata":{"model":"a"}}`, "z",
+			`{"messages":[{"model":"a"}],"model":"z","metadata":{"model":"a"}}`},
+		{"escaped key", `{"mod\u0065l":"a","x":1}`, "b", `{"mod\u0065l":"b","x":1}`},
+		{"escaped old value", `{"model":"a\"b","x":1}`, "c", `{"model":"c","x":1}`},
+		{"new name needs escaping", `{"model":"a"}`, "dep\"loy\\ment\n1", `{"model":"dep\"loy\\ment\n1"}`},
+		{"unicode name", `{"model":"a"}`, "模型-é", `{"model":"模型-é"}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			body := []byte(tt.body)
+			orig := bytes.Clone(body)
+			r := mustParse(t, body)
+			out := r.WithModel(body, tt.model)
+			if string(out) != tt.want {
+				t.Errorf("WithModel = %s, want %s", out, tt.want)
+			}
+			if !bytes.Equal(body, orig) {
+				t.Errorf("body modified: %s, was %s", body, orig)
+			}
+			if !json.Valid(out) {
+				t.Fatalf("WithModel produced invalid JSON: %s", out)
+			}
+			r2 := mustParse(t, out)
+			if r2.Model != tt.model {
+				t.Errorf("re-parsed model = %q, want %q", r2.Model, tt.model)
+			}
+			if r2.Stream != r.Stream || r2.N != r.N || r2.MaxOutput != r.MaxOutput {
+				t.Errorf("re-parsed fields changed: %+v vs %+v", r2, r)
+			}
+		})
+	}
+}
+
+func TestWithModelHTMLCharacters(t *testing.T) {
+	// encoding/json escapes <, > and & as \u003c etc.; the result must
+	// still decode to the exact name.
+	body := []byte(`{"model":"a"}`)
+	out := mustParse(t, body).WithModel(body, "a<b>&c")
+	if got := mustParse(t, out).Model; got != "a<b>&c" {
+		t.Errorf("model = %q, want %q (body %s)", got, "a<b>&c", out)
+	}
+}
+
+func TestWithModelDoesNotAliasBody(t *testing.T) {
+	// A body with spare capacity must not be written into by appends.
+	buf := make([]byte, 0, 256)
+	buf = append(buf, `{"model":"a","x":1}`...)
+	r := mustParse(t, buf)
+	out := r.WithModel(buf, "b")
+	out2 := r.WithModel(buf, "cc")
+	if string(out) != `{"model":"b","x":1}` || string(out2) != `{"model":"cc","x":1}` {
+		t.Errorf("got %s and %s", out, out2)
+	}
+	if string(buf) != `{"model":"a","x":1}` {
+		t.Errorf("body modified: %s", buf)
+	}
+	out[10] = 'Z'
+	if string(buf) != `{"model":"a","x":1}` {
+		t.Errorf("result aliases body: %s", buf)
+	}
+}
+
+func TestWithModelUnchanged(t *testing.T) {
+	body := []byte(`{"model":"same","stream":true}`)
+	out := mustParse(t, body).WithModel(body, "same")
+	if &out[0] != &body[0] || len(out) != len(body) {
+		t.Errorf("WithModel with equal model did not return body itself: %s", out)
+	}
+	// A Request that was not parsed from a body has no span to replace.
+	var zero Request
+	out = zero.WithModel(body, "other")
+	if string(out) != string(body) {
+		t.Errorf("zero Request WithModel = %s, want body unchanged", out)
+	}
+}
+
+func TestWithIncludeUsage(t *testing.T) {
+	tests := []struct {
+		body, want string
+	}{
+		{`{}`, `{"stream_options":{"include_usage":true}}`},
+		{`{ }`, `{ "stream_options":{"include_usage":true}}`},
+		{"{\n}\n", "{\n\"stream_options\":{\"include_usage\":true}}\n"},
+		{`{"a":1}`, `{"a":1,"stream_options":{"include_usage":true}}`},
+		{`{"a":1} `, `{"a":1,"stream_options":{"include_usage":true}} `},
+		{"{\"a\":1}\n", "{\"a\":1,\"stream_options\":{\"include_usage\":true}}\n"},
+		{"{\"a\":1 \n}\r\n", "{\"a\":1 \n,\"stream_options\":{\"include_usage\":true}}\r\n"},
+		{`{"model":"m","stream":true,"messages":[{"role":"user","content":"}"}]}`,
+			`{"model":"m","stream":true,"messages":[{"role":"user","content":"}"}],"stream_options":{"include_usage":true}}`},
+		{`{"a":{}}`, `{"a":{},"stream_options":{"include_usage":true}}`},
+	}
+	for _, tt := range tests {
+		orig := tt.body
+		body := []byte(tt.body)
+		out := WithIncludeUsage(body)
+		if string(out) != tt.want {
+			t.Errorf("WithIncludeUsage(%q) = %q, want %q", tt.body, out, tt.want)
+		}
+		if string(body) != orig {
+			t.Errorf("WithIncludeUsage modified its input: %q", body)
+		}
+		if !json.Valid(out) {
+			t.Errorf("WithIncludeUsage(%q) is not valid JSON: %q", tt.body, out)
+			continue
+		}
+		var v struct {
+			StreamOptions *struct {
+				IncludeUsage *bool `json:"include_usage"`
+			} `json:"stream_options"`
+		}
+		if err := json.Unmarshal(out, &v); err != nil {
+			t.Fatal(err)
+		}
+		if v.StreamOptions == nil || v.StreamOptions.IncludeUsage == nil || !*v.StreamOptions.IncludeUsage {
+			t.Errorf("WithIncludeUsage(%q): stream_options.include_usage not true in %s", tt.body, out)
+		}
+		// ParseRequest must see it too when the body has a model.
+		if strings.Contains(tt.body, `"model"`) {
+			r := mustParse(t, out)
+			if !r.HasStreamOptions || !r.IncludeUsage {
+				t.Errorf("ParseRequest of %s: HasStreamOptions=%v IncludeUsage=%v", out, r.HasStreamOptions, r.IncludeUsage)
+			}
+		}
+	}
+}
+
+func TestWithIncludeUsageNotAnObject(t *testing.T) {
+	body := []byte(`[1,2]`)
+	if out := WithIncludeUsage(body); string(out) != `[1,2]` {
+		t.Errorf("WithIncludeUsage([1,2]) = %s, want unchanged", out)
+	}
+}
