@@ -1,0 +1,120 @@
+// The official `@anthropic-ai/sdk` against a running caddy-llm-failover gateway.
+//
+// Contract with whoever starts the gateway (a Go test, see README.md):
+//   GATEWAY_URL     base URL of the gateway, e.g. http://127.0.0.1:9080; the
+//                   SDK appends "/v1/messages" itself.
+//   claude-failover messages; channel 1 streams message_start, ping, then
+//                   `event: error` overloaded_error (and answers 529 to
+//                   non-streaming requests); channel 2 serves normally with
+//                   text containing "backup".
+//   claude-down     messages; every channel answers 503: the gateway answers
+//                   503 with an Anthropic-shaped body
+//                   {"type":"error","error":{"type":...,"message":...}}.
+//   claude-cut      messages; the stream commits (some text reaches the
+//                   client), then the upstream cuts the connection: the
+//                   gateway must end the stream with `event: error`.
+// Clients use apiKey "sk-client-test"; the gateway must not forward it.
+//
+// maxRetries is 0 everywhere so the SDK's own retries cannot hide (or
+// multiply) what the gateway did.
+
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import Anthropic, { APIError } from '@anthropic-ai/sdk';
+
+const GATEWAY_URL = process.env.GATEWAY_URL;
+if (!GATEWAY_URL) {
+  throw new Error('GATEWAY_URL is not set: these tests need a running gateway (see README.md)');
+}
+
+// Shorter than the per-test timeout so a hung gateway fails as an SDK error
+// with a message, not as an anonymous test timeout.
+const client = new Anthropic({
+  apiKey: 'sk-client-test',
+  baseURL: GATEWAY_URL.replace(/\/+$/, ''),
+  maxRetries: 0,
+  timeout: 15000,
+});
+
+const T = { timeout: 20000 };
+const params = { max_tokens: 64, messages: [{ role: 'user', content: 'Say hello.' }] };
+
+// Drains a raw event stream, keeping what arrived before any error so tests
+// can check that a failed stream had really committed.
+async function drainEvents(stream) {
+  const seen = { text: '', types: [], error: null };
+  try {
+    for await (const event of stream) {
+      seen.types.push(event.type);
+      if (event.type === 'content_block_delta' && event.delta.type === 'text_delta') {
+        seen.text += event.delta.text;
+      }
+    }
+  } catch (err) {
+    seen.error = err;
+  }
+  return seen;
+}
+
+test('claude-failover: stream comes from the backup channel and ends normally', T, async () => {
+  const stream = await client.messages.create({ model: 'claude-failover', ...params, stream: true });
+  const seen = await drainEvents(stream);
+  assert.equal(seen.error, null, `stream failed: ${seen.error}`);
+  assert.match(seen.text, /backup/);
+  assert.equal(seen.types.at(-1), 'message_stop');
+  // A failed-over stream must not replay the first channel's preamble.
+  assert.equal(seen.types.filter((t) => t === 'message_start').length, 1);
+});
+
+test('claude-failover: MessageStream helper assembles the backup answer', T, async () => {
+  const message = await client.messages.stream({ model: 'claude-failover', ...params }).finalMessage();
+  assert.match(message.content[0].text, /backup/);
+  assert.equal(message.stop_reason, 'end_turn');
+});
+
+test('claude-failover: non-streaming answer comes from the backup channel', T, async () => {
+  const message = await client.messages.create({ model: 'claude-failover', ...params });
+  assert.equal(message.type, 'message');
+  assert.match(message.content[0].text, /backup/);
+  assert.equal(message.model, 'claude-failover');
+});
+
+test('claude-down: all channels failing is a 503 with an Anthropic-shaped body', T, async () => {
+  await assert.rejects(client.messages.create({ model: 'claude-down', ...params }), (err) => {
+    assert.ok(err instanceof APIError, `got ${err?.constructor?.name}: ${err}`);
+    assert.equal(err.status, 503);
+    // err.error is the whole response body for this SDK.
+    assert.equal(err.error?.type, 'error');
+    assert.equal(typeof err.error?.error?.type, 'string');
+    assert.equal(err.type, err.error.error.type);
+    return true;
+  });
+});
+
+test('claude-down: streaming requests fail before any event, also with 503', T, async () => {
+  await assert.rejects(client.messages.create({ model: 'claude-down', ...params, stream: true }), (err) => {
+    assert.ok(err instanceof APIError, `got ${err?.constructor?.name}: ${err}`);
+    assert.equal(err.status, 503);
+    assert.equal(err.error?.type, 'error');
+    return true;
+  });
+});
+
+test('claude-cut: a stream cut after commit surfaces as an SDK error', T, async () => {
+  const stream = await client.messages.create({ model: 'claude-cut', ...params, stream: true });
+  const seen = await drainEvents(stream);
+  assert.ok(seen.text.length > 0, 'no text arrived before the cut: the stream never committed');
+  // Only `event: error` makes this SDK throw; a data-only error or a clean
+  // end of body without message_stop would pass silently.
+  assert.ok(seen.error instanceof APIError, `expected APIError, got ${seen.error?.constructor?.name}: ${seen.error}`);
+  assert.equal(seen.error.status, undefined);
+  assert.equal(seen.error.error?.type, 'error');
+  assert.ok(!seen.types.includes('message_stop'), 'stream claimed a normal end');
+});
+
+test('claude-cut: the MessageStream helper rejects too', T, async () => {
+  await assert.rejects(client.messages.stream({ model: 'claude-cut', ...params }).finalText(), (err) => {
+    assert.ok(err instanceof APIError, `got ${err?.constructor?.name}: ${err}`);
+    return true;
+  });
+});
