@@ -1,0 +1,172 @@
+package streamgate
+
+import (
+	"bytes"
+	"io"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+type discardDown struct{ n int64 }
+
+func (d *discardDown) Commit() error               { return nil }
+func (d *discardDown) Write(p []byte) (int, error) { d.n += int64(len(p)); return len(p), nil }
+func (d *discardDown) Flush() error                { return nil }
+
+func chatStream(events int) (stream []byte, perEvent [][]byte) {
+	var b bytes.Buffer
+	add := func(s string) {
+		start := b.Len()
+		b.WriteString(s)
+		perEvent = append(perEvent, b.Bytes()[start:b.Len()])
+	}
+	add(sse(chatRole))
+	for range events {
+		add(sse(chatContent))
+	}
+	add(sse(chatFinish))
+	add(sse(chatUsage))
+	add(sse("[DONE]"))
+	return b.Bytes(), perEvent
+}
+
+// BenchmarkRelay measures per-event pass-through cost. "event-per-read"
+// mirrors a streaming upstream (each Read returns one SSE event);
+// "16KiB-reads" is a backlogged upstream.
+func BenchmarkRelay(b *testing.B) {
+	const n = 1000
+	stream, events := chatStream(n)
+	for _, bc := range []struct {
+		name string
+		src  func() io.Reader
+		opts Options
+	}{
+		{"event-per-read", func() io.Reader { return &chunkReader{chunks: append([][]byte(nil), events...)} }, Options{Dialect: OpenAIChat}},
+		{"16KiB-reads", func() io.Reader { return bytes.NewReader(stream) }, Options{Dialect: OpenAIChat}},
+		{"event-per-read/drop", func() io.Reader { return &chunkReader{chunks: append([][]byte(nil), events...)} }, Options{Dialect: OpenAIChat, Drop: isUsageOnly}},
+		{"16KiB-reads/drop", func() io.Reader { return bytes.NewReader(stream) }, Options{Dialect: OpenAIChat, Drop: isUsageOnly}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.SetBytes(int64(len(stream)))
+			b.ReportAllocs()
+			for b.Loop() {
+				res := Relay(bc.src(), nil, &discardDown{}, bc.opts)
+				if res.Outcome != Complete {
+					b.Fatal(res.Outcome)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(events)), "ns/event")
+		})
+	}
+}
+
+func BenchmarkClassify(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		d    Dialect
+		ev   Event
+	}{
+		{"chat/content", OpenAIChat, Event{Data: []byte(chatContent)}},
+		{"chat/role", OpenAIChat, Event{Data: []byte(chatRole)}},
+		{"chat/usage", OpenAIChat, Event{Data: []byte(chatUsage)}},
+		{"responses/named", OpenAIResponses, Event{Name: "response.output_text.delta", Data: []byte(respTextDelta)}},
+		{"responses/by-type", OpenAIResponses, Event{Data: []byte(respTextDelta)}},
+		{"anthropic/delta", AnthropicMessages, Event{Name: "content_block_delta", Data: []byte(antBlockDelta)}},
+		{"anthropic/message_delta", AnthropicMessages, Event{Name: "message_delta", Data: []byte(antMsgDelta)}},
+		{"generic", Generic, Event{Data: []byte(chatContent)}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(bc.ev.Data)))
+			for b.Loop() {
+				Classify(bc.d, bc.ev)
+			}
+		})
+	}
+}
+
+func BenchmarkParserFeed(b *testing.B) {
+	stream, events := chatStream(1000)
+	b.Run("whole", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(stream)))
+		var p Parser
+		for b.Loop() {
+			p.Feed(stream, func(Event) {})
+		}
+	})
+	b.Run("event-per-chunk", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(stream)))
+		var p Parser
+		for b.Loop() {
+			for _, e := range events {
+				p.Feed(e, func(Event) {})
+			}
+		}
+	})
+}
+
+type flushSignal struct {
+	discardDown
+	once sync.Once
+	ch   chan struct{}
+}
+
+func (f *flushSignal) Flush() error { f.once.Do(func() { close(f.ch) }); return nil }
+
+// BenchmarkIdleCommittedStreams reports the memory one committed stream
+// costs while it waits on a silent upstream: read buffer, parser, timers,
+// relay state, the goroutine's stack (and the test's io.Pipe, a few hundred
+// bytes).
+func BenchmarkIdleCommittedStreams(b *testing.B) {
+	const streams = 1000
+	first := []byte(sse(chatRole) + sse(chatContent))
+	var perStream float64
+	for b.Loop() {
+		var before, after runtime.MemStats
+		// Two cycles empty sync.Pool (and its victim cache), so every
+		// stream's read buffer is counted rather than recycled from a
+		// previous iteration.
+		runtime.GC()
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+
+		pws := make([]*io.PipeWriter, streams)
+		var wg sync.WaitGroup
+		for i := range streams {
+			pr, pw := io.Pipe()
+			pws[i] = pw
+			dst := &flushSignal{ch: make(chan struct{})}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				Relay(pr, func(err error) { pr.CloseWithError(err) }, dst, Options{Dialect: OpenAIChat, IdleTimeout: time.Hour})
+			}()
+			if _, err := pw.Write(first); err != nil {
+				b.Fatal(err)
+			}
+			<-dst.ch // committed and flushed; next it blocks in Read
+		}
+		time.Sleep(20 * time.Millisecond)
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		perStream = float64(int64(after.HeapInuse+after.StackInuse)-int64(before.HeapInuse+before.StackInuse)) / streams
+
+		for _, pw := range pws {
+			pw.Close()
+		}
+		wg.Wait()
+	}
+	b.ReportMetric(perStream, "bytes/stream")
+}
+
+func TestBenchStreamShape(t *testing.T) {
+	stream, events := chatStream(3)
+	if len(events) != 7 || !strings.HasSuffix(string(stream), "data: [DONE]\n\n") {
+		t.Fatalf("%d events", len(events))
+	}
+}

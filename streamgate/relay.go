@@ -1,0 +1,624 @@
+// Package streamgate decides when an upstream LLM event stream may be
+// committed to the client, and relays it afterwards.
+//
+// An upstream can answer 200 OK and then report the failure inside the SSE
+// stream. Relay therefore holds the opening bytes back until an event
+// decides the matter: real content commits the response (status, headers,
+// held bytes, then pass-through), an error frame or an early close leaves
+// the client untouched so the caller can fail over to another channel.
+// Once committed a stream cannot fail over, so Relay makes it fail honestly
+// instead: a stall or a break-off before the dialect's normal end gets an
+// error event in the client's dialect.
+package streamgate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Causes Relay passes to cancel.
+var (
+	ErrGateTimeout = errors.New("streamgate: no decisive event before the gate timeout")
+	ErrIdleTimeout = errors.New("streamgate: upstream idle after commit")
+	ErrClientGone  = errors.New("streamgate: client went away")
+)
+
+// Defaults applied to zero Options fields.
+const (
+	DefaultGateTimeout = 30 * time.Second
+	DefaultIdleTimeout = 60 * time.Second
+	DefaultMaxHeld     = 1 << 20
+
+	// minMaxEvent bounds what the parser buffers for one event after
+	// commit. Responses API events that embed images can be megabytes, and
+	// losing one would only blind end-of-stream detection, so be generous.
+	minMaxEvent = 16 << 20
+
+	readBufSize = 16 << 10
+)
+
+// Error codes of the event appended to a committed stream that failed.
+const (
+	CodeTruncated = "stream_truncated"
+	CodeStalled   = "stream_stalled"
+)
+
+var readBufPool = sync.Pool{New: func() any {
+	b := make([]byte, readBufSize)
+	return &b
+}}
+
+// Downstream is the client side of a relayed stream.
+type Downstream interface {
+	// Commit writes the status line and headers. Relay calls it at most
+	// once, before any Write.
+	Commit() error
+	Write(p []byte) (int, error)
+	Flush() error
+}
+
+// Options configure Relay. The zero value is usable for Generic streams.
+type Options struct {
+	Dialect Dialect
+	// GateTimeout bounds the wait for a decisive event; 0 means 30s.
+	GateTimeout time.Duration
+	// GateFailover makes gate expiry a failure (Outcome GateTimeout)
+	// instead of committing, for callers that would rather try another
+	// channel than wait on a slow one.
+	GateFailover bool
+	// IdleTimeout bounds the wait for upstream bytes after commit; 0 means
+	// 60s. Time spent writing to a slow client does not count.
+	IdleTimeout time.Duration
+	// MaxHeld bounds the bytes held before commit; 0 means 1 MiB. Reaching
+	// it commits, so memory stays bounded.
+	MaxHeld int
+	// Observe, if set, sees every dispatched event, before and after commit
+	// (including events of an attempt that then fails over). It must not
+	// retain ev.Data.
+	Observe func(ev Event)
+	// Drop, if set, hides the events for which it returns true from the
+	// client, before as well as after commit (a held event that would be
+	// dropped after commit is dropped too). Bytes are still never
+	// re-encoded: whole events are cut out at their boundaries. When nil,
+	// bytes are forwarded exactly as read.
+	Drop func(ev Event) bool
+}
+
+func (o Options) withDefaults() Options {
+	if o.GateTimeout <= 0 {
+		o.GateTimeout = DefaultGateTimeout
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = DefaultIdleTimeout
+	}
+	if o.MaxHeld <= 0 {
+		o.MaxHeld = DefaultMaxHeld
+	}
+	return o
+}
+
+// Outcome is how a relayed stream ended.
+type Outcome uint8
+
+const (
+	// Complete: the stream reached its normal end.
+	Complete Outcome = iota
+	// UpstreamError: the upstream sent an error event. Before commit the
+	// client saw nothing; after commit (Result.Committed) the error event
+	// itself was forwarded and ended the stream.
+	UpstreamError
+	// ClosedEarly: the upstream closed before anything decisive.
+	ClosedEarly
+	// GateTimeout: nothing decisive within GateTimeout with GateFailover
+	// set; nothing was written.
+	GateTimeout
+	// Truncated: after commit the upstream closed or failed before its
+	// normal end; an error event was appended.
+	Truncated
+	// Stalled: after commit the upstream sent nothing for IdleTimeout; an
+	// error event was appended.
+	Stalled
+	// ClientGone: a write to the client failed.
+	ClientGone
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Complete:
+		return "complete"
+	case UpstreamError:
+		return "upstream_error"
+	case ClosedEarly:
+		return "closed_early"
+	case GateTimeout:
+		return "gate_timeout"
+	case Truncated:
+		return "truncated"
+	case Stalled:
+		return "stalled"
+	case ClientGone:
+		return "client_gone"
+	}
+	return "outcome(" + strconv.Itoa(int(o)) + ")"
+}
+
+// Result reports what Relay did.
+type Result struct {
+	Outcome Outcome
+	// Committed is true once Downstream.Commit was called: the client has
+	// (or may have) seen the response, so it must not be retried.
+	Committed bool
+	// ErrorData is a copy of the error event's data (UpstreamError), for
+	// logs and for the caller's error body.
+	ErrorData []byte
+	// BytesSent counts body bytes written to the client, excluding an
+	// appended error event.
+	BytesSent int64
+	// Err is the underlying read or write error, if any. It can accompany
+	// Complete when the connection broke after the stream's normal end.
+	Err error
+}
+
+// CanFailover reports whether the caller may retry on another channel: the
+// attempt failed and the client has seen nothing.
+func (r Result) CanFailover() bool {
+	if r.Committed {
+		return false
+	}
+	switch r.Outcome {
+	case UpstreamError, ClosedEarly, GateTimeout:
+		return true
+	}
+	return false
+}
+
+// relay is the state of one Relay call. The Relay goroutine owns it, except
+// that the gate timer may commit (or expire) concurrently before commit,
+// and the idle timer checks for a stall after; mu serializes those with the
+// Relay goroutine. After commit the Relay goroutine forwards without
+// locking: the gate timer then only looks at committed/done, and the idle
+// timer only at done/stalled/idle and the atomic readSince.
+type relay struct {
+	src    io.Reader
+	cancel context.CancelCauseFunc
+	dst    Downstream
+	opts   Options
+	emit   func(Event)
+	p      Parser
+	start  time.Time
+
+	// readSince is the time (ns since start, +1) the pending Read began,
+	// or 0 when no Read is pending.
+	readSince atomic.Int64
+
+	mu          sync.Mutex
+	committed   bool
+	done        bool
+	gateExpired bool
+	stalled     bool
+	clientGone  bool
+	gate        *time.Timer
+	idle        *time.Timer
+	held        []byte
+	werr        error
+	sent        int64
+
+	decided  bool // a decisive event was seen; commit after this chunk
+	failed   bool // error frame before commit
+	sawEnd   bool // normal end (or in-band error) seen after/at commit
+	errAfter bool // error frame after commit
+	errData  []byte
+
+	// Drop mode: bytes since the last clean boundary carried over from
+	// earlier chunks, the chunk being fed, and the start of its unsunk part.
+	pending []byte
+	chunk   []byte
+	ws      int
+	wrote   bool
+	skipLF  bool // a dropped event ended in a chunk-final CR; its LF comes next
+}
+
+// Relay holds src until an event decides the stream, then commits dst and
+// copies. cancel cancels the context of the upstream request src belongs to
+// (it may be nil); Relay calls it with ErrGateTimeout (failover mode),
+// ErrIdleTimeout and ErrClientGone, and relies on it to make a blocked
+// src.Read return. The caller owns closing src.
+//
+// Observe and Drop run on the calling goroutine only; Downstream methods may
+// also run on the gate timer's goroutine (committing a slow stream while
+// Relay is blocked in Read), never concurrently and never after Relay
+// returns.
+func Relay(src io.Reader, cancel context.CancelCauseFunc, dst Downstream, opts Options) Result {
+	r := &relay{src: src, cancel: cancel, dst: dst, opts: opts.withDefaults(), start: time.Now()}
+	r.p.MaxEvent = max(r.opts.MaxHeld, minMaxEvent)
+	r.emit = r.onEvent
+
+	bp := readBufPool.Get().(*[]byte)
+	defer readBufPool.Put(bp)
+	buf := *bp
+
+	r.mu.Lock()
+	r.gate = time.AfterFunc(r.opts.GateTimeout, r.onGate)
+	r.mu.Unlock()
+
+	committed := false
+	for {
+		r.readSince.Store(r.now())
+		n, err := src.Read(buf)
+		r.readSince.Store(0)
+		if n > 0 {
+			var stop bool
+			if committed {
+				stop = r.forward(buf[:n])
+			} else {
+				r.mu.Lock()
+				stop = r.hold(buf[:n])
+				committed = r.committed
+				r.mu.Unlock()
+			}
+			if stop {
+				return r.finish(nil)
+			}
+		}
+		if err != nil {
+			return r.finish(err)
+		}
+	}
+}
+
+func (r *relay) now() int64 { return int64(time.Since(r.start)) + 1 }
+
+// hold handles a chunk read before commit; r.mu is held. It reports whether
+// the relay must stop.
+func (r *relay) hold(c []byte) bool {
+	if r.gateExpired || r.clientGone {
+		return true
+	}
+	if r.committed { // by the gate timer while we were reading
+		return r.forward(c)
+	}
+	if r.opts.Drop != nil {
+		r.feedDrop(c)
+		if r.failed {
+			return true
+		}
+		if r.decided || len(r.held)+len(r.pending) > r.opts.MaxHeld {
+			r.commitLocked(nil)
+		}
+		return r.clientGone
+	}
+	r.p.Feed(c, r.emit)
+	switch {
+	case r.failed:
+		return true
+	case r.decided && len(r.held) == 0:
+		r.commitLocked(c) // common case: no copy
+	case r.decided:
+		r.held = append(r.held, c...)
+		r.commitLocked(nil)
+	default:
+		r.held = append(r.held, c...)
+		if len(r.held) > r.opts.MaxHeld {
+			r.commitLocked(nil)
+		}
+	}
+	return r.clientGone
+}
+
+// forward handles a chunk read after commit. It reports whether the relay
+// must stop.
+func (r *relay) forward(c []byte) bool {
+	if r.opts.Drop != nil {
+		if wrote, b := r.feedDrop(c); wrote && b >= 0 {
+			r.flush()
+		}
+		return r.clientGone
+	}
+	b := r.p.Feed(c, r.emit)
+	if r.write(c) && b >= 0 {
+		r.flush()
+	}
+	return r.clientGone
+}
+
+// feedDrop feeds c, moving every byte either into held/the client (sink),
+// into pending (an event not yet complete), or nowhere (a dropped event).
+func (r *relay) feedDrop(c []byte) (wrote bool, boundary int) {
+	r.chunk, r.ws, r.wrote = c, 0, false
+	if r.skipLF && c[0] == '\n' {
+		r.ws = 1
+	}
+	r.skipLF = false
+	b := r.p.Feed(c, r.emit)
+	if b >= 0 {
+		r.sink(r.pending)
+		r.sink(c[r.ws:b])
+		r.pending = r.pending[:0]
+		r.ws = b
+	}
+	r.pending = append(r.pending, c[r.ws:]...)
+	if len(r.pending) == 0 && cap(r.pending) > shrinkAbove {
+		r.pending = nil
+	}
+	r.chunk = nil
+	return r.wrote, b
+}
+
+// dropEvent cuts the event being dispatched out of the byte stream. Its
+// first line began at the last clean boundary, so everything before it is
+// complete and can go out, and if it began in an earlier chunk its prefix is
+// exactly pending.
+func (r *relay) dropEvent() {
+	if s := r.p.EventStart(); s >= 0 {
+		r.sink(r.pending)
+		r.sink(r.chunk[r.ws:s])
+	}
+	r.pending = r.pending[:0]
+	r.ws = r.p.EventEnd()
+	r.skipLF = r.ws == len(r.chunk) && r.chunk[r.ws-1] == '\r'
+}
+
+func (r *relay) sink(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	if r.committed {
+		r.write(b)
+		r.wrote = true
+		return
+	}
+	r.held = append(r.held, b...)
+}
+
+func (r *relay) onEvent(ev Event) {
+	if r.failed {
+		return
+	}
+	if r.opts.Observe != nil {
+		r.opts.Observe(ev)
+	}
+	k := Classify(r.opts.Dialect, ev)
+	if r.committed || r.decided {
+		switch k {
+		case Terminal:
+			r.sawEnd = true
+		case ErrorFrame:
+			// Forwarded as is: the client is told, so the stream ended
+			// honestly and needs no appended error.
+			r.sawEnd = true
+			if !r.errAfter {
+				r.errAfter = true
+				r.errData = append([]byte(nil), ev.Data...)
+			}
+		}
+	} else {
+		switch k {
+		case Content:
+			r.decided = true
+		case Terminal:
+			r.decided, r.sawEnd = true, true
+		case ErrorFrame:
+			r.failed = true
+			r.errData = append([]byte(nil), ev.Data...)
+			return
+		}
+	}
+	if r.opts.Drop != nil && r.chunk != nil && r.opts.Drop(ev) {
+		r.dropEvent()
+	}
+}
+
+// commitLocked commits and sends what was held plus extra, flushing once so
+// the client gets the headers now. r.mu is held.
+func (r *relay) commitLocked(extra []byte) {
+	r.committed = true
+	r.gate.Stop()
+	if err := r.dst.Commit(); err != nil {
+		r.werr = fmt.Errorf("streamgate: commit downstream: %w", err)
+		r.clientGone = true
+		return
+	}
+	if r.write(r.held) && r.write(extra) {
+		r.flush()
+	}
+	r.held = nil
+	if !r.clientGone {
+		r.idle = time.AfterFunc(r.opts.IdleTimeout, r.onIdle)
+	}
+}
+
+func (r *relay) write(b []byte) bool {
+	if r.clientGone {
+		return false
+	}
+	if len(b) == 0 {
+		return true
+	}
+	n, err := r.dst.Write(b)
+	r.sent += int64(n)
+	if err == nil && n < len(b) {
+		err = io.ErrShortWrite
+	}
+	if err != nil {
+		r.werr = fmt.Errorf("streamgate: write downstream: %w", err)
+		r.clientGone = true
+		return false
+	}
+	return true
+}
+
+func (r *relay) flush() {
+	if r.clientGone {
+		return
+	}
+	if err := r.dst.Flush(); err != nil {
+		r.werr = fmt.Errorf("streamgate: flush downstream: %w", err)
+		r.clientGone = true
+	}
+}
+
+func (r *relay) onGate() {
+	r.mu.Lock()
+	if r.done || r.committed || r.gateExpired {
+		r.mu.Unlock()
+		return
+	}
+	if r.opts.GateFailover {
+		r.gateExpired = true
+		r.mu.Unlock()
+		r.callCancel(ErrGateTimeout)
+		return
+	}
+	// A slow model is not a broken one: let the client see the headers
+	// while the Relay goroutine stays blocked in Read.
+	r.commitLocked(nil)
+	gone := r.clientGone
+	r.mu.Unlock()
+	if gone {
+		r.callCancel(ErrClientGone)
+	}
+}
+
+func (r *relay) onIdle() {
+	r.mu.Lock()
+	if r.done || r.stalled {
+		r.mu.Unlock()
+		return
+	}
+	wait := r.opts.IdleTimeout
+	if since := r.readSince.Load(); since != 0 {
+		wait -= time.Duration(r.now() - since)
+	}
+	// Not blocked in Read (busy writing to a slow client), or not for long
+	// enough yet: look again later rather than blame the upstream.
+	if wait > 0 {
+		r.idle.Reset(wait)
+		r.mu.Unlock()
+		return
+	}
+	r.stalled = true
+	r.mu.Unlock()
+	r.callCancel(ErrIdleTimeout)
+}
+
+func (r *relay) callCancel(cause error) {
+	if r.cancel != nil {
+		r.cancel(cause)
+	}
+}
+
+func (r *relay) finish(readErr error) Result {
+	r.mu.Lock()
+	r.done = true
+	r.gate.Stop()
+	if r.idle != nil {
+		r.idle.Stop()
+	}
+	r.mu.Unlock()
+
+	res := Result{Committed: r.committed}
+	var rerr error
+	if readErr != nil && !errors.Is(readErr, io.EOF) {
+		rerr = fmt.Errorf("streamgate: read upstream: %w", readErr)
+	}
+
+	if !r.committed {
+		switch {
+		case r.gateExpired:
+			res.Outcome = GateTimeout
+			res.Err = rerr
+		case r.failed:
+			res.Outcome = UpstreamError
+			res.ErrorData = r.errData
+		default:
+			// An error frame cut off by the close still tells the caller
+			// (and its logs) what went wrong.
+			r.p.Finish(func(ev Event) {
+				if Classify(r.opts.Dialect, ev) == ErrorFrame {
+					r.failed = true
+					r.errData = append([]byte(nil), ev.Data...)
+				}
+			})
+			res.Outcome, res.Err = ClosedEarly, rerr
+			if r.failed {
+				res.Outcome, res.ErrorData = UpstreamError, r.errData
+			}
+		}
+		return res
+	}
+
+	if !r.clientGone && len(r.pending) > 0 {
+		// The tail of an unterminated event: never lose upstream bytes.
+		r.write(r.pending)
+		r.flush()
+	}
+	if r.clientGone {
+		res.Outcome, res.Err, res.BytesSent = ClientGone, r.werr, r.sent
+		r.callCancel(ErrClientGone)
+		return res
+	}
+
+	ended := r.sawEnd
+	midEvent := !r.p.AtBoundary()
+	unterminated := r.p.Finish(func(ev Event) {
+		switch Classify(r.opts.Dialect, ev) {
+		case Terminal:
+			ended = true
+		case ErrorFrame:
+			ended = true
+			if !r.errAfter {
+				r.errAfter = true
+				r.errData = append([]byte(nil), ev.Data...)
+			}
+		}
+	})
+	r.mu.Lock()
+	stalled := r.stalled
+	r.mu.Unlock()
+	if !ended && r.opts.Dialect == Generic && errors.Is(readErr, io.EOF) && !unterminated && !stalled {
+		ended = true // an unknown API ends however it likes, but not mid-event
+	}
+
+	res.BytesSent = r.sent
+	switch {
+	case ended && r.errAfter:
+		res.Outcome, res.ErrorData, res.Err = UpstreamError, r.errData, rerr
+		return res
+	case ended:
+		res.Outcome, res.Err = Complete, rerr
+		return res
+	case stalled:
+		res.Outcome = Stalled
+		res.Err = fmt.Errorf("streamgate: no upstream bytes for %v: %w", r.opts.IdleTimeout, ErrIdleTimeout)
+		r.appendError(midEvent, CodeStalled, "upstream stalled: no data for "+r.opts.IdleTimeout.String()+"; the response is incomplete")
+	default:
+		res.Outcome, res.Err = Truncated, rerr
+		if res.Err == nil {
+			res.Err = fmt.Errorf("streamgate: upstream closed before the end of the stream: %w", io.ErrUnexpectedEOF)
+		}
+		r.appendError(midEvent, CodeTruncated, "upstream closed the stream before it was complete; the response is incomplete")
+	}
+	return res
+}
+
+// appendError tells the client, in its own dialect, that what it got is not
+// the whole answer. If the upstream broke off inside an event, a blank line
+// first ends the half line and event; otherwise the client's parser would
+// glue the error onto them and never see it. (One blank line is not enough
+// after a lone CR: the client would take the LF as the rest of a CRLF.)
+// A failure here changes nothing: the client is gone.
+func (r *relay) appendError(midEvent bool, code, msg string) {
+	ev := ErrorEvent(r.opts.Dialect, code, msg)
+	if midEvent {
+		ev = append([]byte("\n\n"), ev...)
+	}
+	if _, err := r.dst.Write(ev); err == nil {
+		_ = r.dst.Flush()
+	}
+}
