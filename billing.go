@@ -1,0 +1,413 @@
+package llmfailover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/llmfailover/caddy-llm-failover/llmapi"
+	"github.com/llmfailover/caddy-llm-failover/streamgate"
+	"github.com/llmfailover/caddy-llm-failover/wallet"
+)
+
+// WalletConfig makes requests prepaid.
+type WalletConfig struct {
+	// Store is "sqlite" (default, embedded) or "postgres" (shared by
+	// several Caddy instances).
+	Store string `json:"store,omitempty"`
+	// Path is the SQLite file. Default: llm_failover/wallet.db under
+	// Caddy's data directory.
+	Path string `json:"path,omitempty"`
+	// DSN is the PostgreSQL connection string; it may be a placeholder
+	// such as {env.DATABASE_URL}, resolved when the config loads.
+	DSN string `json:"dsn,omitempty"`
+	// ReservationTTL is how long a reservation may stay unsettled before
+	// the sweeper releases it (after a crash). Default: 15m.
+	ReservationTTL caddy.Duration `json:"reservation_ttl,omitempty"`
+	// OnStoreError is "deny" (default: answer 503 when the store is
+	// unreachable) or "allow" (serve unbilled, and log it).
+	OnStoreError string `json:"on_store_error,omitempty"`
+	// Account, when set, is a placeholder naming the account to bill
+	// (e.g. {http.auth.user.id}) instead of the gateway's own API keys.
+	Account string `json:"account,omitempty"`
+}
+
+// DefaultReservationTTL bounds how long a crash can lock money.
+const DefaultReservationTTL = 15 * time.Minute
+
+// sweepEvery is how often expired reservations are released.
+const sweepEvery = time.Minute
+
+// walletStores shares one store per database across handlers and config
+// generations, so that a reload neither reopens the database nor closes
+// it under a stream that still has to settle.
+var walletStores = caddy.NewUsagePool()
+
+// storeHolder owns an open store, its sweeper and the requests in flight.
+type storeHolder struct {
+	store    wallet.Store
+	kind     string
+	logger   *zap.Logger
+	inflight sync.WaitGroup
+	stop     chan struct{}
+	done     chan struct{}
+
+	mu        sync.Mutex
+	lastSweep time.Time // heartbeat of the background sweeper
+	lastErr   string
+}
+
+func (s *storeHolder) sweeper() {
+	defer close(s.done)
+	t := time.NewTicker(sweepEvery)
+	defer t.Stop()
+	for {
+		s.sweep()
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (s *storeHolder) sweep() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	n, err := s.store.Sweep(ctx, time.Now())
+	s.mu.Lock()
+	s.lastSweep = time.Now()
+	s.lastErr = ""
+	if err != nil {
+		s.lastErr = err.Error()
+	}
+	s.mu.Unlock()
+	switch {
+	case err != nil:
+		walletTotal.WithLabelValues("sweep", "error").Inc()
+		s.logger.Error("wallet sweep failed", zap.Error(err))
+	case n > 0:
+		walletTotal.WithLabelValues("sweep", "released").Add(float64(n))
+		s.logger.Warn("released expired wallet reservations", zap.Int("count", n))
+	}
+}
+
+// heartbeat reports when the sweeper last ran, for the status endpoint.
+func (s *storeHolder) heartbeat() (time.Time, string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastSweep, s.lastErr
+}
+
+// Destruct runs when no config uses the store any more. Caddy calls the
+// old config's Cleanup while its streams are still open, so wait (bounded)
+// for them to settle before closing the database under them.
+//
+// The wait happens in the background: Destruct runs inside Caddy's config
+// change, and a reload must not block on the longest open stream.
+func (s *storeHolder) Destruct() error {
+	close(s.stop)
+	<-s.done
+	go func() {
+		waited := make(chan struct{})
+		go func() { s.inflight.Wait(); close(waited) }()
+		select {
+		case <-waited:
+		case <-time.After(10 * time.Minute):
+			s.logger.Error("closing wallet store with requests still unsettled; their reservations expire and are released by the sweeper")
+		}
+		if err := s.store.Close(); err != nil {
+			s.logger.Error("closing wallet store", zap.Error(err))
+		}
+	}()
+	return nil
+}
+
+// walletRuntime is a provisioned WalletConfig.
+type walletRuntime struct {
+	key     string
+	holder  *storeHolder
+	ttl     time.Duration
+	allow   bool
+	account string
+	logger  *zap.Logger
+}
+
+func (c *WalletConfig) provision(ctx caddy.Context, logger *zap.Logger) (*walletRuntime, error) {
+	rt := &walletRuntime{ttl: time.Duration(c.ReservationTTL), account: c.Account, logger: logger}
+	if rt.ttl == 0 {
+		rt.ttl = DefaultReservationTTL
+	}
+	switch c.OnStoreError {
+	case "", "deny":
+	case "allow":
+		rt.allow = true
+	default:
+		return nil, fmt.Errorf("on_store_error: want deny or allow, got %q", c.OnStoreError)
+	}
+	repl := caddy.NewReplacer()
+	var open func() (wallet.Store, error)
+	switch c.Store {
+	case "", "sqlite":
+		path := c.Path
+		if path == "" {
+			path = filepath.Join(caddy.AppDataDir(), "llm_failover", "wallet.db")
+		}
+		path, err := filepath.Abs(repl.ReplaceKnown(path, ""))
+		if err != nil {
+			return nil, err
+		}
+		rt.key = "sqlite:" + path
+		open = func() (wallet.Store, error) { return wallet.OpenSQLite(path) }
+	case "postgres":
+		dsn, err := repl.ReplaceOrErr(c.DSN, true, true)
+		if err != nil || dsn == "" {
+			return nil, fmt.Errorf("postgres DSN %q is empty or unresolved", c.DSN)
+		}
+		rt.key = "postgres:" + dsn
+		open = func() (wallet.Store, error) {
+			octx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			defer cancel()
+			return wallet.OpenPostgres(octx, dsn)
+		}
+	default:
+		return nil, fmt.Errorf("unknown store %q (want sqlite or postgres)", c.Store)
+	}
+	v, _, err := walletStores.LoadOrNew(rt.key, func() (caddy.Destructor, error) {
+		st, err := open()
+		if err != nil {
+			return nil, err
+		}
+		h := &storeHolder{store: st, kind: c.Store, logger: logger, stop: make(chan struct{}), done: make(chan struct{})}
+		if h.kind == "" {
+			h.kind = "sqlite"
+		}
+		// Reservations left by a crash are released on start, then
+		// periodically.
+		go h.sweeper()
+		return h, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("opening %s store: %w", c.Store, err)
+	}
+	rt.holder = v.(*storeHolder)
+	return rt, nil
+}
+
+func (rt *walletRuntime) release() {
+	_, _ = walletStores.Delete(rt.key)
+}
+
+// bill is one request's reservation, from admission to settlement.
+type bill struct {
+	rt        *walletRuntime
+	x         *exchange
+	res       wallet.Reservation
+	price     wallet.Price
+	format    wallet.Format
+	meter     *wallet.Meter
+	hideUsage bool
+	channel   string
+	closed    bool
+	// inputBound is the most input tokens the request can have; it is
+	// charged when an upstream never reported usage.
+	inputBound int64
+}
+
+// admit finds the account and reserves the largest cost the request can
+// have. A refusal is never a failover case: no channel can refill a wallet.
+func (rt *walletRuntime) admit(x *exchange) (*bill, *llmapi.Error) {
+	ctx := x.r.Context()
+	account, keyID := "", ""
+	if rt.account != "" {
+		if x.repl != nil {
+			account = x.repl.ReplaceAll(rt.account, "")
+		}
+		if account == "" {
+			return nil, &llmapi.Error{Status: http.StatusUnauthorized, Message: "no account: the request is not authenticated"}
+		}
+	} else {
+		secret := clientKey(x.r)
+		if secret == "" {
+			return nil, &llmapi.Error{Status: http.StatusUnauthorized, Message: "missing API key: send it as Authorization: Bearer <key> or x-api-key"}
+		}
+		k, err := rt.holder.store.Authenticate(ctx, secret)
+		switch {
+		case errors.Is(err, wallet.ErrUnknownKey):
+			walletTotal.WithLabelValues("authenticate", "unknown_key").Inc()
+			return nil, &llmapi.Error{Status: http.StatusUnauthorized, Message: "invalid API key"}
+		case errors.Is(err, wallet.ErrKeyRevoked):
+			walletTotal.WithLabelValues("authenticate", "revoked").Inc()
+			return nil, &llmapi.Error{Status: http.StatusUnauthorized, Message: "this API key has been revoked"}
+		case err != nil:
+			return rt.storeError(x, "authenticate", err)
+		}
+		account, keyID = k.Account, k.ID
+	}
+
+	m := x.model
+	maxOut := x.req.MaxOutput
+	if maxOut == 0 {
+		maxOut = m.maxOutput
+	}
+	amount, inputBound := wallet.MaxCost(wallet.Estimate{BodyBytes: len(x.body), Images: x.req.Images, MaxOutput: maxOut, N: x.req.N}, m.price)
+	b := &bill{rt: rt, x: x, price: m.price, format: formatOf(x.api), inputBound: inputBound}
+	b.res = wallet.Reservation{
+		ID: requestID(x), Account: account, KeyID: keyID, Model: x.req.Model,
+		Amount: amount, ExpiresAt: time.Now().Add(rt.ttl),
+	}
+	b.res.RequestID = b.res.ID
+	err := rt.holder.store.Reserve(ctx, b.res)
+	switch {
+	case errors.Is(err, wallet.ErrInsufficientFunds):
+		walletTotal.WithLabelValues("reserve", "insufficient").Inc()
+		return nil, &llmapi.Error{Status: http.StatusPaymentRequired, Code: "insufficient_quota",
+			Message: fmt.Sprintf("insufficient balance: this request may cost up to %s and the account's available balance does not cover it", amount.Human())}
+	case errors.Is(err, wallet.ErrUnknownAccount):
+		walletTotal.WithLabelValues("reserve", "unknown_account").Inc()
+		return nil, &llmapi.Error{Status: http.StatusUnauthorized, Message: fmt.Sprintf("unknown account %q", account)}
+	case err != nil:
+		return rt.storeError(x, "reserve", err)
+	}
+	walletTotal.WithLabelValues("reserve", "ok").Inc()
+	rt.holder.inflight.Add(1)
+	return b, nil
+}
+
+// storeError applies on_store_error: refuse (503) or serve unbilled.
+func (rt *walletRuntime) storeError(x *exchange, op string, err error) (*bill, *llmapi.Error) {
+	walletTotal.WithLabelValues(op, "store_error").Inc()
+	if rt.allow {
+		rt.logger.Error("wallet store unavailable; serving unbilled (on_store_error allow)",
+			zap.String("op", op), zap.String("model", x.req.Model), zap.Error(err))
+		return nil, nil
+	}
+	rt.logger.Error("wallet store unavailable; refusing", zap.String("op", op), zap.Error(err))
+	return nil, &llmapi.Error{Status: http.StatusServiceUnavailable, Message: "billing is temporarily unavailable; no upstream was called"}
+}
+
+// prepare readies the body for one attempt and starts a fresh meter: a
+// failed attempt's usage is never billed.
+func (b *bill) prepare(body []byte) []byte {
+	b.meter = wallet.NewMeter(b.format)
+	if b.x.api == llmapi.OpenAIChat && b.x.req.Stream && !b.x.req.HasStreamOptions {
+		// OpenAI streams report usage only when asked. Ask, and hide the
+		// extra chunk from a client that did not.
+		b.hideUsage = true
+		return llmapi.WithIncludeUsage(body)
+	}
+	return body
+}
+
+func (b *bill) streamOptions(o *streamgate.Options) {
+	m := b.meter
+	o.Observe = func(ev streamgate.Event) { m.Event(ev.Name, ev.Data) }
+	if b.hideUsage {
+		o.Drop = func(ev streamgate.Event) bool { return wallet.IsUsageOnlyChunk(ev.Data) }
+	}
+}
+
+func (b *bill) meterBody(body []byte) {
+	b.meter.Body(body)
+	b.meter.DeliveredText(len(body))
+}
+
+// delivered records how much of a stream reached the client, the stand-in
+// for output tokens when the stream ended before its usage report.
+func (b *bill) delivered(n int64) { b.meter.DeliveredText(int(n)) }
+
+func (b *bill) servedBy(channel string) { b.channel = channel }
+
+// attemptFailed writes a zero-charge ledger row so that an operator sees
+// failed attempts next to the charge of the one that served.
+func (b *bill) attemptFailed(channel, reason string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(b.x.r.Context()), 10*time.Second)
+	defer cancel()
+	err := b.rt.holder.store.RecordAttempt(ctx, wallet.Entry{
+		Account: b.res.Account, KeyID: b.res.KeyID, Model: b.res.Model, Channel: channel,
+		RequestID: b.res.RequestID, Note: reason,
+	})
+	if err != nil {
+		b.rt.logger.Error("recording a failed attempt", zap.String("request_id", b.res.RequestID), zap.Error(err))
+	}
+}
+
+// close settles the reservation: it charges the usage of the attempt that
+// served (nothing when none did) and releases the rest. It runs exactly
+// once, deferred, so panics and client disconnects settle too.
+func (b *bill) close() {
+	// b is nil when on_store_error allow admitted the request unbilled.
+	if b == nil || b.closed {
+		return
+	}
+	b.closed = true
+	defer b.rt.holder.inflight.Done()
+	e := wallet.Entry{
+		Account: b.res.Account, KeyID: b.res.KeyID, Model: b.res.Model,
+		Channel: b.channel, RequestID: b.res.RequestID,
+	}
+	if b.channel != "" && b.meter != nil {
+		u := b.meter.Billable(b.inputBound)
+		e.TokensIn, e.TokensOut = u.Input, u.Output
+		e.Cost = b.price.Cost(u.Input, u.Output)
+	}
+	// The client may be gone; the settlement must still happen.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(b.x.r.Context()), 30*time.Second)
+	defer cancel()
+	charged, err := b.rt.holder.store.Settle(ctx, b.res.ID, e)
+	if err != nil {
+		walletTotal.WithLabelValues("settle", "error").Inc()
+		b.rt.logger.Error("settling a reservation failed; the sweeper will release it when it expires",
+			zap.String("request_id", b.res.RequestID), zap.String("account", b.res.Account), zap.Error(err))
+		return
+	}
+	walletTotal.WithLabelValues("settle", "ok").Inc()
+	walletCharged.WithLabelValues(b.res.Model).Add(float64(charged))
+	if charged < e.Cost {
+		b.rt.logger.Warn("usage exceeded the reservation; charged the reserved amount",
+			zap.String("request_id", b.res.RequestID), zap.String("reserved", b.res.Amount.String()), zap.String("usage_cost", e.Cost.String()))
+	}
+}
+
+// clientKey finds the client's API key in the headers the OpenAI and
+// Anthropic SDKs send it in.
+func clientKey(r *http.Request) string {
+	if v := r.Header.Get("Authorization"); v != "" {
+		if len(v) > 7 && strings.EqualFold(v[:7], "bearer ") {
+			return strings.TrimSpace(v[7:])
+		}
+	}
+	if v := r.Header.Get("X-Api-Key"); v != "" {
+		return v
+	}
+	return r.Header.Get("Api-Key")
+}
+
+func requestID(x *exchange) string {
+	if x.repl != nil {
+		if v, ok := x.repl.GetString("http.request.uuid"); ok && v != "" {
+			return v
+		}
+	}
+	return fmt.Sprintf("req-%d", time.Now().UnixNano())
+}
+
+func formatOf(api llmapi.API) wallet.Format {
+	switch api {
+	case llmapi.OpenAIResponses:
+		return wallet.FormatOpenAIResponses
+	case llmapi.AnthropicMessages, llmapi.AnthropicCountTokens:
+		return wallet.FormatAnthropic
+	case llmapi.OpenAIEmbeddings:
+		return wallet.FormatOpenAIEmbeddings
+	}
+	return wallet.FormatOpenAIChat
+}

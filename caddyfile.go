@@ -1,0 +1,432 @@
+package llmfailover
+
+import (
+	"net/http"
+	"strconv"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("llm_failover", parseCaddyfile)
+	// Like reverse_proxy, llm_failover answers requests itself; ordering it
+	// just before reverse_proxy spares users an `order` line.
+	httpcaddyfile.RegisterDirectiveOrder("llm_failover", httpcaddyfile.Before, "reverse_proxy")
+}
+
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	m := new(Handler)
+	err := m.UnmarshalCaddyfile(h.Dispenser)
+	return m, err
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
+//
+//	llm_failover [<matcher>] {
+//		channel <name> <base_url> {
+//			header <field> <value>
+//			transport http { ... }
+//		}
+//		model <name> {
+//			policy cost|weighted
+//			route <channel> [cost <input_per_mtok> <output_per_mtok>] [upstream_model <name>] [weight <n>]
+//			price <input_per_mtok> <output_per_mtok>
+//			max_output_tokens <n>
+//		}
+//		max_hops            <n>
+//		header_timeout      <duration>
+//		deadline            <duration>
+//		first_byte_timeout  <duration>
+//		max_request_body    <size>
+//		max_response_body   <size>
+//		retry_status        <status...>
+//		stream_gate         <duration> [failover]
+//		stream_idle_timeout <duration>
+//		breaker {
+//			window    <duration>
+//			failures  <n>
+//			cooldown  <duration>
+//			ratio     <min_calls> <failure_ratio>
+//			max_park  <duration>
+//		}
+//		wallet [sqlite [<path>] | postgres <dsn>] {
+//			reservation_ttl <duration>
+//			on_store_error  deny|allow
+//			account         <placeholder>
+//		}
+//	}
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // consume directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := map[string]bool{}
+	for d.NextBlock(0) {
+		opt := d.Val()
+		switch opt {
+		case "channel", "model":
+		default:
+			if seen[opt] {
+				return d.Errf("%s specified more than once", opt)
+			}
+			seen[opt] = true
+		}
+		var err error
+		switch opt {
+		case "channel":
+			err = h.unmarshalChannel(d)
+		case "model":
+			err = h.unmarshalModel(d)
+		case "max_hops":
+			h.MaxHops, err = intArg(d, 1)
+		case "header_timeout":
+			h.HeaderTimeout, err = durationArg(d)
+		case "deadline":
+			h.Deadline, err = durationArg(d)
+		case "first_byte_timeout":
+			h.FirstByteTimeout, err = durationArg(d)
+		case "max_request_body":
+			h.MaxRequestBody, err = sizeArg(d)
+		case "max_response_body":
+			h.MaxResponseBody, err = sizeArg(d)
+		case "retry_status":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			h.RetryStatus = []int{}
+			for _, a := range args {
+				code, cerr := strconv.Atoi(a)
+				if cerr != nil || code < 100 || code > 599 {
+					return d.Errf("retry_status: %q is not an HTTP status code", a)
+				}
+				h.RetryStatus = append(h.RetryStatus, code)
+			}
+		case "stream_gate":
+			if h.StreamGate, err = durationArg(d); err == nil && d.NextArg() {
+				if d.Val() != "failover" {
+					return d.Errf("stream_gate: unknown option %q (want failover)", d.Val())
+				}
+				h.StreamGateFailover = true
+				if d.NextArg() {
+					return d.ArgErr()
+				}
+			}
+		case "stream_idle_timeout":
+			h.StreamIdleTimeout, err = durationArg(d)
+		case "breaker":
+			err = h.unmarshalBreaker(d)
+		case "wallet":
+			err = h.unmarshalWallet(d)
+		default:
+			return d.Errf("unrecognized subdirective '%s'", opt)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (h *Handler) unmarshalChannel(d *caddyfile.Dispenser) error {
+	args := d.RemainingArgs()
+	if len(args) != 2 {
+		return d.Errf("channel needs a name and a base URL")
+	}
+	for _, c := range h.Channels {
+		if c.Name == args[0] {
+			return d.Errf("channel %q is defined twice", args[0])
+		}
+	}
+	c := &Channel{Name: args[0], BaseURL: args[1]}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "header":
+			args := d.RemainingArgs()
+			if len(args) != 2 {
+				return d.Errf("header needs a field and a value")
+			}
+			if c.Headers == nil {
+				c.Headers = map[string]string{}
+			}
+			c.Headers[http.CanonicalHeaderKey(args[0])] = args[1]
+		case "transport":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			if c.TransportRaw != nil {
+				return d.Err("transport already specified")
+			}
+			name := d.Val()
+			unm, err := caddyfile.UnmarshalModule(d, "http.reverse_proxy.transport."+name)
+			if err != nil {
+				return err
+			}
+			if _, ok := unm.(http.RoundTripper); !ok {
+				return d.Errf("transport module '%s' is not a RoundTripper", name)
+			}
+			c.TransportRaw = caddyconfig.JSONModuleObject(unm, "protocol", name, nil)
+		default:
+			return d.Errf("unrecognized channel option '%s'", d.Val())
+		}
+	}
+	h.Channels = append(h.Channels, c)
+	return nil
+}
+
+func (h *Handler) unmarshalModel(d *caddyfile.Dispenser) error {
+	if !d.NextArg() {
+		return d.Errf("model needs a name")
+	}
+	name := d.Val()
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for _, m := range h.Models {
+		if m.Name == name {
+			return d.Errf("model %q is defined twice", name)
+		}
+	}
+	m := &Model{Name: name}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "policy":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			if v := d.Val(); v != "cost" && v != "weighted" {
+				return d.Errf("unknown policy %q (want cost or weighted)", v)
+			}
+			m.Policy = d.Val()
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+		case "route":
+			r, err := unmarshalRoute(d)
+			if err != nil {
+				return err
+			}
+			for _, other := range m.Routes {
+				if other.Channel == r.Channel {
+					return d.Errf("model %q routes channel %q twice", name, r.Channel)
+				}
+			}
+			m.Routes = append(m.Routes, r)
+		case "price":
+			p, err := priceArgs(d)
+			if err != nil {
+				return err
+			}
+			m.Price = p
+		case "max_output_tokens":
+			n, err := intArg(d, 1)
+			if err != nil {
+				return err
+			}
+			m.MaxOutputTokens = int64(n)
+		default:
+			return d.Errf("unrecognized model option '%s'", d.Val())
+		}
+	}
+	if len(m.Routes) == 0 {
+		return d.Errf("model %q has no routes", name)
+	}
+	h.Models = append(h.Models, m)
+	return nil
+}
+
+func unmarshalRoute(d *caddyfile.Dispenser) (Route, error) {
+	var r Route
+	if !d.NextArg() {
+		return r, d.Errf("route needs a channel name")
+	}
+	r.Channel = d.Val()
+	for d.NextArg() {
+		switch d.Val() {
+		case "cost":
+			p, err := priceArgs(d)
+			if err != nil {
+				return r, err
+			}
+			r.Cost = p
+		case "upstream_model":
+			if !d.NextArg() {
+				return r, d.ArgErr()
+			}
+			r.UpstreamModel = d.Val()
+		case "weight":
+			n, err := intArg(d, 1)
+			if err != nil {
+				return r, err
+			}
+			r.Weight = n
+		default:
+			return r, d.Errf("unrecognized route option '%s' (want cost, upstream_model or weight)", d.Val())
+		}
+	}
+	return r, nil
+}
+
+func (h *Handler) unmarshalBreaker(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	b := new(BreakerConfig)
+	var err error
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "window":
+			b.Window, err = durationArg(d)
+		case "failures":
+			b.Failures, err = intArg(d, 1)
+		case "cooldown":
+			b.Cooldown, err = durationArg(d)
+		case "max_park":
+			b.MaxPark, err = durationArg(d)
+		case "ratio":
+			if b.MinCalls, err = intArg(d, 1); err != nil {
+				return err
+			}
+			// intArg consumed one argument; the ratio follows it.
+			if !d.NextArg() {
+				return d.Errf("ratio needs <min_calls> <failure_ratio>")
+			}
+			b.FailureRatio, err = strconv.ParseFloat(d.Val(), 64)
+			if err != nil || b.FailureRatio <= 0 || b.FailureRatio > 1 {
+				return d.Errf("ratio: failure ratio %q must be a number in (0, 1]", d.Val())
+			}
+			err = nil
+		default:
+			return d.Errf("unrecognized breaker option '%s'", d.Val())
+		}
+		if err != nil {
+			return err
+		}
+	}
+	h.Breaker = b
+	return nil
+}
+
+func (h *Handler) unmarshalWallet(d *caddyfile.Dispenser) error {
+	w := new(WalletConfig)
+	if d.NextArg() {
+		switch w.Store = d.Val(); w.Store {
+		case "sqlite":
+			if d.NextArg() {
+				w.Path = d.Val()
+			}
+		case "postgres":
+			if !d.NextArg() {
+				return d.Errf("wallet postgres needs a DSN, e.g. {env.DATABASE_URL}")
+			}
+			w.DSN = d.Val()
+		default:
+			return d.Errf("unknown wallet store %q (want sqlite or postgres)", w.Store)
+		}
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+	}
+	var err error
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "reservation_ttl":
+			w.ReservationTTL, err = durationArg(d)
+		case "on_store_error":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			if v := d.Val(); v != "deny" && v != "allow" {
+				return d.Errf("on_store_error: want deny or allow, got %q", v)
+			}
+			w.OnStoreError = d.Val()
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+		case "account":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			w.Account = d.Val()
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+		default:
+			return d.Errf("unrecognized wallet option '%s'", d.Val())
+		}
+		if err != nil {
+			return err
+		}
+	}
+	h.Wallet = w
+	return nil
+}
+
+// priceArgs reads "<input_per_mtok> <output_per_mtok>" as exact decimals.
+func priceArgs(d *caddyfile.Dispenser) (*Price, error) {
+	if !d.NextArg() {
+		return nil, d.Errf("%s needs <input_per_mtok> <output_per_mtok>", d.Val())
+	}
+	p := &Price{Input: d.Val()}
+	if !d.NextArg() {
+		return nil, d.Errf("price needs <input_per_mtok> <output_per_mtok>")
+	}
+	p.Output = d.Val()
+	if _, err := p.parse(); err != nil {
+		return nil, d.Errf("bad price: %v", err)
+	}
+	return p, nil
+}
+
+func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
+	opt := d.Val()
+	if !d.NextArg() {
+		return 0, d.ArgErr()
+	}
+	dur, err := caddy.ParseDuration(d.Val())
+	if err != nil || dur < 0 {
+		return 0, d.Errf("%s: bad duration %q", opt, d.Val())
+	}
+	if opt != "stream_gate" && d.NextArg() {
+		return 0, d.ArgErr()
+	}
+	return caddy.Duration(dur), nil
+}
+
+func intArg(d *caddyfile.Dispenser, min int) (int, error) {
+	opt := d.Val()
+	if !d.NextArg() {
+		return 0, d.ArgErr()
+	}
+	n, err := strconv.Atoi(d.Val())
+	if err != nil || n < min {
+		return 0, d.Errf("%s: %q must be an integer of at least %d", opt, d.Val(), min)
+	}
+	if opt != "ratio" && opt != "weight" && d.NextArg() {
+		return 0, d.ArgErr()
+	}
+	return n, nil
+}
+
+func sizeArg(d *caddyfile.Dispenser) (int64, error) {
+	opt := d.Val()
+	if !d.NextArg() {
+		return 0, d.ArgErr()
+	}
+	n, err := humanize.ParseBytes(d.Val())
+	if err != nil || n == 0 {
+		return 0, d.Errf("%s: bad size %q", opt, d.Val())
+	}
+	if d.NextArg() {
+		return 0, d.ArgErr()
+	}
+	return int64(n), nil
+}
+
+// Interface guard
+var _ caddyfile.Unmarshaler = (*Handler)(nil)

@@ -1,0 +1,216 @@
+package llmfailover
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddytest"
+)
+
+func TestUnmarshalCaddyfile(t *testing.T) {
+	d := caddyfile.NewTestDispenser(`llm_failover {
+		channel a https://api.example.com/v1 {
+			header Authorization "Bearer {env.KEY}"
+			transport http {
+				dial_timeout 2s
+			}
+		}
+		channel b http://127.0.0.1:9000
+		model gpt {
+			policy weighted
+			route b cost 0.30 1.20 upstream_model gpt-2024 weight 80
+			route a cost 0.15 0.60 weight 100
+			price 1 2
+			max_output_tokens 4096
+		}
+		max_hops 2
+		header_timeout 30s
+		deadline 90s
+		first_byte_timeout 500ms
+		max_request_body 2MiB
+		max_response_body 1MB
+		retry_status 429 503
+		stream_gate 5s failover
+		stream_idle_timeout 20s
+		breaker {
+			window 1m
+			failures 5
+			cooldown 10s
+			ratio 50 0.25
+			max_park 2m
+		}
+		wallet postgres {env.DATABASE_URL} {
+			reservation_ttl 5m
+			on_store_error allow
+			account {http.auth.user.id}
+		}
+	}`)
+	var h Handler
+	if err := h.UnmarshalCaddyfile(d); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Channels) != 2 || h.Channels[0].Headers["Authorization"] != "Bearer {env.KEY}" || h.Channels[0].TransportRaw == nil {
+		t.Fatalf("channels: %+v", h.Channels[0])
+	}
+	var tr map[string]any
+	if err := json.Unmarshal(h.Channels[0].TransportRaw, &tr); err != nil || tr["protocol"] != "http" || tr["dial_timeout"] != float64(2*time.Second) {
+		t.Fatalf("transport: %s", h.Channels[0].TransportRaw)
+	}
+	m := h.Models[0]
+	if m.Policy != "weighted" || len(m.Routes) != 2 || m.Routes[0].UpstreamModel != "gpt-2024" || m.Routes[0].Weight != 80 ||
+		m.Routes[1].Cost.Input != "0.15" || m.Price.Output != "2" || m.MaxOutputTokens != 4096 {
+		t.Fatalf("model: %+v routes %+v", m, m.Routes)
+	}
+	if h.MaxHops != 2 || h.HeaderTimeout != caddy.Duration(30*time.Second) || h.Deadline != caddy.Duration(90*time.Second) ||
+		h.FirstByteTimeout != caddy.Duration(500*time.Millisecond) || h.MaxRequestBody != 2<<20 || h.MaxResponseBody != 1e6 ||
+		len(h.RetryStatus) != 2 || h.StreamGate != caddy.Duration(5*time.Second) || !h.StreamGateFailover ||
+		h.StreamIdleTimeout != caddy.Duration(20*time.Second) {
+		t.Fatalf("options: %+v", h)
+	}
+	b := h.Breaker
+	if b.Window != caddy.Duration(time.Minute) || b.Failures != 5 || b.Cooldown != caddy.Duration(10*time.Second) ||
+		b.MinCalls != 50 || b.FailureRatio != 0.25 || b.MaxPark != caddy.Duration(2*time.Minute) {
+		t.Fatalf("breaker: %+v", b)
+	}
+	w := h.Wallet
+	if w.Store != "postgres" || w.DSN != "{env.DATABASE_URL}" || w.ReservationTTL != caddy.Duration(5*time.Minute) ||
+		w.OnStoreError != "allow" || w.Account != "{http.auth.user.id}" {
+		t.Fatalf("wallet: %+v", w)
+	}
+}
+
+func TestUnmarshalCaddyfileErrors(t *testing.T) {
+	cases := map[string]string{
+		"argument on directive":     `llm_failover foo`,
+		"unknown subdirective":      `llm_failover { bogus 1 }`,
+		"channel without url":       `llm_failover { channel a }`,
+		"duplicate channel":         `llm_failover { channel a http://x:1 ; channel a http://y:1 }`,
+		"unknown channel option":    `llm_failover { channel a http://x:1 { nope } }`,
+		"header needs two args":     `llm_failover { channel a http://x:1 { header X } }`,
+		"transport twice":           "llm_failover { channel a http://x:1 {\ntransport http\ntransport http\n} }",
+		"unknown transport":         `llm_failover { channel a http://x:1 { transport carrier_pigeon } }`,
+		"model without name":        `llm_failover { model }`,
+		"model without routes":      `llm_failover { model m { policy cost } }`,
+		"duplicate model":           "llm_failover {\nmodel m {\nroute a\n}\nmodel m {\nroute a\n}\n}",
+		"unknown policy":            `llm_failover { model m { policy random } }`,
+		"route twice":               "llm_failover { model m {\nroute a\nroute a\n} }",
+		"unknown route option":      `llm_failover { model m { route a speed 3 } }`,
+		"bad cost":                  `llm_failover { model m { route a cost 1.2.3 4 } }`,
+		"cost missing output":       `llm_failover { model m { route a cost 1 } }`,
+		"negative price":            `llm_failover { model m { route a ; price -1 2 } }`,
+		"bad weight":                `llm_failover { model m { route a weight zero } }`,
+		"unknown model option":      `llm_failover { model m { route a ; fallback b } }`,
+		"bad duration":              `llm_failover { header_timeout soon }`,
+		"negative duration":         `llm_failover { deadline -5s }`,
+		"duration extra arg":        `llm_failover { deadline 5s 6s }`,
+		"max_hops zero":             `llm_failover { max_hops 0 }`,
+		"max_hops twice":            "llm_failover {\nmax_hops 2\nmax_hops 3\n}",
+		"bad size":                  `llm_failover { max_request_body lots }`,
+		"bad retry status":          `llm_failover { retry_status 503 abc }`,
+		"retry status out of range": `llm_failover { retry_status 99 }`,
+		"retry status empty":        `llm_failover { retry_status }`,
+		"stream_gate bad option":    `llm_failover { stream_gate 5s commit }`,
+		"unknown breaker option":    `llm_failover { breaker { threshold 3 } }`,
+		"breaker bad ratio":         `llm_failover { breaker { ratio 10 1.5 } }`,
+		"breaker ratio missing":     `llm_failover { breaker { ratio 10 } }`,
+		"unknown wallet store":      `llm_failover { wallet redis }`,
+		"postgres without dsn":      `llm_failover { wallet postgres }`,
+		"bad on_store_error":        `llm_failover { wallet { on_store_error maybe } }`,
+		"unknown wallet option":     `llm_failover { wallet { currency eur } }`,
+	}
+	for name, input := range cases {
+		t.Run(name, func(t *testing.T) {
+			var h Handler
+			// One directive per line, as in a real Caddyfile.
+			input = strings.NewReplacer(" ; ", "\n", "{ ", "{\n", " }", "\n}").Replace(input)
+			err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input))
+			if err == nil {
+				t.Fatalf("no error for %q", input)
+			}
+			if !strings.Contains(err.Error(), "Testfile:") {
+				t.Errorf("error does not say where: %v", err)
+			}
+		})
+	}
+}
+
+// TestProvisionErrors covers what only Provision can check: references
+// between channels and models, URLs, placeholders.
+func TestProvisionErrors(t *testing.T) {
+	cases := map[string]string{
+		"route to unknown channel": `{"channels":[{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m","routes":[{"channel":"b"}]}]}`,
+		"relative base url":        `{"channels":[{"name":"a","base_url":"/v1"}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
+		"ftp base url":             `{"channels":[{"name":"a","base_url":"ftp://x"}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
+		"duplicate channel":        `{"channels":[{"name":"a","base_url":"http://x:1"},{"name":"a","base_url":"http://x:2"}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
+		"bad retry status":         `{"retry_status":[700],"channels":[{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
+		"bad breaker":              `{"breaker":{"failures":1000},"channels":[{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
+		"unknown policy":           `{"channels":[{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m","policy":"random","routes":[{"channel":"a"}]}]}`,
+		"bad price":                `{"channels":[{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m","price":{"input":"x","output":"1"},"routes":[{"channel":"a"}]}]}`,
+		"unknown json field":       `{"chanels":[]}`,
+	}
+	for name, cfg := range cases {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
+			defer cancel()
+			_, err := ctx.LoadModuleByID("http.handlers.llm_failover", json.RawMessage(cfg))
+			if err == nil {
+				t.Fatalf("config loaded: %s", cfg)
+			}
+		})
+	}
+}
+
+// TestCaddyfileAdapt compares `caddy adapt` output with golden files: the
+// Caddyfile above the ---------- line, the JSON (or an error substring)
+// below it.
+func TestCaddyfileAdapt(t *testing.T) {
+	files, err := filepath.Glob("testdata/caddyfile_adapt/*.caddyfiletest")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no golden files: %v", err)
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			parts := strings.SplitN(string(data), "----------", 2)
+			input, expected := strings.TrimSpace(parts[0])+"\n", strings.TrimSpace(parts[1])
+			if strings.HasPrefix(expected, "{") {
+				if !caddytest.CompareAdapt(t, f, input, "caddyfile", expected) {
+					t.Fatal("adapted JSON differs")
+				}
+				return
+			}
+			_, _, err = caddyconfig.GetAdapter("caddyfile").Adapt([]byte(input), nil)
+			if err == nil || !strings.Contains(err.Error(), expected) {
+				t.Fatalf("want error containing %q, got %v", expected, err)
+			}
+		})
+	}
+}
+
+// TestExampleAdapts keeps Caddyfile.example valid.
+func TestExampleAdapts(t *testing.T) {
+	data, err := os.ReadFile("Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt(data, map[string]any{"filename": "Caddyfile.example"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range warnings {
+		t.Errorf("warning: %s", w)
+	}
+	if !strings.Contains(string(out), `"handler":"llm_failover"`) {
+		t.Fatalf("no llm_failover handler in %s", out)
+	}
+}

@@ -1,0 +1,220 @@
+package llmfailover
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"text/tabwriter"
+
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+
+	"github.com/llmfailover/caddy-llm-failover/wallet"
+)
+
+func init() {
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "llm-wallet",
+		Usage: "[--address <admin>] <status|accounts|create-account|balance|credit|keys|create-key|revoke-key|usage> [args]",
+		Short: "Administers the llm_failover wallet through Caddy's admin API",
+		Long: `
+Administers the prepaid wallet of a running Caddy with llm_failover, without
+touching the database: every subcommand calls the admin API.
+
+  caddy llm-wallet status
+  caddy llm-wallet accounts
+  caddy llm-wallet create-account <account>
+  caddy llm-wallet balance <account>
+  caddy llm-wallet credit <account> <amount> [note]     amount in dollars, e.g. 25 or 0.50 (negative corrects)
+  caddy llm-wallet keys <account>
+  caddy llm-wallet create-key <account> [label]         prints the key once; it cannot be shown again
+  caddy llm-wallet revoke-key <key_id>
+  caddy llm-wallet usage <account> [limit]
+`,
+		CobraFunc: func(cmd *cobra.Command) {
+			cmd.Flags().StringP("address", "a", "", "The address of Caddy's admin API (default: from the config, else localhost:2019)")
+			cmd.Flags().StringP("config", "c", "", "Configuration file, to find the admin address")
+			cmd.Flags().StringP("adapter", "", "", "Name of config adapter")
+			cmd.Args = cobra.MinimumNArgs(1)
+			cmd.RunE = func(cmd *cobra.Command, args []string) error {
+				addr, _ := cmd.Flags().GetString("address")
+				cfg, _ := cmd.Flags().GetString("config")
+				adapter, _ := cmd.Flags().GetString("adapter")
+				admin, err := caddycmd.DetermineAdminAPIAddress(addr, nil, cfg, adapter)
+				if err != nil {
+					return fmt.Errorf("finding the admin API: %w", err)
+				}
+				return runWalletCommand(cmd.OutOrStdout(), admin, args)
+			}
+		},
+	})
+}
+
+func runWalletCommand(out io.Writer, admin string, args []string) error {
+	need := func(n int) error {
+		if len(args) < n+1 {
+			return fmt.Errorf("%s needs %d argument(s); see caddy help llm-wallet", args[0], n)
+		}
+		return nil
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	defer tw.Flush()
+	switch args[0] {
+	case "status":
+		var st map[string]any
+		if err := adminCall(admin, http.MethodGet, "status", nil, &st); err != nil {
+			return err
+		}
+		return json.NewEncoder(out).Encode(st)
+	case "accounts":
+		var accts []accountView
+		if err := adminCall(admin, http.MethodGet, "accounts", nil, &accts); err != nil {
+			return err
+		}
+		fmt.Fprintln(tw, "ACCOUNT\tBALANCE\tRESERVED\tAVAILABLE")
+		for _, a := range accts {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", a.ID, human(a.Balance), human(a.Reserved), human(a.Available))
+		}
+		return nil
+	case "create-account", "balance":
+		if err := need(1); err != nil {
+			return err
+		}
+		var a accountView
+		var err error
+		if args[0] == "create-account" {
+			err = adminCall(admin, http.MethodPost, "accounts", map[string]string{"id": args[1]}, &a)
+		} else {
+			err = adminCall(admin, http.MethodGet, "accounts/"+url.PathEscape(args[1]), nil, &a)
+		}
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(tw, "account\t%s\nbalance\t%s\nreserved\t%s\navailable\t%s\n", a.ID, human(a.Balance), human(a.Reserved), human(a.Available))
+		return nil
+	case "credit":
+		if err := need(2); err != nil {
+			return err
+		}
+		body := map[string]string{"amount": args[2]}
+		if len(args) > 3 {
+			body["note"] = args[3]
+		}
+		var a accountView
+		if err := adminCall(admin, http.MethodPost, "accounts/"+url.PathEscape(args[1])+"/credit", body, &a); err != nil {
+			return err
+		}
+		fmt.Fprintf(tw, "account\t%s\nbalance\t%s\navailable\t%s\n", a.ID, human(a.Balance), human(a.Available))
+		return nil
+	case "keys":
+		if err := need(1); err != nil {
+			return err
+		}
+		var keys []wallet.Key
+		if err := adminCall(admin, http.MethodGet, "accounts/"+url.PathEscape(args[1])+"/keys", nil, &keys); err != nil {
+			return err
+		}
+		fmt.Fprintln(tw, "KEY ID\tPREFIX\tLABEL\tCREATED\tREVOKED")
+		for _, k := range keys {
+			revoked := "-"
+			if k.RevokedAt != nil {
+				revoked = k.RevokedAt.Format("2006-01-02 15:04")
+			}
+			fmt.Fprintf(tw, "%s\t%s…\t%s\t%s\t%s\n", k.ID, k.Prefix, k.Label, k.CreatedAt.Format("2006-01-02 15:04"), revoked)
+		}
+		return nil
+	case "create-key":
+		if err := need(1); err != nil {
+			return err
+		}
+		body := map[string]string{"label": ""}
+		if len(args) > 2 {
+			body["label"] = args[2]
+		}
+		var k map[string]any
+		if err := adminCall(admin, http.MethodPost, "accounts/"+url.PathEscape(args[1])+"/keys", body, &k); err != nil {
+			return err
+		}
+		fmt.Fprintf(tw, "key\t%v\nid\t%v\naccount\t%v\n", k["key"], k["id"], k["account"])
+		fmt.Fprintln(tw, "\nStore this key now: it is not kept and cannot be shown again.")
+		return nil
+	case "revoke-key":
+		if err := need(1); err != nil {
+			return err
+		}
+		if err := adminCall(admin, http.MethodPost, "keys/"+url.PathEscape(args[1])+"/revoke", map[string]string{}, nil); err != nil {
+			return err
+		}
+		fmt.Fprintf(tw, "revoked\t%s\n", args[1])
+		return nil
+	case "usage":
+		if err := need(1); err != nil {
+			return err
+		}
+		q := ""
+		if len(args) > 2 {
+			q = "?limit=" + url.QueryEscape(args[2])
+		}
+		var page struct {
+			Entries []entryView `json:"entries"`
+		}
+		if err := adminCall(admin, http.MethodGet, "accounts/"+url.PathEscape(args[1])+"/usage"+q, nil, &page); err != nil {
+			return err
+		}
+		fmt.Fprintln(tw, "TIME\tKIND\tMODEL\tCHANNEL\tIN\tOUT\tCOST\tNOTE")
+		for _, e := range page.Entries {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", e.Time.Format("2006-01-02 15:04:05"), e.Kind, e.Model, e.Channel, e.TokensIn, e.TokensOut, human(e.Cost), e.Note)
+		}
+		return nil
+	}
+	return fmt.Errorf("unknown subcommand %q; see caddy help llm-wallet", args[0])
+}
+
+// human renders an exact decimal amount the way people read money.
+func human(s string) string {
+	neg := len(s) > 0 && s[0] == '-'
+	m, err := wallet.ParseMicros(s[boolInt(neg):])
+	if err != nil {
+		return s
+	}
+	if neg {
+		m = -m
+	}
+	return m.Human()
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func adminCall(admin, method, path string, body, out any) error {
+	var rd io.Reader
+	hdr := http.Header{}
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+		hdr.Set("Content-Type", "application/json")
+	}
+	resp, err := caddycmd.AdminAPIRequest(admin, method, "/llm_failover/wallet/"+path, hdr, rd)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("decoding admin answer: %w", err)
+	}
+	return nil
+}

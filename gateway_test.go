@@ -1,0 +1,184 @@
+package llmfailover
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
+)
+
+// The in-process tests share one Caddy (caddytest runs a single instance
+// per test binary), so they do not run in parallel. Each test declares its
+// own upstreams, on fresh ports, so breaker state never leaks between tests.
+
+// Ports: LLMF_TEST_PORT_OFFSET shifts them so that several `go test`
+// processes of this package (developers working side by side) do not
+// collide on one machine.
+var (
+	portOffset = func() int { n, _ := strconv.Atoi(os.Getenv("LLMF_TEST_PORT_OFFSET")); return n }()
+	httpPort   = 9080 + portOffset
+	adminPort  = 2999 + portOffset
+	gatewayURL = fmt.Sprintf("http://localhost:%d", httpPort)
+	adminURL   = fmt.Sprintf("http://localhost:%d", adminPort)
+)
+
+func TestMain(m *testing.M) {
+	// caddytest writes autosave.json and storage under the XDG dirs.
+	dir, err := os.MkdirTemp("", "llmf-test-")
+	if err != nil {
+		panic(err)
+	}
+	os.Setenv("XDG_CONFIG_HOME", dir+"/config")
+	os.Setenv("XDG_DATA_HOME", dir+"/data")
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// gateway loads a config whose llm_failover block is body, with %s verbs
+// filled by args (typically upstream URLs).
+func gateway(t *testing.T, body string, args ...any) *caddytest.Tester {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("in-process Caddy tests are skipped with -short")
+	}
+	tc := caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: adminPort})
+	global := fmt.Sprintf(`{
+	skip_install_trust
+	admin localhost:%d
+	http_port %d
+	https_port %d
+	grace_period 1ns
+}
+http://localhost:%d {`, adminPort, httpPort, 9443+portOffset, httpPort)
+	tc.InitServer(global+fmt.Sprintf(`
+	header {
+		defer
+		X-Served-By {http.llm_failover.channel}
+		X-Attempts {http.llm_failover.attempts}
+	}
+	llm_failover {
+`+body+`
+	}
+}
+`, args...), "caddyfile")
+	// A keep-alive connection from before the reload may be closed under
+	// the next request; start every test on fresh connections.
+	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
+	return tc
+}
+
+// post sends a JSON body to the gateway and returns the response and body.
+func post(t *testing.T, path string, body []byte, hdr ...string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, gatewayURL+path, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	client := &http.Client{Timeout: 30 * time.Second}
+	res, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", path, err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatalf("reading response: %v", err)
+	}
+	return res, b
+}
+
+func upstream(t *testing.T, b fu.Behavior) *fu.Server {
+	t.Helper()
+	s := fu.New(b)
+	t.Cleanup(s.Close)
+	return s
+}
+
+// openAIError decodes an OpenAI-style error body, failing the test when
+// the body has another shape.
+func openAIError(t *testing.T, body []byte) (message, typ, code string) {
+	t.Helper()
+	var v struct {
+		Error *struct {
+			Message string  `json:"message"`
+			Type    string  `json:"type"`
+			Code    *string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(body, &v); err != nil || v.Error == nil {
+		t.Fatalf("not an OpenAI error body: %s", body)
+	}
+	if v.Error.Code != nil {
+		code = *v.Error.Code
+	}
+	return v.Error.Message, v.Error.Type, code
+}
+
+// anthropicError decodes an Anthropic-style error body.
+func anthropicError(t *testing.T, body []byte) (message, typ string) {
+	t.Helper()
+	var v struct {
+		Type  string `json:"type"`
+		Error *struct {
+			Type    string `json:"type"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(body, &v); err != nil || v.Type != "error" || v.Error == nil {
+		t.Fatalf("not an Anthropic error body: %s", body)
+	}
+	return v.Error.Message, v.Error.Type
+}
+
+func mustContain(t *testing.T, body []byte, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(string(body), w) {
+			t.Fatalf("body does not contain %q:\n%s", w, body)
+		}
+	}
+}
+
+func mustNotContain(t *testing.T, body []byte, bad ...string) {
+	t.Helper()
+	for _, w := range bad {
+		if strings.Contains(string(body), w) {
+			t.Fatalf("body contains %q:\n%s", w, body)
+		}
+	}
+}
+
+func hits(t *testing.T, s *fu.Server, want int64) {
+	t.Helper()
+	if got := s.Hits(); got != want {
+		t.Fatalf("upstream %s got %d requests, want %d", s.URL, got, want)
+	}
+}
+
+// eventually polls cond for up to d.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,658 @@
+package llmfailover
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/llmfailover/caddy-llm-failover/breaker"
+	"github.com/llmfailover/caddy-llm-failover/chain"
+	"github.com/llmfailover/caddy-llm-failover/llmapi"
+	"github.com/llmfailover/caddy-llm-failover/streamgate"
+)
+
+// Causes of an attempt's cancellation, told apart with context.Cause.
+var (
+	errBudget        = errors.New("candidate time budget exhausted")
+	errHeaderTimeout = errors.New("no response headers within header_timeout")
+	errFirstByte     = errors.New("no response byte within first_byte_timeout")
+)
+
+// Failure reasons, as they appear in logs and metrics.
+const (
+	reasonStatus        = "status"
+	reasonDial          = "dial_error"
+	reasonNetwork       = "network_error"
+	reasonHeaderTimeout = "header_timeout"
+	reasonBudget        = "budget_exhausted"
+	reasonFirstByte     = "first_byte_timeout"
+	reasonErrorFrame    = "stream_error_frame"
+	reasonClosedEarly   = "stream_closed_early"
+	reasonGateTimeout   = "stream_gate_timeout"
+	reasonErrorBody     = "error_body"
+	reasonBadBody       = "malformed_body"
+	reasonTooLarge      = "response_too_large"
+)
+
+// failure is one retryable failure of one attempt.
+type failure struct {
+	reason     string
+	status     int    // upstream status; 0 when no response arrived
+	message    string // the upstream's own error message, when it sent one
+	retryAfter time.Duration
+	timeout    bool
+}
+
+func (f *failure) String() string {
+	if f.status != 0 {
+		return fmt.Sprintf("%s %d", f.reason, f.status)
+	}
+	return f.reason
+}
+
+// exchange is one client request on its way through the chain.
+type exchange struct {
+	w        http.ResponseWriter
+	r        *http.Request
+	repl     *caddy.Replacer
+	api      llmapi.API
+	req      llmapi.Request
+	body     []byte
+	model    *model
+	start    time.Time
+	deadline time.Time
+	attempts int
+	bill     *bill
+}
+
+// attemptResult says what became of one attempt.
+type attemptResult struct {
+	done       bool     // the client has its answer (or is gone); stop
+	fail       *failure // retryable failure; try the next candidate
+	clientGone bool
+}
+
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
+	x := &exchange{w: w, r: r, api: llmapi.APIFromPath(r.URL.Path), start: time.Now()}
+	x.repl, _ = r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+
+	if x.api == llmapi.OpenAIModels && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+		return h.listModels(w, r)
+	}
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		return h.refuse(x, llmapi.Error{Status: http.StatusMethodNotAllowed, Message: r.Method + " is not supported here; LLM API requests are POSTs"})
+	}
+	body, err := readBody(w, r, h.MaxRequestBody)
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return h.refuse(x, llmapi.Error{Status: http.StatusRequestEntityTooLarge, Message: fmt.Sprintf("request body is larger than %d bytes", h.MaxRequestBody)})
+		}
+		// The client went away or sent a broken body: nobody to answer.
+		return h.refuse(x, llmapi.Error{Status: http.StatusBadRequest, Message: "reading request body: " + err.Error()})
+	}
+	x.body = body
+	if x.req, err = llmapi.ParseRequest(body); err != nil {
+		return h.refuse(x, llmapi.Error{Status: http.StatusBadRequest, Message: err.Error()})
+	}
+	x.setVar("http.llm_failover.model", x.req.Model)
+	if x.model = h.models[x.req.Model]; x.model == nil {
+		return h.refuse(x, llmapi.Error{Status: http.StatusNotFound, Code: "model_not_found",
+			Message: fmt.Sprintf("The model %q does not exist or is not served by this gateway", x.req.Model)})
+	}
+
+	if h.wallet != nil {
+		var refusal *llmapi.Error
+		if x.bill, refusal = h.wallet.admit(x); refusal != nil {
+			return h.refuse(x, *refusal)
+		}
+		// Whatever happens from here on, the reservation is settled or
+		// released exactly once, panics included.
+		defer x.bill.close()
+	}
+
+	var scratch chain.Scratch
+	// A pointer into the handler, not the slice itself: converting a
+	// slice to the Health interface would allocate on every request.
+	plan := x.model.chain.Plan((*health)(&h.channels), x.start, &scratch)
+	for _, r := range plan.Skipped {
+		if plan.Probe && r == plan.Candidates[0] {
+			continue // Skipped lists every unavailable route; this one is probed
+		}
+		channelSkipped.WithLabelValues(r.Name).Inc()
+		if c := h.logger.Check(zapcore.DebugLevel, "channel skipped: breaker open"); c != nil {
+			c.Write(zap.String("model", x.req.Model), zap.String("channel", r.Name),
+				zap.String("state", h.channels[r.Channel].state.breaker.State(x.start).String()))
+		}
+	}
+	if len(plan.Candidates) == 0 {
+		wait := time.Until(plan.AllParkedUntil)
+		h.logger.Warn("every channel is rate limited; refusing without sending",
+			zap.String("model", x.req.Model), zap.Duration("retry_after", wait))
+		requestsTotal.WithLabelValues(x.req.Model, "rate_limited").Inc()
+		setRetryAfter(w.Header(), wait)
+		return h.refuse(x, llmapi.Error{Status: http.StatusServiceUnavailable,
+			Message: fmt.Sprintf("every channel serving model %q is rate limited; retry after %s", x.req.Model, wait.Round(time.Second))})
+	}
+	if plan.Probe {
+		h.logger.Warn("every channel is open; probing the one whose cooldown ends first",
+			zap.String("model", x.req.Model), zap.String("channel", plan.Candidates[0].Name))
+	}
+
+	x.deadline = x.start.Add(time.Duration(h.Deadline))
+	var last *failure
+	var retryAfter time.Duration
+	for i, route := range plan.Candidates {
+		if r.Context().Err() != nil {
+			break
+		}
+		remaining := time.Until(x.deadline)
+		if remaining <= 0 {
+			break
+		}
+		// An equal share of what is left, so that a silent channel cannot
+		// take the time its backups need.
+		budget := remaining / time.Duration(len(plan.Candidates)-i)
+		x.attempts++
+		x.setVar("http.llm_failover.attempts", strconv.Itoa(x.attempts))
+		began := time.Now()
+		res := h.attempt(x, route, budget)
+		h.record(x, route, res, time.Since(began))
+		if res.done {
+			return nil
+		}
+		last = res.fail
+		if res.fail.retryAfter > 0 && (retryAfter == 0 || res.fail.retryAfter < retryAfter) {
+			retryAfter = res.fail.retryAfter
+		}
+		next := ""
+		if i+1 < len(plan.Candidates) {
+			next = plan.Candidates[i+1].Name
+		}
+		h.logger.Warn("failover",
+			zap.String("model", x.req.Model),
+			zap.String("channel", route.Name),
+			zap.Int("attempt", x.attempts),
+			zap.String("reason", res.fail.reason),
+			zap.Int("upstream_status", res.fail.status),
+			zap.String("upstream_message", res.fail.message),
+			zap.Duration("elapsed", time.Since(x.start)),
+			zap.Duration("remaining_budget", time.Until(x.deadline)),
+			zap.String("next_channel", next))
+	}
+
+	if r.Context().Err() != nil {
+		requestsTotal.WithLabelValues(x.req.Model, "client_gone").Inc()
+		h.logger.Info("client went away before an answer was committed",
+			zap.String("model", x.req.Model), zap.Int("attempts", x.attempts), zap.Duration("elapsed", time.Since(x.start)))
+		return nil
+	}
+	requestsTotal.WithLabelValues(x.req.Model, "exhausted").Inc()
+	e := exhausted(x, last)
+	h.logger.Error("all channels failed",
+		zap.String("model", x.req.Model), zap.Int("attempts", x.attempts),
+		zap.Int("status", e.Status), zap.Duration("elapsed", time.Since(x.start)))
+	setRetryAfter(w.Header(), retryAfter)
+	return h.refuse(x, e)
+}
+
+// exhausted builds the error a client gets when no channel answered.
+func exhausted(x *exchange, last *failure) llmapi.Error {
+	e := llmapi.Error{Status: http.StatusBadGateway}
+	what := "no channel could be tried before the deadline"
+	if last != nil {
+		what = "the last failed with " + last.String()
+		switch {
+		case last.timeout:
+			e.Status = http.StatusGatewayTimeout
+		case last.status >= 400:
+			e.Status = last.status
+		case last.reason == reasonErrorFrame && strings.Contains(last.message, "rate"):
+			e.Status = http.StatusTooManyRequests
+		}
+		if last.message != "" {
+			what += ": " + last.message
+		}
+	} else if x.attempts == 0 {
+		e.Status = http.StatusGatewayTimeout
+	}
+	e.Message = fmt.Sprintf("model %q: %d channel(s) tried, none answered; %s", x.req.Model, x.attempts, what)
+	return e
+}
+
+// attempt sends the request to one channel and, if its answer is good,
+// commits it to the client.
+func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration) attemptResult {
+	ch := h.channels[route.Channel]
+	ctx, cancel := context.WithCancelCause(x.r.Context())
+	defer cancel(nil)
+	// Every timer below is stopped when the answer is committed: none of
+	// them may cut a stream that is already on its way to the client.
+	budgetTimer := time.AfterFunc(budget, func() { cancel(errBudget) })
+	defer budgetTimer.Stop()
+	headerTimer := time.AfterFunc(time.Duration(h.HeaderTimeout), func() { cancel(errHeaderTimeout) })
+	var firstByte *time.Timer
+	if h.FirstByteTimeout > 0 {
+		firstByte = time.AfterFunc(time.Duration(h.FirstByteTimeout), func() { cancel(errFirstByte) })
+		defer firstByte.Stop()
+	}
+
+	body := x.body
+	if route.UpstreamModel != "" {
+		body = x.req.WithModel(body, route.UpstreamModel)
+	}
+	if x.bill != nil {
+		body = x.bill.prepare(body)
+	}
+	res, err := ch.rt.RoundTrip(h.upstreamRequest(ctx, x.r, ch, body))
+	headerTimer.Stop()
+	if err != nil {
+		return x.transportFailure(ctx, err)
+	}
+	defer res.Body.Close()
+
+	if res.StatusCode < len(h.retry) && h.retry[res.StatusCode] {
+		return attemptResult{fail: statusFailure(res)}
+	}
+	src := io.Reader(res.Body)
+	if firstByte != nil {
+		src = &firstByteReader{r: src, t: firstByte}
+	}
+	commit := func() {
+		budgetTimer.Stop()
+		if firstByte != nil {
+			firstByte.Stop()
+		}
+		x.setVar("http.llm_failover.channel", ch.name)
+		if x.bill != nil && res.StatusCode >= 200 && res.StatusCode < 300 {
+			// Only a successful answer that reached the client is billed:
+			// an error the upstream passed back cost it nothing.
+			x.bill.servedBy(ch.name)
+		}
+	}
+	switch {
+	case res.StatusCode < 200 || res.StatusCode >= 300:
+		// Not retryable and not a success: every channel would say the
+		// same, so the client gets this answer untouched.
+		commit()
+		h.passThrough(x, res, src)
+		return attemptResult{done: true}
+	case isEventStream(res.Header):
+		return h.relayStream(ctx, cancel, x, ch, res, src, commit)
+	case isJSON(res.Header):
+		return h.relayJSON(ctx, x, ch, res, src, commit)
+	default:
+		commit()
+		h.passThrough(x, res, src)
+		return attemptResult{done: true}
+	}
+}
+
+// relayStream holds an SSE answer in the stream gate until it shows
+// content (commit) or an error (fail over).
+func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFunc, x *exchange, ch *channel, res *http.Response, src io.Reader, commit func()) attemptResult {
+	d := &downstream{w: x.w, res: res, rc: http.NewResponseController(x.w), onCommit: commit}
+	opts := streamgate.Options{
+		Dialect:      dialectOf(x.api),
+		GateTimeout:  time.Duration(h.StreamGate),
+		GateFailover: h.StreamGateFailover,
+		IdleTimeout:  time.Duration(h.StreamIdleTimeout),
+	}
+	if x.bill != nil {
+		x.bill.streamOptions(&opts)
+	}
+	out := streamgate.Relay(src, cancel, d, opts)
+	if x.bill != nil && out.Committed {
+		x.bill.delivered(out.BytesSent)
+	}
+	if x.r.Context().Err() != nil && out.Outcome != streamgate.Complete {
+		return attemptResult{done: true, clientGone: true}
+	}
+	switch out.Outcome {
+	case streamgate.Complete:
+		return attemptResult{done: true}
+	case streamgate.ClientGone:
+		return attemptResult{done: true, clientGone: true}
+	case streamgate.Truncated, streamgate.Stalled:
+		h.logger.Warn("committed stream ended abnormally; error event sent to the client",
+			zap.String("model", x.req.Model), zap.String("channel", ch.name),
+			zap.String("outcome", out.Outcome.String()), zap.Int64("bytes_sent", out.BytesSent), zap.Error(out.Err))
+		return attemptResult{done: true, fail: &failure{reason: out.Outcome.String()}}
+	case streamgate.UpstreamError:
+		f := &failure{reason: reasonErrorFrame, status: 0, message: llmapi.UpstreamMessage(out.ErrorData)}
+		if out.Committed {
+			// The error event was forwarded and ended a stream the client
+			// already has: it cannot fail over, only count against the
+			// channel.
+			return attemptResult{done: true, fail: f}
+		}
+		return attemptResult{fail: f}
+	case streamgate.GateTimeout:
+		return attemptResult{fail: &failure{reason: reasonGateTimeout, timeout: true}}
+	default: // ClosedEarly
+		if f := causeFailure(ctx); f != nil {
+			return attemptResult{fail: f}
+		}
+		return attemptResult{fail: &failure{reason: reasonClosedEarly}}
+	}
+}
+
+// relayJSON reads a whole non-streaming answer before committing it, so a
+// body cut mid-way or a 200 that carries an error object fails over
+// instead of reaching the client.
+func (h *Handler) relayJSON(ctx context.Context, x *exchange, ch *channel, res *http.Response, src io.Reader, commit func()) attemptResult {
+	body, err := io.ReadAll(io.LimitReader(src, h.MaxResponseBody+1))
+	if err != nil {
+		if x.r.Context().Err() != nil {
+			return attemptResult{done: true, clientGone: true}
+		}
+		if f := causeFailure(ctx); f != nil {
+			return attemptResult{fail: f}
+		}
+		return attemptResult{fail: &failure{reason: reasonBadBody, status: res.StatusCode, message: "reading body: " + err.Error()}}
+	}
+	if int64(len(body)) > h.MaxResponseBody {
+		return attemptResult{fail: &failure{reason: reasonTooLarge, status: res.StatusCode}}
+	}
+	switch err := streamgate.CheckBody(body); {
+	case errors.Is(err, streamgate.ErrErrorBody):
+		return attemptResult{fail: &failure{reason: reasonErrorBody, status: res.StatusCode, message: llmapi.UpstreamMessage(body)}}
+	case err != nil:
+		return attemptResult{fail: &failure{reason: reasonBadBody, status: res.StatusCode, message: err.Error()}}
+	}
+	if x.bill != nil {
+		x.bill.meterBody(body)
+	}
+	commit()
+	hdr := x.w.Header()
+	copyResponseHeader(hdr, res.Header)
+	hdr.Set("Content-Length", strconv.Itoa(len(body)))
+	x.w.WriteHeader(res.StatusCode)
+	if _, err := x.w.Write(body); err != nil {
+		return attemptResult{done: true, clientGone: true}
+	}
+	return attemptResult{done: true}
+}
+
+// passThrough copies an answer the gateway does not inspect, flushing as
+// bytes arrive so that unknown streaming formats still stream.
+func (h *Handler) passThrough(x *exchange, res *http.Response, src io.Reader) {
+	copyResponseHeader(x.w.Header(), res.Header)
+	if res.ContentLength >= 0 && !res.Uncompressed {
+		x.w.Header().Set("Content-Length", strconv.FormatInt(res.ContentLength, 10))
+	}
+	x.w.WriteHeader(res.StatusCode)
+	rc := http.NewResponseController(x.w)
+	buf := make([]byte, 16<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if _, werr := x.w.Write(buf[:n]); werr != nil {
+				return
+			}
+			_ = rc.Flush()
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// record feeds an attempt's outcome to the breaker and the metrics.
+func (h *Handler) record(x *exchange, route *chain.Route, res attemptResult, took time.Duration) {
+	ch := h.channels[route.Channel]
+	now := time.Now()
+	outcome := "ok"
+	var tr breaker.Transition
+	switch {
+	case res.fail == nil && res.clientGone:
+		outcome = "client_gone" // never the channel's fault
+	case res.fail == nil:
+		tr = ch.state.breaker.RecordSuccess(now)
+	case res.fail.status == http.StatusTooManyRequests && res.fail.retryAfter > 0:
+		// A rate limit is not an outage: park the channel for as long as
+		// it asked, without counting a failure.
+		outcome = "rate_limited"
+		var until time.Time
+		until, tr = ch.state.breaker.Park(now, res.fail.retryAfter)
+		h.logger.Info("channel parked by Retry-After", zap.String("channel", ch.name), zap.Time("until", until))
+	default:
+		outcome = res.fail.reason
+		tr = ch.state.breaker.RecordFailure(now)
+	}
+	if x.bill != nil && res.fail != nil && !res.done {
+		x.bill.attemptFailed(ch.name, res.fail.reason)
+	}
+	if res.done && !res.clientGone {
+		requestsTotal.WithLabelValues(x.req.Model, "served").Inc()
+	}
+	attemptsTotal.WithLabelValues(x.req.Model, ch.name, outcome).Inc()
+	attemptDuration.WithLabelValues(ch.name).Observe(took.Seconds())
+	if tr.Changed() {
+		breakerTransitions.WithLabelValues(ch.name, tr.To.String()).Inc()
+		h.logger.Warn("breaker state changed", zap.String("channel", ch.name),
+			zap.String("from", tr.From.String()), zap.String("to", tr.To.String()))
+	}
+}
+
+// transportFailure classifies an error from RoundTrip.
+func (x *exchange) transportFailure(ctx context.Context, err error) attemptResult {
+	if x.r.Context().Err() != nil {
+		return attemptResult{done: true, clientGone: true}
+	}
+	if f := causeFailure(ctx); f != nil {
+		return attemptResult{fail: f}
+	}
+	var dial reverseproxy.DialError
+	if errors.As(err, &dial) {
+		return attemptResult{fail: &failure{reason: reasonDial, message: err.Error()}}
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return attemptResult{fail: &failure{reason: reasonHeaderTimeout, message: err.Error(), timeout: true}}
+	}
+	return attemptResult{fail: &failure{reason: reasonNetwork, message: err.Error()}}
+}
+
+// causeFailure reports the failure behind one of the attempt's own timers.
+func causeFailure(ctx context.Context) *failure {
+	switch cause := context.Cause(ctx); {
+	case errors.Is(cause, errBudget):
+		return &failure{reason: reasonBudget, message: cause.Error(), timeout: true}
+	case errors.Is(cause, errHeaderTimeout):
+		return &failure{reason: reasonHeaderTimeout, message: cause.Error(), timeout: true}
+	case errors.Is(cause, errFirstByte):
+		return &failure{reason: reasonFirstByte, message: cause.Error(), timeout: true}
+	}
+	return nil
+}
+
+// statusFailure reads (a bounded part of) a retryable error answer so that
+// its message can be logged and quoted to the client.
+func statusFailure(res *http.Response) *failure {
+	f := &failure{reason: reasonStatus, status: res.StatusCode}
+	if ra, ok := breaker.ParseRetryAfter(res.Header.Get("Retry-After"), time.Now()); ok {
+		f.retryAfter = ra
+	}
+	if b, err := io.ReadAll(io.LimitReader(res.Body, 64<<10)); err == nil || len(b) > 0 {
+		f.message = llmapi.UpstreamMessage(b)
+	}
+	return f
+}
+
+// upstreamRequest builds the request for one channel. The client's
+// credentials and hop-by-hop headers never cross; the channel's own headers
+// are set on top.
+func (h *Handler) upstreamRequest(ctx context.Context, r *http.Request, ch *channel, body []byte) *http.Request {
+	out := r.WithContext(ctx)
+	out.RequestURI = ""
+	out.Close = false
+	out.TransferEncoding = nil
+	out.Trailer = nil
+	out.Host = ch.base.Host
+	u := &url.URL{Scheme: ch.base.Scheme, Host: ch.base.Host, Path: ch.base.Path + r.URL.Path, RawQuery: r.URL.RawQuery}
+	if ch.base.RawQuery != "" {
+		u.RawQuery = ch.base.RawQuery
+		if r.URL.RawQuery != "" {
+			u.RawQuery += "&" + r.URL.RawQuery
+		}
+	}
+	if r.URL.RawPath != "" {
+		u.RawPath = ch.base.EscapedPath() + r.URL.RawPath
+	}
+	out.URL = u
+	hdr := make(http.Header, len(r.Header)+len(ch.headers))
+	for k, v := range r.Header {
+		if !droppedRequestHeaders[k] {
+			hdr[k] = v
+		}
+	}
+	for _, c := range r.Header["Connection"] {
+		for _, f := range strings.Split(c, ",") {
+			hdr.Del(strings.TrimSpace(f))
+		}
+	}
+	if _, ok := hdr["User-Agent"]; !ok {
+		// Keep Go from sending its own User-Agent for a client that sent none.
+		hdr["User-Agent"] = []string{""}
+	}
+	for k, v := range ch.headers {
+		hdr[k] = v
+	}
+	out.Header = hdr
+	out.Body = io.NopCloser(bytes.NewReader(body))
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	out.ContentLength = int64(len(body))
+	return out
+}
+
+// droppedRequestHeaders never reach an upstream: hop-by-hop headers, the
+// client's credentials (each channel brings its own), headers that would
+// tell an upstream about the client, and Accept-Encoding, so that the
+// transport negotiates and decodes compression itself and the stream gate
+// reads plain text.
+var droppedRequestHeaders = map[string]bool{
+	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Te": true,
+	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+	"Authorization": true, "Proxy-Authorization": true, "X-Api-Key": true, "Api-Key": true,
+	"Cookie": true, "Openai-Organization": true, "Openai-Project": true,
+	"Forwarded": true, "X-Forwarded-For": true, "X-Forwarded-Host": true, "X-Forwarded-Proto": true, "X-Real-Ip": true,
+	"Accept-Encoding": true, "Content-Length": true,
+}
+
+var hopResponseHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length"}
+
+func copyResponseHeader(dst, src http.Header) {
+	for k, v := range src {
+		dst[k] = v
+	}
+	for _, c := range src["Connection"] {
+		for _, f := range strings.Split(c, ",") {
+			dst.Del(strings.TrimSpace(f))
+		}
+	}
+	for _, k := range hopResponseHeaders {
+		delete(dst, k)
+	}
+}
+
+// downstream lets the stream gate commit and write to the client.
+type downstream struct {
+	w        http.ResponseWriter
+	rc       *http.ResponseController
+	res      *http.Response
+	onCommit func()
+}
+
+func (d *downstream) Commit() error {
+	d.onCommit()
+	copyResponseHeader(d.w.Header(), d.res.Header)
+	d.w.WriteHeader(d.res.StatusCode)
+	return d.rc.Flush()
+}
+
+func (d *downstream) Write(p []byte) (int, error) { return d.w.Write(p) }
+func (d *downstream) Flush() error                { return d.rc.Flush() }
+
+// firstByteReader stops the first-byte watchdog at the first byte.
+type firstByteReader struct {
+	r    io.Reader
+	t    *time.Timer
+	seen bool
+}
+
+func (f *firstByteReader) Read(p []byte) (int, error) {
+	n, err := f.r.Read(p)
+	if n > 0 && !f.seen {
+		f.seen = true
+		f.t.Stop()
+	}
+	return n, err
+}
+
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	if r.ContentLength > limit {
+		return nil, &http.MaxBytesError{Limit: limit}
+	}
+	var buf bytes.Buffer
+	if r.ContentLength > 0 {
+		buf.Grow(int(r.ContentLength) + bytes.MinRead)
+	}
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
+	return buf.Bytes(), err
+}
+
+func (h *Handler) refuse(x *exchange, e llmapi.Error) error {
+	hdr := x.w.Header()
+	hdr.Set("Content-Type", "application/json")
+	hdr.Set("X-Content-Type-Options", "nosniff")
+	x.w.WriteHeader(e.Status)
+	_, _ = x.w.Write(e.Body(x.api))
+	return nil
+}
+
+func (x *exchange) setVar(key, val string) {
+	if x.repl != nil {
+		x.repl.Set(key, val)
+	}
+}
+
+func setRetryAfter(h http.Header, d time.Duration) {
+	if d > 0 {
+		h.Set("Retry-After", strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10))
+	}
+}
+
+func isEventStream(h http.Header) bool {
+	return strings.HasPrefix(strings.ToLower(strings.TrimSpace(h.Get("Content-Type"))), "text/event-stream")
+}
+
+func isJSON(h http.Header) bool {
+	return strings.Contains(strings.ToLower(h.Get("Content-Type")), "json")
+}
+
+func dialectOf(api llmapi.API) streamgate.Dialect {
+	switch api {
+	case llmapi.OpenAIChat:
+		return streamgate.OpenAIChat
+	case llmapi.OpenAIResponses:
+		return streamgate.OpenAIResponses
+	case llmapi.AnthropicMessages:
+		return streamgate.AnthropicMessages
+	}
+	return streamgate.Generic
+}

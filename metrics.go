@@ -1,0 +1,87 @@
+package llmfailover
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The collectors live at package level and are registered into every
+// config's registry: Caddy makes a new registry per config load, and
+// package-level collectors keep their counts across `caddy reload`.
+var (
+	requestsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "llm_failover", Name: "requests_total",
+		Help: "Requests by model and outcome (served, exhausted, rate_limited, client_gone).",
+	}, []string{"model", "outcome"})
+	attemptsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "llm_failover", Name: "attempts_total",
+		Help: "Upstream attempts by model, channel and outcome (ok or the failure reason).",
+	}, []string{"model", "channel", "outcome"})
+	attemptDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "caddy", Subsystem: "llm_failover", Name: "attempt_duration_seconds",
+		Help:    "Time from sending an attempt until it committed or failed.",
+		Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 240},
+	}, []string{"channel"})
+	channelSkipped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "llm_failover", Name: "channel_skipped_total",
+		Help: "Requests that skipped a channel before sending because its breaker was open or it was parked.",
+	}, []string{"channel"})
+	breakerTransitions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "llm_failover", Name: "breaker_transitions_total",
+		Help: "Breaker state changes by channel and new state.",
+	}, []string{"channel", "to"})
+	walletTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "llm_failover", Name: "wallet_operations_total",
+		Help: "Wallet operations by kind and result.",
+	}, []string{"op", "result"})
+	walletCharged = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "llm_failover", Name: "wallet_charged_micros_total",
+		Help: "Money charged, in millionths of a dollar, by model.",
+	}, []string{"model"})
+)
+
+var collectors = []prometheus.Collector{
+	requestsTotal, attemptsTotal, attemptDuration, channelSkipped,
+	breakerTransitions, breakerStates{}, walletTotal, walletCharged,
+}
+
+func registerMetrics(reg prometheus.Registerer) error {
+	if reg == nil {
+		return nil
+	}
+	for _, c := range collectors {
+		if err := reg.Register(c); err != nil {
+			var already prometheus.AlreadyRegisteredError
+			if !errors.As(err, &already) {
+				return fmt.Errorf("registering metrics: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+var breakerStateDesc = prometheus.NewDesc("caddy_llm_failover_breaker_state",
+	"Current breaker state per channel: 0 closed, 1 half_open, 2 open, 3 parked.",
+	[]string{"channel"}, nil)
+
+// breakerStates reads every channel's breaker at scrape time: an open
+// breaker closes by the clock, not by an event a gauge could be set on.
+type breakerStates struct{}
+
+func (breakerStates) Describe(ch chan<- *prometheus.Desc) { ch <- breakerStateDesc }
+
+func (breakerStates) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now()
+	seen := make(map[string]bool)
+	channelStates.Range(func(_, v any) bool {
+		st := v.(*channelState)
+		if !seen[st.name] {
+			seen[st.name] = true
+			ch <- prometheus.MustNewConstMetric(breakerStateDesc, prometheus.GaugeValue, float64(st.breaker.State(now)), st.name)
+		}
+		return true
+	})
+}

@@ -1,0 +1,439 @@
+// Package llmfailover registers a Caddy HTTP handler, llm_failover, that
+// sends OpenAI- and Anthropic-style API requests to a chain of upstream
+// channels serving the requested model, and fails over along the chain on
+// retryable failures: before anything is sent (circuit breaker), between
+// attempts (the hop loop), and inside a 200 OK stream that turns out to be
+// an error (the stream gate).
+package llmfailover
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+
+	"github.com/llmfailover/caddy-llm-failover/breaker"
+	"github.com/llmfailover/caddy-llm-failover/chain"
+	"github.com/llmfailover/caddy-llm-failover/wallet"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Defaults, from the design this handler implements.
+const (
+	DefaultMaxHops           = 3                 // ROUTING_CHAIN_MAX
+	DefaultHeaderTimeout     = 240 * time.Second // UPSTREAM_HEADERS_TIMEOUT_MS
+	DefaultDeadline          = 540 * time.Second
+	DefaultMaxRequestBody    = 10 << 20
+	DefaultMaxResponseBody   = 64 << 20
+	DefaultStreamGate        = 30 * time.Second // STREAM_GATE_TIMEOUT_MS
+	DefaultStreamIdleTimeout = 60 * time.Second
+)
+
+// DefaultRetryStatus are the statuses that walk the chain: timeouts, rate
+// limits and server errors. Every other status is the same answer from
+// every channel and goes straight back to the client.
+var DefaultRetryStatus = []int{408, 429, 500, 502, 503, 504, 529}
+
+// Handler is the llm_failover HTTP handler. It answers the request itself
+// (it never calls the next handler), like reverse_proxy.
+//
+// Placeholders it sets, for access logs and later handlers:
+//
+// Placeholder | Description
+// ------------|-------------
+// `{http.llm_failover.model}` | the model the client asked for
+// `{http.llm_failover.channel}` | the channel that answered (empty when none did)
+// `{http.llm_failover.attempts}` | how many channels were tried
+type Handler struct {
+	// Channels are the upstreams requests can be sent to.
+	Channels []*Channel `json:"channels,omitempty"`
+	// Models map a model name to the routes (channels) that serve it.
+	Models []*Model `json:"models,omitempty"`
+	// MaxHops caps how many channels one request tries. Default: 3.
+	MaxHops int `json:"max_hops,omitempty"`
+	// HeaderTimeout bounds the wait for response headers of each attempt.
+	// Default: 240s.
+	HeaderTimeout caddy.Duration `json:"header_timeout,omitempty"`
+	// Deadline bounds a request from its arrival until a response is
+	// committed; each candidate gets an equal share of what remains, so
+	// that a silent first channel cannot eat the whole deadline. It never
+	// cuts a response that has been committed. Default: 540s.
+	Deadline caddy.Duration `json:"deadline,omitempty"`
+	// FirstByteTimeout, when set, fails an attempt over when no byte of the
+	// response body arrives this long after the request was sent. Off by
+	// default.
+	FirstByteTimeout caddy.Duration `json:"first_byte_timeout,omitempty"`
+	// MaxRequestBody caps the client's request body (413 beyond it).
+	// Default: 10 MiB.
+	MaxRequestBody int64 `json:"max_request_body,omitempty"`
+	// MaxResponseBody caps a non-streaming upstream answer, which is read
+	// whole before it is committed. Default: 64 MiB.
+	MaxResponseBody int64 `json:"max_response_body,omitempty"`
+	// RetryStatus are the upstream statuses that fail over. Network errors
+	// and timeouts always do. Default: 408 429 500 502 503 504 529.
+	RetryStatus []int `json:"retry_status,omitempty"`
+	// StreamGate bounds how long an SSE stream is held back waiting for
+	// its first decisive frame. Default: 30s.
+	StreamGate caddy.Duration `json:"stream_gate,omitempty"`
+	// StreamGateFailover fails over, instead of committing, when the
+	// stream gate expires (a time-to-first-token limit).
+	StreamGateFailover bool `json:"stream_gate_failover,omitempty"`
+	// StreamIdleTimeout ends a committed stream that has sent nothing for
+	// this long, with an error event. Default: 60s.
+	StreamIdleTimeout caddy.Duration `json:"stream_idle_timeout,omitempty"`
+	// Breaker configures the per-channel circuit breaker.
+	Breaker *BreakerConfig `json:"breaker,omitempty"`
+	// Wallet, when set, makes requests prepaid: a client must present a
+	// key of an account whose balance covers the request's largest cost.
+	Wallet *WalletConfig `json:"wallet,omitempty"`
+
+	channels    []*channel
+	channelByID map[string]int
+	models      map[string]*model
+	modelList   []string
+	retry       [600]bool
+	wallet      *walletRuntime
+	logger      *zap.Logger
+	defaultRT   *reverseproxy.HTTPTransport
+	poolKeys    []string
+}
+
+// Channel is one upstream that serves one or more models.
+type Channel struct {
+	// Name identifies the channel in routes, logs and metrics.
+	Name string `json:"name"`
+	// BaseURL is joined with the client's request path and query:
+	// https://openrouter.ai/api + /v1/chat/completions.
+	BaseURL string `json:"base_url"`
+	// Headers are set on every request to this channel, replacing the
+	// client's credentials. Values may hold global placeholders such as
+	// {env.OPENAI_API_KEY}, resolved when the config loads.
+	Headers map[string]string `json:"headers,omitempty"`
+	// TransportRaw configures the channel's HTTP transport; it is one of
+	// reverse_proxy's transports. Default: reverse_proxy's http transport.
+	TransportRaw json.RawMessage `json:"transport,omitempty" caddy:"namespace=http.reverse_proxy.transport inline_key=protocol"`
+}
+
+// Model is a model clients can ask for and the routes that serve it.
+type Model struct {
+	Name string `json:"name"`
+	// Policy is "cost" (default: cheapest first) or "weighted".
+	Policy string `json:"policy,omitempty"`
+	// Routes are the channels serving this model.
+	Routes []Route `json:"routes"`
+	// Price is what the wallet charges per million tokens. Default: the
+	// most expensive route's cost.
+	Price *Price `json:"price,omitempty"`
+	// MaxOutputTokens bounds the output of a request that sets no limit of
+	// its own, for the wallet's reservation. Default: 16384.
+	MaxOutputTokens int64 `json:"max_output_tokens,omitempty"`
+}
+
+// Route is one channel serving a model.
+type Route struct {
+	Channel string `json:"channel"`
+	// Cost is the channel's price per million tokens, used to order the
+	// chain cheapest first.
+	Cost *Price `json:"cost,omitempty"`
+	// UpstreamModel is the name the channel knows this same model by (a
+	// dated snapshot, a deployment name); never another model.
+	UpstreamModel string `json:"upstream_model,omitempty"`
+	// Weight is the route's weight under the weighted policy. Default: 1.
+	Weight int `json:"weight,omitempty"`
+}
+
+// Price is a price per million input and output tokens, in dollars, written
+// as exact decimals ("0.15").
+type Price struct {
+	Input  string `json:"input"`
+	Output string `json:"output"`
+}
+
+func (p *Price) parse() (wallet.Price, error) {
+	if p == nil {
+		return wallet.Price{}, nil
+	}
+	in, err := wallet.ParseMicros(p.Input)
+	if err != nil {
+		return wallet.Price{}, fmt.Errorf("input price: %w", err)
+	}
+	out, err := wallet.ParseMicros(p.Output)
+	if err != nil {
+		return wallet.Price{}, fmt.Errorf("output price: %w", err)
+	}
+	return wallet.Price{Input: in, Output: out}, nil
+}
+
+// BreakerConfig configures the per-channel circuit breaker.
+type BreakerConfig struct {
+	// Window is how long a failure is remembered. Default: 5m.
+	Window caddy.Duration `json:"window,omitempty"`
+	// Failures inside the window open the channel. Default: 3.
+	Failures int `json:"failures,omitempty"`
+	// Cooldown is how long an open channel is skipped. Default: 60s.
+	Cooldown caddy.Duration `json:"cooldown,omitempty"`
+	// MinCalls and FailureRatio turn on ratio mode for busy channels: the
+	// channel opens only when, among at least MinCalls recent calls, the
+	// share of failures is at least FailureRatio (and Failures is reached).
+	MinCalls     int     `json:"min_calls,omitempty"`
+	FailureRatio float64 `json:"failure_ratio,omitempty"`
+	// MaxPark caps how long a 429's Retry-After parks a channel.
+	// Default: 5m.
+	MaxPark caddy.Duration `json:"max_park,omitempty"`
+}
+
+func (c *BreakerConfig) config() breaker.Config {
+	if c == nil {
+		return breaker.Config{}.WithDefaults()
+	}
+	return breaker.Config{
+		Window:       time.Duration(c.Window),
+		Failures:     c.Failures,
+		Cooldown:     time.Duration(c.Cooldown),
+		MinCalls:     c.MinCalls,
+		FailureRatio: c.FailureRatio,
+		MaxPark:      time.Duration(c.MaxPark),
+	}.WithDefaults()
+}
+
+// channel is a provisioned Channel.
+type channel struct {
+	name    string
+	base    *url.URL
+	headers http.Header
+	rt      http.RoundTripper
+	state   *channelState
+}
+
+// model is a provisioned Model.
+type model struct {
+	chain     *chain.Model
+	price     wallet.Price
+	maxOutput int64
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.llm_failover",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision sets up the handler.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	if h.MaxHops == 0 {
+		h.MaxHops = DefaultMaxHops
+	}
+	if h.HeaderTimeout == 0 {
+		h.HeaderTimeout = caddy.Duration(DefaultHeaderTimeout)
+	}
+	if h.Deadline == 0 {
+		h.Deadline = caddy.Duration(DefaultDeadline)
+	}
+	if h.MaxRequestBody == 0 {
+		h.MaxRequestBody = DefaultMaxRequestBody
+	}
+	if h.MaxResponseBody == 0 {
+		h.MaxResponseBody = DefaultMaxResponseBody
+	}
+	if h.RetryStatus == nil {
+		h.RetryStatus = DefaultRetryStatus
+	}
+	if h.StreamGate == 0 {
+		h.StreamGate = caddy.Duration(DefaultStreamGate)
+	}
+	if h.StreamIdleTimeout == 0 {
+		h.StreamIdleTimeout = caddy.Duration(DefaultStreamIdleTimeout)
+	}
+	for _, s := range h.RetryStatus {
+		if s < 100 || s >= len(h.retry) {
+			return fmt.Errorf("retry_status: %d is not an HTTP status", s)
+		}
+		h.retry[s] = true
+	}
+	breakerCfg := h.Breaker.config()
+	if err := breakerCfg.Validate(); err != nil {
+		return fmt.Errorf("breaker: %w", err)
+	}
+
+	repl := caddy.NewReplacer()
+	h.channelByID = make(map[string]int, len(h.Channels))
+	for i, c := range h.Channels {
+		if c.Name == "" {
+			return fmt.Errorf("channel %d has no name", i)
+		}
+		if _, dup := h.channelByID[c.Name]; dup {
+			return fmt.Errorf("channel %q is defined twice", c.Name)
+		}
+		base, err := url.Parse(c.BaseURL)
+		if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
+			return fmt.Errorf("channel %q: base_url %q must be an absolute http(s) URL", c.Name, c.BaseURL)
+		}
+		base.Path = strings.TrimSuffix(base.Path, "/")
+		ch := &channel{name: c.Name, base: base, headers: make(http.Header, len(c.Headers))}
+		for k, v := range c.Headers {
+			val, err := repl.ReplaceOrErr(v, true, true)
+			if err != nil {
+				return fmt.Errorf("channel %q: header %s: %w", c.Name, k, err)
+			}
+			ch.headers.Set(k, val)
+		}
+		if c.TransportRaw != nil {
+			mod, err := ctx.LoadModule(c, "TransportRaw")
+			if err != nil {
+				return fmt.Errorf("channel %q: loading transport: %w", c.Name, err)
+			}
+			ch.rt = mod.(http.RoundTripper)
+		} else {
+			if h.defaultRT == nil {
+				h.defaultRT = new(reverseproxy.HTTPTransport)
+				if err := h.defaultRT.Provision(ctx); err != nil {
+					return fmt.Errorf("provisioning default transport: %w", err)
+				}
+			}
+			ch.rt = h.defaultRT
+		}
+		key := c.Name + " " + base.String()
+		st, err := loadChannelState(key, c.Name, breakerCfg)
+		if err != nil {
+			return fmt.Errorf("channel %q: %w", c.Name, err)
+		}
+		h.poolKeys = append(h.poolKeys, key)
+		ch.state = st
+		h.channelByID[c.Name] = i
+		h.channels = append(h.channels, ch)
+	}
+
+	h.models = make(map[string]*model, len(h.Models))
+	for _, m := range h.Models {
+		if m.Name == "" {
+			return fmt.Errorf("a model has no name")
+		}
+		if _, dup := h.models[m.Name]; dup {
+			return fmt.Errorf("model %q is defined twice", m.Name)
+		}
+		policy, err := chain.ParsePolicy(m.Policy)
+		if err != nil {
+			return fmt.Errorf("model %q: %w", m.Name, err)
+		}
+		pm := &model{maxOutput: m.MaxOutputTokens}
+		if pm.maxOutput == 0 {
+			pm.maxOutput = 16384
+		}
+		routes := make([]chain.Route, 0, len(m.Routes))
+		seen := make(map[string]bool, len(m.Routes))
+		for _, r := range m.Routes {
+			idx, ok := h.channelByID[r.Channel]
+			if !ok {
+				return fmt.Errorf("model %q: route to unknown channel %q", m.Name, r.Channel)
+			}
+			if seen[r.Channel] {
+				return fmt.Errorf("model %q: channel %q is routed twice", m.Name, r.Channel)
+			}
+			seen[r.Channel] = true
+			cost, err := r.Cost.parse()
+			if err != nil {
+				return fmt.Errorf("model %q: route %q: cost: %w", m.Name, r.Channel, err)
+			}
+			if r.Weight < 0 {
+				return fmt.Errorf("model %q: route %q: weight must not be negative", m.Name, r.Channel)
+			}
+			// The wallet never charges less than the dearest channel
+			// could cost, unless the operator says otherwise.
+			if cost.Input+cost.Output > pm.price.Input+pm.price.Output {
+				pm.price = cost
+			}
+			routes = append(routes, chain.Route{
+				Channel: idx, Name: r.Channel,
+				InputCost: int64(cost.Input), OutputCost: int64(cost.Output),
+				UpstreamModel: r.UpstreamModel, Weight: r.Weight,
+			})
+		}
+		if m.Price != nil {
+			if pm.price, err = m.Price.parse(); err != nil {
+				return fmt.Errorf("model %q: price: %w", m.Name, err)
+			}
+		}
+		if pm.chain, err = chain.New(m.Name, policy, h.MaxHops, routes); err != nil {
+			return err
+		}
+		h.models[m.Name] = pm
+		h.modelList = append(h.modelList, m.Name)
+	}
+
+	if h.Wallet != nil {
+		w, err := h.Wallet.provision(ctx, h.logger)
+		if err != nil {
+			return fmt.Errorf("wallet: %w", err)
+		}
+		h.wallet = w
+	}
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return err
+	}
+	// Surviving breakers take the new settings only now that nothing
+	// above can fail (a no-op for breakers this config created).
+	for _, ch := range h.channels {
+		ch.state.breaker.SetConfig(breakerCfg)
+	}
+	live.add(h)
+	return nil
+}
+
+// Validate checks the handler's configuration.
+func (h *Handler) Validate() error {
+	if len(h.Models) == 0 {
+		return fmt.Errorf("no models configured")
+	}
+	if h.MaxHops < 1 {
+		return fmt.Errorf("max_hops must be at least 1")
+	}
+	if h.FirstByteTimeout < 0 || h.HeaderTimeout < 0 || h.Deadline < 0 {
+		return fmt.Errorf("timeouts must not be negative")
+	}
+	return nil
+}
+
+// Cleanup releases what Provision took. Caddy calls it on a config that
+// failed to provision too, and on the old config during a reload while its
+// streams may still be open: nothing here may cut an in-flight request.
+func (h *Handler) Cleanup() error {
+	live.remove(h)
+	for _, key := range h.poolKeys {
+		_, _ = channelStates.Delete(key)
+	}
+	h.poolKeys = nil
+	if h.wallet != nil {
+		h.wallet.release()
+		h.wallet = nil
+	}
+	if h.defaultRT != nil {
+		return h.defaultRT.Cleanup()
+	}
+	return nil
+}
+
+// ServeHTTP answers an LLM API request.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	return h.serve(w, r)
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)
