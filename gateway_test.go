@@ -48,7 +48,7 @@ func TestMain(m *testing.M) {
 
 // gateway loads a config whose llm_failover block is body, with %s verbs
 // filled by args (typically upstream URLs).
-func gateway(t *testing.T, body string, args ...any) *caddytest.Tester {
+func gateway(t testing.TB, body string, args ...any) *caddytest.Tester {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("in-process Caddy tests are skipped with -short")
@@ -60,6 +60,9 @@ func gateway(t *testing.T, body string, args ...any) *caddytest.Tester {
 	http_port %d
 	https_port %d
 	grace_period 1ns
+	log {
+		level ERROR
+	}
 }
 http://localhost:%d {`, adminPort, httpPort, 9443+portOffset, httpPort)
 	tc.InitServer(global+fmt.Sprintf(`
