@@ -76,6 +76,7 @@ type exchange struct {
 	deadline time.Time
 	attempts int
 	bill     *bill
+	probe    bool // every channel was open; this request probes one
 }
 
 // attemptResult says what became of one attempt.
@@ -149,6 +150,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 			Message: fmt.Sprintf("every channel serving model %q is rate limited; retry after %s", x.req.Model, wait.Round(time.Second))})
 	}
 	if plan.Probe {
+		x.probe = true
 		h.logger.Warn("every channel is open; probing the one whose cooldown ends first",
 			zap.String("model", x.req.Model), zap.String("channel", plan.Candidates[0].Name))
 	}
@@ -423,6 +425,13 @@ func (h *Handler) record(x *exchange, route *chain.Route, res attemptResult, too
 		outcome = "client_gone" // never the channel's fault
 	case res.fail == nil:
 		tr = ch.state.breaker.RecordSuccess(now)
+		if x.probe {
+			// The channel proved itself while every channel was open:
+			// close it now rather than at the end of its cooldown.
+			if reset := ch.state.breaker.Reset(now); reset.Changed() {
+				tr = breaker.Transition{From: tr.From, To: reset.To}
+			}
+		}
 	case res.fail.status == http.StatusTooManyRequests && res.fail.retryAfter > 0:
 		// A rate limit is not an outage: park the channel for as long as
 		// it asked, without counting a failure.
