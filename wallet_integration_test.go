@@ -1254,3 +1254,34 @@ func TestWalletReloadToOtherStoreSettlesInFlight(t *testing.T) {
 		t.Fatalf("balance %s reserved %s", bal, reserved)
 	}
 }
+
+// Operators who authenticate clients in Caddy bill the account a
+// placeholder names instead of the wallet's own keys.
+func TestWalletAccountPlaceholder(t *testing.T) {
+	a := upstream(t, fu.OKNamed("a").WithUsage(1000, 500))
+	b := upstream(t, fu.OKNamed("b"))
+	path := filepath.Join(t.TempDir(), "w.db")
+	gateway(t, walletChannels, a.URL, b.URL, "sqlite "+path+" {\n\t\t\taccount {http.request.header.X-Account}\n\t\t}")
+	newWalletAccount(t, "acme", "1")
+
+	res, body := postSettled(t, "acme", "/v1/chat/completions", fu.ChatRequest("m", false), "X-Account", "acme", "Authorization", "Bearer whatever-the-client-uses")
+	if res.StatusCode != 200 {
+		t.Fatalf("status %d: %s", res.StatusCode, body)
+	}
+	if bal, reserved := balanceOf(t, "acme"); bal != money(t, "1")-priceM.Cost(1000, 500) || reserved != 0 {
+		t.Fatalf("balance %s reserved %s", bal, reserved)
+	}
+	if rows := requestRows(t, "acme"); len(rows) != 1 || rows[0].Kind != wallet.KindCharge || rows[0].KeyID != "" {
+		t.Fatalf("ledger rows: %+v", rows)
+	}
+
+	// No account named: 401; an account the wallet does not know: 401.
+	for _, hdr := range [][]string{nil, {"X-Account", "nobody"}} {
+		res, body = post(t, "/v1/chat/completions", fu.ChatRequest("m", false), hdr...)
+		if res.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("%v: status %d: %s", hdr, res.StatusCode, body)
+		}
+		openAIError(t, body)
+	}
+	hits(t, a, 1)
+}
