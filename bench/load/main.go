@@ -1,0 +1,382 @@
+// Command load is a small closed-loop HTTP load generator for the
+// benchmarks in bench/: -c workers each send one POST, read the whole
+// answer, and send the next, for -warmup (discarded) and then -d
+// (measured). It reports requests per second, latency percentiles, the
+// time to the first body byte (what a streaming client waits for before
+// the first token) and errors: transport errors, non-200 answers, and SSE
+// streams that do not end with "data: [DONE]".
+//
+//	go run ./bench/load -url http://127.0.0.1:18082/v1/chat/completions \
+//	    -body '{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}' \
+//	    -c 16 -d 5s -warmup 1s -json
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Result is what one run measured; -json prints it.
+type Result struct {
+	URL         string  `json:"url"`
+	Label       string  `json:"label,omitempty"`
+	Concurrency int     `json:"concurrency"`
+	Seconds     float64 `json:"seconds"`
+	Requests    int     `json:"requests"`
+	Errors      int     `json:"errors"`
+	FirstError  string  `json:"first_error,omitempty"`
+	RPS         float64 `json:"rps"`
+	Stream      bool    `json:"stream"`
+	BytesPerReq float64 `json:"bytes_per_request"`
+	Latency     Pcts    `json:"latency_ms"`
+	TTFB        Pcts    `json:"ttfb_ms"`
+	// With -cpu-pid: the CPU time that process used during the measured
+	// window, per request and as a share of one core. On a shared machine
+	// this is steadier than requests/s, which depends on how much CPU the
+	// neighbours leave; 1e6/ServerCPUPerReqUS is the request rate the
+	// process could sustain on one core of its own.
+	ServerCPUSeconds   float64 `json:"server_cpu_s,omitempty"`
+	ServerCPUPerReqUS  float64 `json:"server_cpu_us_per_request,omitempty"`
+	ServerCPUCoreShare float64 `json:"server_cpu_core_share,omitempty"`
+}
+
+// Pcts are percentiles in milliseconds.
+type Pcts struct {
+	P50  float64 `json:"p50"`
+	P90  float64 `json:"p90"`
+	P99  float64 `json:"p99"`
+	Mean float64 `json:"mean"`
+	Max  float64 `json:"max"`
+}
+
+type sample struct {
+	lat, ttfb time.Duration
+}
+
+type worker struct {
+	samples    []sample
+	errors     int
+	firstError string
+	bytes      int64
+	stream     bool
+}
+
+var doneMarker = []byte("data: [DONE]")
+
+func main() {
+	url := flag.String("url", "", "target URL (required)")
+	bodyArg := flag.String("body", "", "request body: inline text, or @file / a path to an existing file")
+	method := flag.String("method", http.MethodPost, "HTTP method")
+	conc := flag.Int("c", 16, "concurrent workers (closed loop: one request in flight each)")
+	dur := flag.Duration("d", 5*time.Second, "measured duration")
+	warmup := flag.Duration("warmup", time.Second, "warm-up before measuring (results discarded)")
+	timeout := flag.Duration("timeout", 30*time.Second, "per-request timeout")
+	asJSON := flag.Bool("json", false, "print the result as one JSON object")
+	label := flag.String("label", "", "label copied into the JSON result")
+	cpuPID := flag.Int("cpu-pid", 0, "measure this process's CPU time (Linux /proc) over the measured window, e.g. the proxy's")
+	var headers headerFlags
+	flag.Var(&headers, "H", "extra request header 'Name: value' (repeatable)")
+	flag.Parse()
+	if *url == "" || *conc < 1 || *dur <= 0 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	body, err := loadBody(*bodyArg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "load:", err)
+		os.Exit(2)
+	}
+
+	tr := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        *conc,
+		MaxIdleConnsPerHost: *conc,
+		MaxConnsPerHost:     *conc,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+		ForceAttemptHTTP2:   false,
+	}
+	client := &http.Client{Transport: tr, Timeout: *timeout}
+
+	start := time.Now()
+	measureFrom := start.Add(*warmup)
+	end := measureFrom.Add(*dur)
+	workers := make([]*worker, *conc)
+	var wg sync.WaitGroup
+	cpuUsed := make(chan float64, 1)
+	if *cpuPID > 0 {
+		go func() {
+			time.Sleep(time.Until(measureFrom))
+			before, err1 := cpuSeconds(*cpuPID)
+			time.Sleep(time.Until(end))
+			after, err2 := cpuSeconds(*cpuPID)
+			if err1 != nil || err2 != nil {
+				fmt.Fprintln(os.Stderr, "load: -cpu-pid:", errors.Join(err1, err2))
+				cpuUsed <- 0
+				return
+			}
+			cpuUsed <- after - before
+		}()
+	}
+	for i := range workers {
+		w := &worker{samples: make([]sample, 0, 4096)}
+		workers[i] = w
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.run(client, *method, *url, body, headers, measureFrom, end)
+		}()
+	}
+	wg.Wait()
+	tr.CloseIdleConnections()
+
+	res := summarize(workers, *dur)
+	res.URL, res.Label, res.Concurrency = *url, *label, *conc
+	if *cpuPID > 0 {
+		if cpu := <-cpuUsed; cpu > 0 {
+			res.ServerCPUSeconds = round3(cpu)
+			res.ServerCPUCoreShare = round3(cpu / dur.Seconds())
+			if res.Requests > 0 {
+				res.ServerCPUPerReqUS = round3(cpu / float64(res.Requests) * 1e6)
+			}
+		}
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		_ = enc.Encode(res)
+		// A one-line summary for whoever watches the run.
+		cpu := ""
+		if res.ServerCPUPerReqUS > 0 {
+			cpu = fmt.Sprintf(", server cpu %.1f us/req (%.0f%% of a core)", res.ServerCPUPerReqUS, res.ServerCPUCoreShare*100)
+		}
+		fmt.Fprintf(os.Stderr, "%.0f req/s, p50 %.3f ms, ttfb p50 %.3f ms%s, %d errors\n", res.RPS, res.Latency.P50, res.TTFB.P50, cpu, res.Errors)
+	} else {
+		printText(res)
+	}
+	if res.Requests == 0 {
+		os.Exit(1)
+	}
+}
+
+// run is one closed-loop worker. A request counts when it starts after
+// measureFrom and finishes by end; requests that straddle either edge are
+// dropped, so warm-up and drain do not skew the figures.
+func (w *worker) run(client *http.Client, method, url string, body []byte, headers headerFlags, measureFrom, end time.Time) {
+	buf := make([]byte, 32<<10)
+	tail := make([]byte, 0, 64)
+	for {
+		began := time.Now()
+		if !began.Before(end) {
+			return
+		}
+		ctx, cancel := context.WithDeadline(context.Background(), end.Add(5*time.Second))
+		req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(body))
+		if err != nil {
+			cancel()
+			w.fail(err.Error())
+			return
+		}
+		req.Header.Set("Content-Type", "application/json")
+		for _, h := range headers {
+			k, v, _ := strings.Cut(h, ":")
+			req.Header.Set(strings.TrimSpace(k), strings.TrimSpace(v))
+		}
+		s, n, isStream, errMsg := do(client, req, buf, &tail)
+		cancel()
+		finished := time.Now()
+		if began.Before(measureFrom) || finished.After(end) {
+			continue
+		}
+		if errMsg != "" {
+			w.fail(errMsg)
+			continue
+		}
+		s.lat = finished.Sub(began)
+		w.samples = append(w.samples, s)
+		w.bytes += n
+		w.stream = w.stream || isStream
+	}
+}
+
+func (w *worker) fail(msg string) {
+	w.errors++
+	if w.firstError == "" {
+		w.firstError = msg
+	}
+}
+
+// do sends one request and reads the whole answer. ttfb is the time to
+// the first byte of the body, not of the headers: a stream gate may hold
+// headers and body alike, and a client sees a token only with the body.
+func do(client *http.Client, req *http.Request, buf []byte, tail *[]byte) (s sample, n int64, stream bool, errMsg string) {
+	began := time.Now()
+	res, err := client.Do(req)
+	if err != nil {
+		return s, 0, false, "transport: " + err.Error()
+	}
+	defer res.Body.Close()
+	stream = strings.HasPrefix(res.Header.Get("Content-Type"), "text/event-stream")
+	*tail = (*tail)[:0]
+	for {
+		m, rerr := res.Body.Read(buf)
+		if m > 0 {
+			if n == 0 {
+				s.ttfb = time.Since(began)
+			}
+			n += int64(m)
+			if stream {
+				*tail = appendTail(*tail, buf[:m], 32)
+			}
+		}
+		if rerr != nil {
+			if !errors.Is(rerr, io.EOF) {
+				return s, n, stream, "reading body: " + rerr.Error()
+			}
+			break
+		}
+	}
+	if res.StatusCode != http.StatusOK {
+		return s, n, stream, fmt.Sprintf("status %d", res.StatusCode)
+	}
+	if n == 0 {
+		return s, n, stream, "empty body"
+	}
+	if stream && !bytes.Contains(*tail, doneMarker) {
+		return s, n, stream, "stream did not end with data: [DONE]"
+	}
+	return s, n, stream, ""
+}
+
+// appendTail keeps the last max bytes seen.
+func appendTail(tail, p []byte, max int) []byte {
+	if len(p) >= max {
+		return append(tail[:0], p[len(p)-max:]...)
+	}
+	tail = append(tail, p...)
+	if len(tail) > max {
+		tail = append(tail[:0], tail[len(tail)-max:]...)
+	}
+	return tail
+}
+
+func summarize(workers []*worker, dur time.Duration) Result {
+	var all []sample
+	var res Result
+	var bytesTotal int64
+	for _, w := range workers {
+		all = append(all, w.samples...)
+		res.Errors += w.errors
+		if res.FirstError == "" {
+			res.FirstError = w.firstError
+		}
+		bytesTotal += w.bytes
+		res.Stream = res.Stream || w.stream
+	}
+	res.Requests = len(all)
+	res.Seconds = dur.Seconds()
+	res.RPS = float64(res.Requests) / dur.Seconds()
+	if res.Requests > 0 {
+		res.BytesPerReq = float64(bytesTotal) / float64(res.Requests)
+	}
+	lat := make([]time.Duration, len(all))
+	ttfb := make([]time.Duration, len(all))
+	for i, s := range all {
+		lat[i], ttfb[i] = s.lat, s.ttfb
+	}
+	res.Latency = pcts(lat)
+	res.TTFB = pcts(ttfb)
+	return res
+}
+
+func pcts(d []time.Duration) Pcts {
+	if len(d) == 0 {
+		return Pcts{}
+	}
+	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+	var sum time.Duration
+	for _, v := range d {
+		sum += v
+	}
+	at := func(q float64) float64 {
+		i := int(math.Ceil(q*float64(len(d)))) - 1
+		if i < 0 {
+			i = 0
+		}
+		return ms(d[i])
+	}
+	return Pcts{P50: at(0.50), P90: at(0.90), P99: at(0.99), Mean: ms(sum / time.Duration(len(d))), Max: ms(d[len(d)-1])}
+}
+
+func ms(d time.Duration) float64 { return math.Round(float64(d)/1e3) / 1e3 }
+
+func printText(r Result) {
+	fmt.Printf("%s  c=%d  %.1fs\n", r.URL, r.Concurrency, r.Seconds)
+	fmt.Printf("  requests   %d (%.0f/s), errors %d", r.Requests, r.RPS, r.Errors)
+	if r.FirstError != "" {
+		fmt.Printf(" (first: %s)", r.FirstError)
+	}
+	fmt.Println()
+	fmt.Printf("  latency ms p50 %.3f  p90 %.3f  p99 %.3f  mean %.3f  max %.3f\n", r.Latency.P50, r.Latency.P90, r.Latency.P99, r.Latency.Mean, r.Latency.Max)
+	fmt.Printf("  ttfb ms    p50 %.3f  p90 %.3f  p99 %.3f\n", r.TTFB.P50, r.TTFB.P90, r.TTFB.P99)
+	fmt.Printf("  stream %v, %.0f bytes/request\n", r.Stream, r.BytesPerReq)
+	if r.ServerCPUSeconds > 0 {
+		fmt.Printf("  server cpu %.3fs (%.0f%% of a core), %.1f us/request\n", r.ServerCPUSeconds, r.ServerCPUCoreShare*100, r.ServerCPUPerReqUS)
+	}
+}
+
+func round3(v float64) float64 { return math.Round(v*1e3) / 1e3 }
+
+// cpuSeconds reads the user+system CPU time of a process, all threads,
+// from /proc/PID/stat (in clock ticks of 1/100 s, USER_HZ on Linux).
+func cpuSeconds(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command name, which may hold spaces: "pid (comm) state ...".
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("unexpected /proc/%d/stat", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("unexpected /proc/%d/stat", pid)
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("unexpected /proc/%d/stat", pid)
+	}
+	return float64(utime+stime) / 100, nil
+}
+
+func loadBody(arg string) ([]byte, error) {
+	if strings.HasPrefix(arg, "@") {
+		return os.ReadFile(arg[1:])
+	}
+	if arg != "" && !strings.HasPrefix(strings.TrimSpace(arg), "{") {
+		if st, err := os.Stat(arg); err == nil && st.Mode().IsRegular() {
+			return os.ReadFile(arg)
+		}
+	}
+	return []byte(arg), nil
+}
+
+type headerFlags []string
+
+func (h *headerFlags) String() string     { return strings.Join(*h, ", ") }
+func (h *headerFlags) Set(v string) error { *h = append(*h, v); return nil }

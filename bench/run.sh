@@ -1,0 +1,238 @@
+#!/usr/bin/env bash
+# Load benchmark: llm_failover against plain reverse_proxy, in one Caddy.
+#
+# Starts the fake upstream (bench/upstream) and ONE Caddy serving two sites
+# on loopback: site A proxies with `reverse_proxy` (flush_interval -1),
+# site B with `llm_failover` (one channel, one model, no wallet). Access
+# logs are off. Then, for non-streaming and streaming requests, it runs the
+# closed-loop load generator (bench/load) REPS times per target, alternating
+# A B A B ..., and prints medians, ratios and differences (bench/report).
+#
+# Caddy is pinned to CPU 0 with GOMAXPROCS=1 (the "on one core" target);
+# the load generator and the upstream share CPU 1. Pinning is skipped when
+# taskset is missing or the machine has fewer than 2 CPUs (BENCH_PIN=0
+# skips it too).
+#
+# It builds no Caddy: `make bench` builds ./caddy first. Environment:
+#   CADDY_BIN        Caddy with llm_failover (default: ./caddy at the repo root)
+#   BENCH_REPS       runs per target and mode (default 5)
+#   BENCH_DURATION   measured time of one run (default 5s)
+#   BENCH_WARMUP     discarded warm-up before each run (default 1s)
+#   BENCH_CONC       concurrent clients (default 16)
+#   BENCH_MODES      "json stream" (default both)
+#   BENCH_CHUNKS     content chunks per SSE stream (default 20)
+#   BENCH_EVENT_DELAY upstream delay before each SSE event (default 0); e.g.
+#                    1ms measures time to first byte below saturation
+#   BENCH_ROLE_CHUNK 1: streams start with a role-only chunk, as real
+#                    providers' do; the stream gate holds it until the
+#                    first content chunk, one event delay later
+#   BENCH_PORT       first of the ports used (default 18080): +1 site A,
+#                    +2 site B, +10 upstream, +19 Caddy admin
+#   BENCH_PROFILE    "json", "stream" or both: after the runs, take a 10 s
+#                    CPU profile of Caddy during an llm_failover load of
+#                    each mode named and save it beside the results
+#                    (go tool pprof -top FILE)
+#   BENCH_OUT        results directory (default bench/results)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+CADDY_BIN="${CADDY_BIN:-$ROOT/caddy}"
+REPS="${BENCH_REPS:-5}"
+DURATION="${BENCH_DURATION:-5s}"
+WARMUP="${BENCH_WARMUP:-1s}"
+CONC="${BENCH_CONC:-16}"
+MODES="${BENCH_MODES:-json stream}"
+CHUNKS="${BENCH_CHUNKS:-20}"
+EVENT_DELAY="${BENCH_EVENT_DELAY:-0}"
+ROLE_CHUNK="${BENCH_ROLE_CHUNK:-0}"
+PORT="${BENCH_PORT:-18080}"
+PROFILE="${BENCH_PROFILE:-}"
+OUT="${BENCH_OUT:-$ROOT/bench/results}"
+GO="${GO:-go}"
+
+PORT_A=$((PORT + 1))
+PORT_B=$((PORT + 2))
+PORT_UP=$((PORT + 10))
+PORT_ADMIN=$((PORT + 19))
+
+die() { echo "bench: $*" >&2; exit 1; }
+
+[ -x "$CADDY_BIN" ] || die "no Caddy binary at $CADDY_BIN (run 'make bench', or set CADDY_BIN)"
+"$CADDY_BIN" list-modules 2>/dev/null | grep -q '^http.handlers.llm_failover$' ||
+	die "$CADDY_BIN has no http.handlers.llm_failover module"
+command -v curl >/dev/null || die "curl is needed"
+for p in "$PORT_A" "$PORT_B" "$PORT_UP" "$PORT_ADMIN"; do
+	if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+		die "port $p is already in use (set BENCH_PORT)"
+	fi
+done
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/llmf-bench.XXXXXX")"
+PIDS=()
+cleanup() {
+	for pid in "${PIDS[@]}"; do
+		kill "$pid" 2>/dev/null || true
+	done
+	for pid in "${PIDS[@]}"; do
+		wait "$pid" 2>/dev/null || true
+	done
+	rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# CPU pinning.
+PIN_CADDY=() PIN_LOAD=() PINNING="none"
+if [ "${BENCH_PIN:-1}" != 0 ] && command -v taskset >/dev/null && [ "$(nproc --all)" -ge 2 ] &&
+	taskset -c 0 true 2>/dev/null && taskset -c 1 true 2>/dev/null; then
+	PIN_CADDY=(taskset -c 0) PIN_LOAD=(taskset -c 1)
+	PINNING="caddy on CPU 0 (GOMAXPROCS=1); load generator and upstream on CPU 1"
+else
+	PINNING="none (taskset missing, fewer than 2 CPUs, or BENCH_PIN=0); caddy GOMAXPROCS=1"
+fi
+
+echo "bench: building the upstream, load generator and report tools"
+"$GO" build -o "$WORK/upstream" ./bench/upstream
+"$GO" build -o "$WORK/load" ./bench/load
+"$GO" build -o "$WORK/report" ./bench/report
+
+cat >"$WORK/Caddyfile" <<EOF
+{
+	admin 127.0.0.1:$PORT_ADMIN
+	auto_https off
+	persist_config off
+	skip_install_trust
+	grace_period 1s
+}
+
+# Site A: the baseline.
+http://127.0.0.1:$PORT_A {
+	bind 127.0.0.1
+	reverse_proxy 127.0.0.1:$PORT_UP {
+		flush_interval -1
+	}
+}
+
+# Site B: the handler under test, defaults otherwise (stream gate on).
+http://127.0.0.1:$PORT_B {
+	bind 127.0.0.1
+	llm_failover {
+		channel up http://127.0.0.1:$PORT_UP
+		model m {
+			route up
+		}
+	}
+}
+EOF
+
+GOMAXPROCS=1 "${PIN_LOAD[@]}" "$WORK/upstream" -listen "127.0.0.1:$PORT_UP" -chunks "$CHUNKS" \
+	-event-delay "$EVENT_DELAY" -role-chunk="$([ "$ROLE_CHUNK" = 1 ] && echo true || echo false)" \
+	2>"$WORK/upstream.log" &
+PIDS+=($!)
+# Caddy keeps its data and config under $WORK, never under $HOME.
+XDG_DATA_HOME="$WORK/data" XDG_CONFIG_HOME="$WORK/config" GOMAXPROCS=1 \
+	"${PIN_CADDY[@]}" "$CADDY_BIN" run --config "$WORK/Caddyfile" --adapter caddyfile \
+	>"$WORK/caddy.log" 2>&1 &
+CADDY_PID=$!
+PIDS+=("$CADDY_PID")
+
+URL_A="http://127.0.0.1:$PORT_A/v1/chat/completions"
+URL_B="http://127.0.0.1:$PORT_B/v1/chat/completions"
+BODY_JSON='{"model":"m","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one short sentence."}],"max_tokens":64,"temperature":0.2}'
+BODY_STREAM='{"model":"m","stream":true,"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one short sentence."}],"max_tokens":64,"temperature":0.2}'
+
+ready=""
+for _ in $(seq 1 100); do
+	if curl -fsS -o /dev/null "http://127.0.0.1:$PORT_ADMIN/config/" 2>/dev/null &&
+		curl -fsS -o /dev/null -d "$BODY_JSON" "$URL_A" 2>/dev/null &&
+		curl -fsS -o /dev/null -d "$BODY_JSON" "$URL_B" 2>/dev/null; then
+		ready=1
+		break
+	fi
+	kill -0 "$CADDY_PID" 2>/dev/null || break
+	sleep 0.1
+done
+if [ -z "$ready" ]; then
+	echo "--- caddy.log" >&2
+	tail -n 30 "$WORK/caddy.log" >&2 || true
+	echo "--- upstream.log" >&2
+	cat "$WORK/upstream.log" >&2 || true
+	die "Caddy or the upstream did not come up"
+fi
+# Smoke check: both targets answer both modes in full.
+for url in "$URL_A" "$URL_B"; do
+	curl -fsS -d "$BODY_STREAM" "$url" | grep -q '^data: \[DONE\]' || die "$url: stream did not end with [DONE]"
+done
+
+load() { # load URL BODY LABEL [extra args]
+	local url=$1 body=$2 label=$3
+	shift 3
+	GOMAXPROCS=1 "${PIN_LOAD[@]}" "$WORK/load" -url "$url" -body "$body" -c "$CONC" \
+		-label "$label" -json -cpu-pid "$CADDY_PID" "$@"
+}
+
+mkdir -p "$OUT"
+STAMP="$(date -u +%Y-%m-%dT%H%M%SZ)"
+RAW="$OUT/$STAMP.jsonl"
+TXT="$OUT/$STAMP.txt"
+: >"$RAW"
+LOAD_BEFORE="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
+
+echo "bench: warming up" >&2
+for mode in $MODES; do
+	body=$BODY_JSON
+	[ "$mode" = stream ] && body=$BODY_STREAM
+	load "$URL_A" "$body" warm -d 2s -warmup 0s >/dev/null 2>&1
+	load "$URL_B" "$body" warm -d 2s -warmup 0s >/dev/null 2>&1
+done
+
+for mode in $MODES; do
+	body=$BODY_JSON
+	[ "$mode" = stream ] && body=$BODY_STREAM
+	for i in $(seq 1 "$REPS"); do
+		for target in reverse_proxy llm_failover; do
+			url=$URL_A
+			[ "$target" = llm_failover ] && url=$URL_B
+			printf 'bench: %-6s %-13s run %d/%d: ' "$mode" "$target" "$i" "$REPS" >&2
+			load "$url" "$body" "$mode $target" -d "$DURATION" -warmup "$WARMUP" >>"$RAW" ||
+				die "load run failed: $mode $target"
+		done
+	done
+done
+LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
+
+{
+	echo "llm_failover load benchmark, $STAMP"
+	echo "commit:      $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$ROOT" diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes)')"
+	echo "caddy:       $("$CADDY_BIN" version 2>/dev/null | cut -d' ' -f1) ($CADDY_BIN)"
+	echo "go:          $("$GO" env GOVERSION)"
+	echo "machine:     $(nproc --all) CPUs, $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ //' || uname -m), $(uname -sr)"
+	echo "load avg:    $LOAD_BEFORE before, $LOAD_AFTER after (1/5/15 min)"
+	echo "pinning:     $PINNING"
+	echo "load:        bench/load (Go, closed loop), $CONC clients, keep-alive, ${DURATION} measured after ${WARMUP} warm-up, $REPS runs per target alternating reverse_proxy, llm_failover"
+	echo "upstream:    bench/upstream, JSON answer $(curl -fsS -d "$BODY_JSON" "$URL_A" | wc -c) bytes; SSE $CHUNKS content chunks + finish + [DONE], event delay $EVENT_DELAY, role-only first chunk: $([ "$ROLE_CHUNK" = 1 ] && echo yes || echo no)"
+	echo "targets:     reverse_proxy (flush_interval -1) vs llm_failover (1 channel, stream gate on, no wallet); access logs off"
+	"$WORK/report" "$RAW" || echo "(some runs had errors; see above)"
+	echo
+	echo "Targets: llm_failover >= 0.9x reverse_proxy requests/s on one core; < 0.2 ms added p50"
+	echo "latency; stream time to first byte within 1 ms of reverse_proxy."
+	echo "raw runs:    $RAW"
+} >"$TXT"
+
+for mode in $PROFILE; do
+	body=$BODY_JSON
+	[ "$mode" = stream ] && body=$BODY_STREAM
+	PROF="$OUT/$STAMP-$mode-llm_failover.pprof"
+	echo "bench: profiling Caddy for 10 s under an llm_failover $mode load" >&2
+	load "$URL_B" "$body" profile -d 12s -warmup 0s >/dev/null 2>&1 &
+	lp=$!
+	sleep 1
+	curl -fsS -o "$PROF" "http://127.0.0.1:$PORT_ADMIN/debug/pprof/profile?seconds=10" || die "could not fetch the profile"
+	wait "$lp" || true
+	echo "profile:     $PROF (go tool pprof -top $PROF)" >>"$TXT"
+done
+
+echo
+cat "$TXT"
