@@ -39,7 +39,16 @@ touching the database: every subcommand calls the admin API.
 			cmd.Flags().StringP("config", "c", "", "Configuration file, to find the admin address")
 			cmd.Flags().StringP("adapter", "", "", "Name of config adapter")
 			cmd.Args = cobra.MinimumNArgs(1)
+			// Flags go before the subcommand (see Usage). Parsing stops at
+			// the subcommand so that a negative amount ("credit acme -0.50")
+			// is an argument, not an unknown shorthand flag.
+			cmd.Flags().SetInterspersed(false)
 			cmd.RunE = func(cmd *cobra.Command, args []string) error {
+				for _, a := range args[1:] {
+					if isFlagArg(a) {
+						return fmt.Errorf("%s: flags go before the subcommand: caddy llm-wallet [--address <admin>] %s ...", a, args[0])
+					}
+				}
 				addr, _ := cmd.Flags().GetString("address")
 				cfg, _ := cmd.Flags().GetString("config")
 				adapter, _ := cmd.Flags().GetString("adapter")
@@ -171,6 +180,12 @@ func runWalletCommand(out io.Writer, admin string, args []string) error {
 		return nil
 	}
 	return fmt.Errorf("unknown subcommand %q; see caddy help llm-wallet", args[0])
+}
+
+// isFlagArg tells a misplaced flag (--address, -a) from a negative amount
+// (-0.50) among a subcommand's arguments.
+func isFlagArg(a string) bool {
+	return len(a) > 1 && a[0] == '-' && (a[1] == '-' || a[1] >= 'a' && a[1] <= 'z' || a[1] >= 'A' && a[1] <= 'Z')
 }
 
 // human renders an exact decimal amount the way people read money.

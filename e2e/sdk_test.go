@@ -1,0 +1,128 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
+)
+
+// TestSDKs runs the official OpenAI and Anthropic Node SDKs (sdktest/)
+// against the real binary configured as sdktest/README.md's contract table
+// says. Node's exit code is the verdict.
+func TestSDKs(t *testing.T) {
+	caddyBin(t)
+	node, err := exec.LookPath("node")
+	if err != nil {
+		prerequisite(t, "node is not on PATH; the official-SDK tests need Node >= 20")
+	}
+	sdkDir, err := filepath.Abs("../sdktest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pkg := range []string{"openai", "@anthropic-ai/sdk"} {
+		if _, err := os.Stat(filepath.Join(sdkDir, "node_modules", pkg, "package.json")); err != nil {
+			prerequisite(t, "sdktest/node_modules/%s is missing; run `make sdk-deps` (npm ci in sdktest/)", pkg)
+		}
+	}
+
+	// One set of upstreams per model, so that no breaker state is shared
+	// between rows of the contract table.
+	servers := map[string]*fu.Server{}
+	up := func(name string, b fu.Behavior) string {
+		s := fu.New(b)
+		t.Cleanup(s.Close)
+		servers[name] = s
+		return fmt.Sprintf("\t\tchannel %s %s\n", name, s.URL)
+	}
+	var channels strings.Builder
+	channels.WriteString(up("gf1", fu.Status(503, "")))
+	channels.WriteString(up("gf2", fu.OKNamed("backup")))
+	channels.WriteString(up("gbad", fu.Status(400, badRequestBody)))
+	channels.WriteString(up("gdown1", fu.Status(503, "")))
+	channels.WriteString(up("gdown2", fu.Status(503, "")))
+	channels.WriteString(up("gcut", fu.CutMidStream()))
+	channels.WriteString(up("gr1", fu.ResponsesFailed()))
+	channels.WriteString(up("gr2", fu.OKNamed("backup")))
+	channels.WriteString(up("cf1", fu.AnthropicErrorAfterPreamble()))
+	channels.WriteString(up("cf2", fu.OKNamed("backup")))
+	channels.WriteString(up("cdown1", fu.Status(503, "")))
+	channels.WriteString(up("cdown2", fu.Status(503, "")))
+	channels.WriteString(up("ccut", fu.CutMidStream()))
+
+	models := `
+		model gpt-failover {
+			route gf1 cost 1 1
+			route gf2 cost 2 2
+		}
+		model gpt-bad-request {
+			route gbad
+		}
+		model gpt-down {
+			route gdown1 cost 1 1
+			route gdown2 cost 2 2
+		}
+		model gpt-cut {
+			route gcut
+		}
+		model gpt-responses {
+			route gr1 cost 1 1
+			route gr2 cost 2 2
+		}
+		model claude-failover {
+			route cf1 cost 1 1
+			route cf2 cost 2 2
+		}
+		model claude-down {
+			route cdown1 cost 1 1
+			route cdown2 cost 2 2
+		}
+		model claude-cut {
+			route ccut
+		}
+		stream_idle_timeout 10s
+`
+	p := portsSDK
+	in := newInstance(t, "sdk", p, globalOptions(p)+site(p, channels.String()+models))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "--test", "--test-reporter=spec")
+	cmd.Dir = sdkDir
+	cmd.Env = append(os.Environ(), "GATEWAY_URL="+in.gatewayURL(), "NO_COLOR=1", "FORCE_COLOR=0")
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	elapsed := time.Since(start).Round(time.Millisecond)
+	if err != nil || ctx.Err() != nil {
+		t.Fatalf("node --test in sdktest/ failed after %v (%v):\n%s", elapsed, err, out)
+	}
+	t.Logf("node --test passed in %v", elapsed)
+	if testing.Verbose() {
+		t.Logf("node output:\n%s", out)
+	}
+
+	// The client's key never reaches an upstream.
+	for name, s := range servers {
+		if s.Hits() == 0 {
+			continue
+		}
+		h := s.LastRequest().Header
+		for _, f := range []string{"Authorization", "X-Api-Key"} {
+			if strings.Contains(h.Get(f), "sk-client-test") {
+				t.Errorf("upstream %s received the client's key in %s", name, f)
+			}
+		}
+	}
+	// Every row of the table was exercised.
+	for _, name := range []string{"gf1", "gf2", "gbad", "gdown1", "gdown2", "gcut", "gr1", "gr2", "cf1", "cf2", "cdown1", "cdown2", "ccut"} {
+		if servers[name].Hits() == 0 {
+			t.Errorf("upstream %s was never called; the SDK tests did not exercise it", name)
+		}
+	}
+}
