@@ -12,6 +12,8 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/jsonscan"
 )
 
 // API identifies the upstream API a request path belongs to.
@@ -176,102 +178,32 @@ func WithIncludeUsage(body []byte) []byte {
 }
 
 // eachTopLevel calls fn with every key of the top-level object in body and
-// the byte span of its value. body must be valid JSON (json.Valid), which
-// lets the scanner skip values by bracket counting without re-validating.
+// the byte span of its value. body must be valid JSON (json.Valid).
 func eachTopLevel(body []byte, fn func(key []byte, start, end int) error) error {
-	i := skipSpace(body, 0)
-	if i >= len(body) || body[i] != '{' {
+	it, ok := jsonscan.Object(body)
+	if !ok {
 		return ErrMalformed
 	}
-	i = skipSpace(body, i+1)
-	if i < len(body) && body[i] == '}' {
-		return nil
-	}
-	for i < len(body) {
-		if body[i] != '"' {
-			return ErrMalformed
-		}
-		kend := skipString(body, i)
-		key := body[i+1 : kend-1]
+	for key, ok := it.Next(); ok; key, ok = it.Next() {
 		if bytes.IndexByte(key, '\\') >= 0 {
 			var s string
-			if json.Unmarshal(body[i:kend], &s) == nil {
+			// Rare: a key written with escapes ("mod\u0065l").
+			quoted := append(append([]byte{'"'}, key...), '"')
+			if json.Unmarshal(quoted, &s) == nil {
 				key = []byte(s)
 			}
 		}
-		i = skipSpace(body, kend)
-		if i >= len(body) || body[i] != ':' {
+		start := it.Pos()
+		v := it.Value()
+		if v == nil {
 			return ErrMalformed
 		}
-		start := skipSpace(body, i+1)
-		end := skipValue(body, start)
-		if err := fn(key, start, end); err != nil {
+		if err := fn(key, start, start+len(v)); err != nil {
 			return err
 		}
-		i = skipSpace(body, end)
-		if i >= len(body) {
-			return ErrMalformed
-		}
-		if body[i] == '}' {
-			return nil
-		}
-		if body[i] != ',' {
-			return ErrMalformed
-		}
-		i = skipSpace(body, i+1)
 	}
-	return ErrMalformed
-}
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
+	if !it.Finished() {
+		return ErrMalformed
 	}
-	return i
-}
-
-// skipString returns the index just past the closing quote of the string
-// that starts at b[i].
-func skipString(b []byte, i int) int {
-	for j := i + 1; j < len(b); j++ {
-		switch b[j] {
-		case '\\':
-			j++
-		case '"':
-			return j + 1
-		}
-	}
-	return len(b)
-}
-
-// skipValue returns the index just past the value that starts at b[i].
-func skipValue(b []byte, i int) int {
-	if i >= len(b) {
-		return i
-	}
-	switch b[i] {
-	case '"':
-		return skipString(b, i)
-	case '{', '[':
-		depth := 0
-		for j := i; j < len(b); j++ {
-			switch b[j] {
-			case '"':
-				j = skipString(b, j) - 1
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return j + 1
-				}
-			}
-		}
-		return len(b)
-	}
-	j := i
-	for j < len(b) && b[j] != ',' && b[j] != '}' && b[j] != ']' && b[j] != ' ' && b[j] != '\t' && b[j] != '\n' && b[j] != '\r' {
-		j++
-	}
-	return j
+	return nil
 }

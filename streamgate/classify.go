@@ -1,6 +1,10 @@
 package streamgate
 
-import "strconv"
+import (
+	"strconv"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/jsonscan"
+)
 
 // Dialect is the wire format of the upstream's event stream.
 type Dialect uint8
@@ -185,9 +189,9 @@ func classifyAnthropic(name string, data []byte) Kind {
 		if !t.ok {
 			return Content
 		}
-		if d, ok := objectIter(t.delta); ok {
-			for k, more := d.next(); more; k, more = d.next() {
-				if string(k) == "stop_reason" && !isNull(d.value()) {
+		if d, ok := jsonscan.Object(t.delta); ok {
+			for k, more := d.Next(); more; k, more = d.Next() {
+				if string(k) == "stop_reason" && !jsonscan.IsNull(d.Value()) {
 					return Content
 				}
 			}
@@ -206,50 +210,50 @@ type top struct {
 }
 
 func scanTop(data []byte) (t top) {
-	it, ok := objectIter(data)
+	it, ok := jsonscan.Object(data)
 	if !ok {
 		return t
 	}
-	for k, more := it.next(); more; k, more = it.next() {
+	for k, more := it.Next(); more; k, more = it.Next() {
 		switch string(k) {
 		case "type":
-			if s := stringValue(it.value()); s != nil {
+			if s := jsonscan.StringValue(it.Value()); s != nil {
 				t.typ = s
 			}
 		case "error":
-			if !isNull(it.value()) {
+			if !jsonscan.IsNull(it.Value()) {
 				t.err = true
 			}
 		case "delta":
-			t.delta = it.value()
+			t.delta = it.Value()
 		}
 	}
-	t.ok = it.finished()
+	t.ok = it.Finished()
 	return t
 }
 
 func classifyChat(data []byte) Kind {
-	it, ok := objectIter(data)
+	it, ok := jsonscan.Object(data)
 	if !ok {
 		return Content
 	}
 	kind := Preamble
-	for k, more := it.next(); more; k, more = it.next() {
+	for k, more := it.Next(); more; k, more = it.Next() {
 		switch string(k) {
 		case "error":
-			if !isNull(it.value()) {
+			if !jsonscan.IsNull(it.Value()) {
 				return ErrorFrame
 			}
 		case "choices":
-			arr, ok := it.enter('[', ']')
+			arr, ok := it.Enter('[', ']')
 			if !ok {
 				return Content
 			}
 			kind = max(kind, chatChoices(&arr))
-			it.leave(&arr)
+			it.Leave(&arr)
 		}
 	}
-	if !it.finished() {
+	if !it.Finished() {
 		return Content
 	}
 	return kind
@@ -258,48 +262,48 @@ func classifyChat(data []byte) Kind {
 // chatChoices ranks Preamble < Content < Terminal; ErrorFrame never comes
 // from here, so max() over Kind values is the right combination. Malformed
 // input is left for the caller to notice through bad.
-func chatChoices(arr *iter) Kind {
+func chatChoices(arr *jsonscan.Iter) Kind {
 	kind := Preamble
-	for _, more := arr.next(); more; _, more = arr.next() {
-		obj, ok := arr.enter('{', '}')
+	for _, more := arr.Next(); more; _, more = arr.Next() {
+		obj, ok := arr.Enter('{', '}')
 		if !ok {
 			return Content
 		}
-		for k, more := obj.next(); more; k, more = obj.next() {
+		for k, more := obj.Next(); more; k, more = obj.Next() {
 			switch string(k) {
 			case "finish_reason":
-				if !isNull(obj.value()) {
+				if !jsonscan.IsNull(obj.Value()) {
 					kind = Terminal
 				}
 			case "delta", "message":
 				kind = max(kind, chatDelta(&obj))
 			case "text":
-				if !isEmptyValue(obj.value()) {
+				if !jsonscan.IsEmpty(obj.Value()) {
 					kind = max(kind, Content)
 				}
 			}
 		}
-		arr.leave(&obj)
+		arr.Leave(&obj)
 	}
 	return kind
 }
 
 // chatDelta classifies the delta value the iterator is positioned at.
-func chatDelta(parent *iter) Kind {
-	obj, ok := parent.enter('{', '}')
+func chatDelta(parent *jsonscan.Iter) Kind {
+	obj, ok := parent.Enter('{', '}')
 	if !ok {
 		return Preamble // null; anything else is caught as malformed or ignored
 	}
 	kind := Preamble
-	for k, more := obj.next(); more; k, more = obj.next() {
+	for k, more := obj.Next(); more; k, more = obj.Next() {
 		switch string(k) {
 		case "content", "reasoning_content", "reasoning", "reasoning_details",
 			"refusal", "tool_calls", "function_call", "audio":
-			if !isEmptyValue(obj.value()) {
+			if !jsonscan.IsEmpty(obj.Value()) {
 				kind = Content
 			}
 		}
 	}
-	parent.leave(&obj)
+	parent.Leave(&obj)
 	return kind
 }

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/llmfailover/caddy-llm-failover/llmapi"
 )
 
 // Default usage numbers. They are fixed so tests can assert exact token
@@ -40,20 +42,19 @@ const (
 	protoModels
 )
 
-// protocolOf matches on path suffixes so that any prefix a provider or a
-// gateway adds ("/v1", "/openai/deployments/x", "/anthropic") still works.
+// protocolOf recognises the API the way the gateway does, by path suffix,
+// so that any prefix a provider adds still works.
 func protocolOf(path string) protocol {
-	path = strings.TrimSuffix(path, "/")
-	switch {
-	case strings.HasSuffix(path, "/chat/completions"):
+	switch llmapi.APIFromPath(path) {
+	case llmapi.OpenAIChat:
 		return protoChat
-	case strings.HasSuffix(path, "/responses"):
+	case llmapi.OpenAIResponses:
 		return protoResponses
-	case strings.HasSuffix(path, "/embeddings"):
+	case llmapi.OpenAIEmbeddings:
 		return protoEmbeddings
-	case strings.HasSuffix(path, "/messages"):
+	case llmapi.AnthropicMessages:
 		return protoMessages
-	case strings.HasSuffix(path, "/models"):
+	case llmapi.OpenAIModels:
 		return protoModels
 	}
 	return protoUnknown

@@ -1,15 +1,16 @@
-package streamgate
+// Package jsonscan is a minimal, allocation-free JSON walker, shared by
+// the stream gate (which classifies every event of every stream and needs
+// only a few keys near the top of small objects) and the request parser
+// (which needs the top-level fields of a body and their byte spans).
+// Decoding into maps or structs would allocate per event. The walker checks
+// structure (balanced brackets, terminated strings, key/colon syntax) but
+// not the full grammar: callers use json.Valid where strictness matters.
+package jsonscan
 
 import "bytes"
 
-// A minimal, allocation-free JSON walker. Classify runs on every event of
-// every stream, and all it needs are a few keys near the top of small
-// objects; decoding into maps or structs would allocate per event. The
-// walker checks structure (balanced brackets, terminated strings, key/colon
-// syntax) but not the full grammar: json.Valid is used where strictness
-// matters (CheckBody).
-
-func skipWS(b []byte, i int) int {
+// SkipWS returns the index of the first non-whitespace byte at or after i.
+func SkipWS(b []byte, i int) int {
 	for i < len(b) {
 		switch b[i] {
 		case ' ', '\t', '\n', '\r':
@@ -21,10 +22,10 @@ func skipWS(b []byte, i int) int {
 	return i
 }
 
-// skipString expects b[i] == '"' and returns the index just past the closing
+// SkipString expects b[i] == '"' and returns the index just past the closing
 // quote, or -1. Most strings in stream chunks are short, where a plain loop
 // beats the call overhead of bytes.IndexByte; long ones switch to it.
-func skipString(b []byte, i int) int {
+func SkipString(b []byte, i int) int {
 	i++
 	for n := 0; i < len(b) && n < 32; n++ {
 		switch b[i] {
@@ -55,21 +56,21 @@ func skipString(b []byte, i int) int {
 	return -1
 }
 
-// skipValue returns the index just past the JSON value starting at b[i], or
+// SkipValue returns the index just past the JSON value starting at b[i], or
 // -1 if it is malformed or truncated.
-func skipValue(b []byte, i int) int {
+func SkipValue(b []byte, i int) int {
 	if i >= len(b) {
 		return -1
 	}
 	switch b[i] {
 	case '"':
-		return skipString(b, i)
+		return SkipString(b, i)
 	case '{', '[':
 		depth := 0
 		for i < len(b) {
 			switch b[i] {
 			case '"':
-				i = skipString(b, i)
+				i = SkipString(b, i)
 				if i < 0 {
 					return -1
 				}
@@ -104,11 +105,11 @@ func skipValue(b []byte, i int) int {
 	}
 }
 
-// iter walks the members of a JSON object or the elements of an array in
+// Iter walks the members of a JSON object or the elements of an array in
 // a single pass: next stops at the start of each value, which the caller
 // may skip, take raw (value), or descend into (enter/leave) without
 // scanning it twice.
-type iter struct {
+type Iter struct {
 	b       []byte
 	i       int
 	close   byte
@@ -118,29 +119,32 @@ type iter struct {
 	bad     bool // malformed input
 }
 
-func openIter(b []byte, open, close byte) (iter, bool) {
-	i := skipWS(b, 0)
+func open(b []byte, open, close byte) (Iter, bool) {
+	i := SkipWS(b, 0)
 	if i >= len(b) || b[i] != open {
-		return iter{}, false
+		return Iter{}, false
 	}
-	return iter{b: b, i: i + 1, close: close}, true
+	return Iter{b: b, i: i + 1, close: close}, true
 }
 
-func objectIter(b []byte) (iter, bool) { return openIter(b, '{', '}') }
-func arrayIter(b []byte) (iter, bool)  { return openIter(b, '[', ']') }
+// Object starts walking the members of the object in b.
+func Object(b []byte) (Iter, bool) { return open(b, '{', '}') }
 
-// next advances to the next member of an object (returning its key without
+// Array starts walking the elements of the array in b.
+func Array(b []byte) (Iter, bool) { return open(b, '[', ']') }
+
+// Next advances to the next member of an object (returning its key without
 // quotes) or element of an array (key nil). It returns false at the end or
 // on malformed input (then bad is set).
-func (it *iter) next() (key []byte, ok bool) {
+func (it *Iter) Next() (key []byte, ok bool) {
 	if it.pending {
-		it.value()
+		it.Value()
 	}
 	if it.bad || it.done {
 		return nil, false
 	}
 	b := it.b
-	i := skipWS(b, it.i)
+	i := SkipWS(b, it.i)
 	if i >= len(b) {
 		it.bad = true
 		return nil, false
@@ -154,7 +158,7 @@ func (it *iter) next() (key []byte, ok bool) {
 			it.bad = true
 			return nil, false
 		}
-		i = skipWS(b, i+1)
+		i = SkipWS(b, i+1)
 	}
 	it.started = true
 	if it.close == '}' {
@@ -162,18 +166,18 @@ func (it *iter) next() (key []byte, ok bool) {
 			it.bad = true
 			return nil, false
 		}
-		e := skipString(b, i)
+		e := SkipString(b, i)
 		if e < 0 {
 			it.bad = true
 			return nil, false
 		}
 		key = b[i+1 : e-1]
-		i = skipWS(b, e)
+		i = SkipWS(b, e)
 		if i >= len(b) || b[i] != ':' {
 			it.bad = true
 			return nil, false
 		}
-		i = skipWS(b, i+1)
+		i = SkipWS(b, i+1)
 	} else {
 		key = b[i:i] // non-nil: "ok" must not depend on the key
 	}
@@ -181,10 +185,14 @@ func (it *iter) next() (key []byte, ok bool) {
 	return key, true
 }
 
-// value consumes the current value and returns it raw.
-func (it *iter) value() []byte {
+// Pos is the offset in the walked bytes where the current value starts
+// (valid after Next, before Value).
+func (it *Iter) Pos() int { return it.i }
+
+// Value consumes the current value and returns it raw.
+func (it *Iter) Value() []byte {
 	it.pending = false
-	e := skipValue(it.b, it.i)
+	e := SkipValue(it.b, it.i)
 	if e < 0 {
 		it.bad = true
 		return nil
@@ -194,49 +202,50 @@ func (it *iter) value() []byte {
 	return v
 }
 
-// enter descends into the current value if it opens with open; otherwise
+// Enter descends into the current value if it opens with open; otherwise
 // it consumes the value and reports false.
-func (it *iter) enter(open, close byte) (iter, bool) {
+func (it *Iter) Enter(open, close byte) (Iter, bool) {
 	if it.i < len(it.b) && it.b[it.i] == open {
 		it.pending = false
-		return iter{b: it.b, i: it.i + 1, close: close}, true
+		return Iter{b: it.b, i: it.i + 1, close: close}, true
 	}
-	it.value()
-	return iter{}, false
+	it.Value()
+	return Iter{}, false
 }
 
-// leave consumes the rest of a child from enter and resumes after it.
-func (it *iter) leave(c *iter) {
-	for _, ok := c.next(); ok; _, ok = c.next() {
+// Leave consumes the rest of a child from enter and resumes after it.
+func (it *Iter) Leave(c *Iter) {
+	for _, ok := c.Next(); ok; _, ok = c.Next() {
 	}
 	it.i = c.i
 	it.bad = it.bad || c.bad
 }
 
-// finished reports whether the walk consumed a well-formed top-level value
+// Finished reports whether the walk consumed a well-formed top-level value
 // with nothing but whitespace after it.
-func (it *iter) finished() bool {
-	return !it.bad && skipWS(it.b, it.i) == len(it.b)
+func (it *Iter) Finished() bool {
+	return !it.bad && SkipWS(it.b, it.i) == len(it.b)
 }
 
-// isEmptyValue reports whether a raw JSON value carries nothing: null, "",
+// IsEmpty reports whether a raw JSON value carries nothing: null, "",
 // [], {}, false. Providers pad preamble chunks with exactly these.
-func isEmptyValue(v []byte) bool {
+func IsEmpty(v []byte) bool {
 	switch string(v) {
 	case "null", `""`, "false", "[]", "{}":
 		return true
 	}
 	if len(v) >= 2 && (v[0] == '[' || v[0] == '{') {
-		return skipWS(v, 1) == len(v)-1
+		return SkipWS(v, 1) == len(v)-1
 	}
 	return false
 }
 
-func isNull(v []byte) bool { return string(v) == "null" }
+// IsNull reports whether a raw value is null.
+func IsNull(v []byte) bool { return string(v) == "null" }
 
-// stringValue returns the raw contents of a JSON string value (escapes not
+// StringValue returns the raw contents of a JSON string value (escapes not
 // decoded), or nil if v is not a string.
-func stringValue(v []byte) []byte {
+func StringValue(v []byte) []byte {
 	if len(v) >= 2 && v[0] == '"' {
 		return v[1 : len(v)-1]
 	}
