@@ -138,7 +138,7 @@ func channelsView(now time.Time) []channelView {
 			seen[ch.state] = true
 			s := ch.state.breaker.Snapshot(now)
 			cv := channelView{
-				Name: ch.name, BaseURL: ch.base.String(), State: s.State.String(), Failures: s.FailuresInWindow,
+				Name: ch.name, BaseURL: ch.base.Redacted(), State: s.State.String(), Failures: s.FailuresInWindow,
 				OpenUntil: s.OpenUntil, ParkedUntil: s.ParkedUntil, SuccessRate: s.SuccessRate,
 				Calls: s.Calls, TimesOpened: s.Opened,
 			}

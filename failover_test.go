@@ -322,3 +322,17 @@ func TestStreamingPassesThrough(t *testing.T) {
 	}
 	mustContain(t, body, "backup", "data: [DONE]")
 }
+
+// Local failure details (dial errors, addresses) go to logs, not clients.
+func TestNetworkErrorsDoNotLeakAddresses(t *testing.T) {
+	gateway(t, twoChannels, "http://127.0.0.1:1", "http://127.0.0.1:2", "")
+	res, body := post(t, "/v1/chat/completions", fu.ChatRequest("m", false))
+	if res.StatusCode != http.StatusBadGateway {
+		t.Fatalf("status %d: %s", res.StatusCode, body)
+	}
+	msg, _, _ := openAIError(t, body)
+	if !strings.Contains(msg, "dial_error") {
+		t.Errorf("message does not give the reason: %q", msg)
+	}
+	mustNotContain(t, body, "127.0.0.1", "dial tcp")
+}

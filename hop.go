@@ -49,9 +49,12 @@ const (
 
 // failure is one retryable failure of one attempt.
 type failure struct {
-	reason     string
-	status     int    // upstream status; 0 when no response arrived
-	message    string // the upstream's own error message, when it sent one
+	reason  string
+	status  int    // upstream status; 0 when no response arrived
+	message string // the upstream's own error message, when it sent one
+	// detail is what went wrong locally (a dial error, a timeout). It names
+	// internal addresses, so it goes to logs, never to clients.
+	detail     string
 	retryAfter time.Duration
 	timeout    bool
 }
@@ -192,6 +195,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 			zap.String("reason", res.fail.reason),
 			zap.Int("upstream_status", res.fail.status),
 			zap.String("upstream_message", res.fail.message),
+			zap.String("detail", res.fail.detail),
 			zap.Duration("elapsed", time.Since(x.start)),
 			zap.Duration("remaining_budget", time.Until(x.deadline)),
 			zap.String("next_channel", next))
@@ -365,7 +369,7 @@ func (h *Handler) relayJSON(ctx context.Context, x *exchange, ch *channel, res *
 		if f := causeFailure(ctx); f != nil {
 			return attemptResult{fail: f}
 		}
-		return attemptResult{fail: &failure{reason: reasonBadBody, status: res.StatusCode, message: "reading body: " + err.Error()}}
+		return attemptResult{fail: &failure{reason: reasonBadBody, status: res.StatusCode, detail: "reading body: " + err.Error()}}
 	}
 	if int64(len(body)) > h.MaxResponseBody {
 		return attemptResult{fail: &failure{reason: reasonTooLarge, status: res.StatusCode}}
@@ -374,7 +378,7 @@ func (h *Handler) relayJSON(ctx context.Context, x *exchange, ch *channel, res *
 	case errors.Is(err, streamgate.ErrErrorBody):
 		return attemptResult{fail: &failure{reason: reasonErrorBody, status: res.StatusCode, message: llmapi.UpstreamMessage(body)}}
 	case err != nil:
-		return attemptResult{fail: &failure{reason: reasonBadBody, status: res.StatusCode, message: err.Error()}}
+		return attemptResult{fail: &failure{reason: reasonBadBody, status: res.StatusCode, detail: err.Error()}}
 	}
 	if x.bill != nil {
 		x.bill.meterBody(body)
@@ -468,24 +472,24 @@ func (x *exchange) transportFailure(ctx context.Context, err error) attemptResul
 	}
 	var dial reverseproxy.DialError
 	if errors.As(err, &dial) {
-		return attemptResult{fail: &failure{reason: reasonDial, message: err.Error()}}
+		return attemptResult{fail: &failure{reason: reasonDial, detail: err.Error()}}
 	}
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
-		return attemptResult{fail: &failure{reason: reasonHeaderTimeout, message: err.Error(), timeout: true}}
+		return attemptResult{fail: &failure{reason: reasonHeaderTimeout, detail: err.Error(), timeout: true}}
 	}
-	return attemptResult{fail: &failure{reason: reasonNetwork, message: err.Error()}}
+	return attemptResult{fail: &failure{reason: reasonNetwork, detail: err.Error()}}
 }
 
 // causeFailure reports the failure behind one of the attempt's own timers.
 func causeFailure(ctx context.Context) *failure {
 	switch cause := context.Cause(ctx); {
 	case errors.Is(cause, errBudget):
-		return &failure{reason: reasonBudget, message: cause.Error(), timeout: true}
+		return &failure{reason: reasonBudget, detail: cause.Error(), timeout: true}
 	case errors.Is(cause, errHeaderTimeout):
-		return &failure{reason: reasonHeaderTimeout, message: cause.Error(), timeout: true}
+		return &failure{reason: reasonHeaderTimeout, detail: cause.Error(), timeout: true}
 	case errors.Is(cause, errFirstByte):
-		return &failure{reason: reasonFirstByte, message: cause.Error(), timeout: true}
+		return &failure{reason: reasonFirstByte, detail: cause.Error(), timeout: true}
 	}
 	return nil
 }
