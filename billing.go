@@ -90,6 +90,9 @@ func (s *storeHolder) sweep() {
 		s.lastErr = err.Error()
 	}
 	s.mu.Unlock()
+	if err == nil {
+		walletSweepHeartbeat.SetToCurrentTime()
+	}
 	switch {
 	case err != nil:
 		walletTotal.WithLabelValues("sweep", "error").Inc()

@@ -1,0 +1,89 @@
+package llmfailover
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
+	"github.com/llmfailover/caddy-llm-failover/wallet"
+)
+
+// panicWriter panics on the first body write, standing in for any bug
+// that blows up a request after its reservation was made.
+type panicWriter struct{ *httptest.ResponseRecorder }
+
+func (p panicWriter) Write([]byte) (int, error) { panic("boom") }
+
+// A panic mid-request must still release the reservation exactly once:
+// the settlement is deferred, and deferred calls run while panicking.
+func TestWalletPanicReleasesReservation(t *testing.T) {
+	up := upstream(t, fu.OKNamed("a").WithUsage(10, 5))
+	db := filepath.Join(t.TempDir(), "w.db")
+	cfg := fmt.Sprintf(`{"channels":[{"name":"a","base_url":%q}],
+		"models":[{"name":"m","price":{"input":"1","output":"1"},"routes":[{"channel":"a"}]}],
+		"wallet":{"path":%q}}`, up.URL, db)
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	mod, err := ctx.LoadModuleByID("http.handlers.llm_failover", json.RawMessage(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mod.(*Handler)
+	st := h.wallet.holder.store
+	if _, err := st.CreateAccount(ctx, "acct"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Credit(ctx, "acct", 1_000_000, "test"); err != nil {
+		t.Fatal(err)
+	}
+	secret, _, err := st.CreateKey(ctx, "acct", "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(string(fu.ChatRequest("m", false))))
+	req.Header.Set("Authorization", "Bearer "+secret)
+	w := panicWriter{httptest.NewRecorder()}
+	req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, &caddyhttp.Server{})
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the writer did not panic")
+			}
+		}()
+		_ = h.ServeHTTP(w, req, nil)
+	}()
+
+	acct, err := st.Account(ctx, "acct")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if acct.Reserved != 0 {
+		t.Fatalf("reservation leaked: reserved %s", acct.Reserved)
+	}
+	rows, err := st.Usage(ctx, "acct", 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	settled := 0
+	for _, r := range rows {
+		if r.Kind == wallet.KindCharge || r.Kind == wallet.KindRelease {
+			settled++
+		}
+	}
+	if settled != 1 {
+		t.Fatalf("settled %d times: %+v", settled, rows)
+	}
+	if err := h.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+}
