@@ -3,6 +3,7 @@ package llmapi
 import (
 	"encoding/json"
 	"net/http"
+	"unicode/utf8"
 )
 
 // Error is an error the gateway itself answers, rendered in the format of
@@ -105,10 +106,26 @@ func openAIType(status int) (typ, code string) {
 	return "server_error", ""
 }
 
+// maxUpstreamMessage caps a quoted upstream message, so that an upstream
+// answering with a huge error cannot flood logs or clients.
+const maxUpstreamMessage = 512
+
 // UpstreamMessage extracts the human-readable message from an upstream's
 // error body in either format, so the gateway's own error can quote it.
 // It returns "" when the body is not a recognisable error.
 func UpstreamMessage(body []byte) string {
+	msg := upstreamMessage(body)
+	if len(msg) <= maxUpstreamMessage {
+		return msg
+	}
+	cut := maxUpstreamMessage
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + "…"
+}
+
+func upstreamMessage(body []byte) string {
 	var v struct {
 		Error   json.RawMessage `json:"error"`
 		Message string          `json:"message"`

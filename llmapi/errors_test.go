@@ -3,7 +3,9 @@ package llmapi
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestErrorBodyOpenAI(t *testing.T) {
@@ -142,5 +144,13 @@ func TestUpstreamMessage(t *testing.T) {
 		if got := UpstreamMessage([]byte(tt.body)); got != tt.want {
 			t.Errorf("%s: UpstreamMessage(%s) = %q, want %q", tt.name, tt.body, got, tt.want)
 		}
+	}
+}
+
+func TestUpstreamMessageIsCapped(t *testing.T) {
+	long := strings.Repeat("é", 1000)
+	got := UpstreamMessage([]byte(`{"error":{"message":"` + long + `"}}`))
+	if len(got) > maxUpstreamMessage+len("…") || !strings.HasSuffix(got, "…") || !utf8.ValidString(got) {
+		t.Fatalf("len %d, valid %v", len(got), utf8.ValidString(got))
 	}
 }
