@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Load benchmark: llm_failover against plain reverse_proxy, in one Caddy.
 #
-# Starts the fake upstream (bench/upstream) and ONE Caddy serving two sites
-# on loopback: site A proxies with `reverse_proxy` (flush_interval -1),
-# site B with `llm_failover` (one channel, one model, no wallet). Access
-# logs are off. Then, for non-streaming and streaming requests, it runs the
-# closed-loop load generator (bench/load) REPS times per target, alternating
-# A B A B ..., and prints medians, ratios and differences (bench/report).
+# Starts the fake upstream (bench/upstream) and ONE Caddy serving three
+# sites on loopback: site A proxies with `reverse_proxy` (flush_interval -1),
+# site B with `llm_failover` (one channel, one model, no wallet), site C
+# with the same `llm_failover` plus a prepaid wallet (`wallet sqlite`, or
+# PostgreSQL with BENCH_WALLET=postgres). The script creates the wallet's
+# account and API key through Caddy's admin API, and the load generator
+# sends that key to site C. Access logs are off. Then, for non-streaming
+# and streaming requests, it runs the closed-loop load generator
+# (bench/load) REPS times per target, alternating A B C A B C ..., and
+# prints medians, ratios and differences (bench/report): llm_failover
+# against reverse_proxy (B/A), and wallet on against wallet off (C/B).
 #
 # Caddy is pinned to CPU 0 with GOMAXPROCS=1 (the "on one core" target);
 # the load generator and the upstream share CPU 1. Pinning is skipped when
@@ -26,12 +31,19 @@
 #   BENCH_ROLE_CHUNK 1: streams start with a role-only chunk, as real
 #                    providers' do; the stream gate holds it until the
 #                    first content chunk, one event delay later
+#   BENCH_WALLET     site C's wallet store: "sqlite" (default; a fresh
+#                    file under the work directory), "postgres" (needs
+#                    LLMF_TEST_POSTGRES_DSN, e.g. from
+#                    scripts/pg-test-server.sh start; target
+#                    llm_failover+wallet_pg) or "off" (no site C: A and B
+#                    only, as before)
 #   BENCH_PORT       first of the ports used (default 18080): +1 site A,
-#                    +2 site B, +10 upstream, +19 Caddy admin
+#                    +2 site B, +3 site C, +10 upstream, +19 Caddy admin
 #   BENCH_PROFILE    "json", "stream" or both: after the runs, take a 10 s
-#                    CPU profile of Caddy during an llm_failover load of
-#                    each mode named and save it beside the results
-#                    (go tool pprof -top FILE)
+#                    CPU profile of Caddy during an llm_failover load (and,
+#                    with a wallet, another during an llm_failover+wallet
+#                    load) of each mode named and save it beside the
+#                    results (go tool pprof -top FILE)
 #   BENCH_OUT        results directory (default bench/results)
 set -euo pipefail
 
@@ -49,11 +61,13 @@ EVENT_DELAY="${BENCH_EVENT_DELAY:-0}"
 ROLE_CHUNK="${BENCH_ROLE_CHUNK:-0}"
 PORT="${BENCH_PORT:-18080}"
 PROFILE="${BENCH_PROFILE:-}"
+WALLET="${BENCH_WALLET:-sqlite}"
 OUT="${BENCH_OUT:-$ROOT/bench/results}"
 GO="${GO:-go}"
 
 PORT_A=$((PORT + 1))
 PORT_B=$((PORT + 2))
+PORT_C=$((PORT + 3))
 PORT_UP=$((PORT + 10))
 PORT_ADMIN=$((PORT + 19))
 
@@ -63,7 +77,18 @@ die() { echo "bench: $*" >&2; exit 1; }
 "$CADDY_BIN" list-modules 2>/dev/null | grep -q '^http.handlers.llm_failover$' ||
 	die "$CADDY_BIN has no http.handlers.llm_failover module"
 command -v curl >/dev/null || die "curl is needed"
-for p in "$PORT_A" "$PORT_B" "$PORT_UP" "$PORT_ADMIN"; do
+case "$WALLET" in
+sqlite) TARGET_C=llm_failover+wallet ;;
+postgres)
+	TARGET_C=llm_failover+wallet_pg
+	[ -n "${LLMF_TEST_POSTGRES_DSN:-}" ] ||
+		die "BENCH_WALLET=postgres needs LLMF_TEST_POSTGRES_DSN (bash scripts/pg-test-server.sh start prints it)"
+	;;
+off) TARGET_C="" ;;
+*) die "BENCH_WALLET: want sqlite, postgres or off, got '$WALLET'" ;;
+esac
+TARGETS="reverse_proxy llm_failover $TARGET_C"
+for p in "$PORT_A" "$PORT_B" "$PORT_C" "$PORT_UP" "$PORT_ADMIN"; do
 	if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
 		die "port $p is already in use (set BENCH_PORT)"
 	fi
@@ -127,6 +152,32 @@ http://127.0.0.1:$PORT_B {
 }
 EOF
 
+# Site C: site B plus the wallet. The price makes every request a real
+# charge (a model without one is billed at 0 and settles as a release);
+# it changes no work but the arithmetic. The account and its key are made
+# through the admin API once Caddy is up.
+case "$WALLET" in
+sqlite) WALLET_LINE="wallet sqlite $WORK/wallet.db" ;;
+postgres) WALLET_LINE="wallet postgres {env.LLMF_TEST_POSTGRES_DSN}" ;;
+esac
+if [ -n "$TARGET_C" ]; then
+	cat >>"$WORK/Caddyfile" <<EOF
+
+# Site C: site B plus a prepaid wallet ($WALLET).
+http://127.0.0.1:$PORT_C {
+	bind 127.0.0.1
+	llm_failover {
+		channel up http://127.0.0.1:$PORT_UP
+		model m {
+			route up
+			price 3 15
+		}
+		$WALLET_LINE
+	}
+}
+EOF
+fi
+
 GOMAXPROCS=1 "${PIN_LOAD[@]}" "$WORK/upstream" -listen "127.0.0.1:$PORT_UP" -chunks "$CHUNKS" \
 	-event-delay "$EVENT_DELAY" -role-chunk="$([ "$ROLE_CHUNK" = 1 ] && echo true || echo false)" \
 	2>"$WORK/upstream.log" &
@@ -140,8 +191,17 @@ PIDS+=("$CADDY_PID")
 
 URL_A="http://127.0.0.1:$PORT_A/v1/chat/completions"
 URL_B="http://127.0.0.1:$PORT_B/v1/chat/completions"
+URL_C="http://127.0.0.1:$PORT_C/v1/chat/completions"
 BODY_JSON='{"model":"m","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one short sentence."}],"max_tokens":64,"temperature":0.2}'
 BODY_STREAM='{"model":"m","stream":true,"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one short sentence."}],"max_tokens":64,"temperature":0.2}'
+
+url_of() { # url_of TARGET
+	case "$1" in
+	reverse_proxy) echo "$URL_A" ;;
+	llm_failover) echo "$URL_B" ;;
+	*) echo "$URL_C" ;;
+	esac
+}
 
 ready=""
 for _ in $(seq 1 100); do
@@ -161,16 +221,47 @@ if [ -z "$ready" ]; then
 	cat "$WORK/upstream.log" >&2 || true
 	die "Caddy or the upstream did not come up"
 fi
-# Smoke check: both targets answer both modes in full.
-for url in "$URL_A" "$URL_B"; do
-	curl -fsS -d "$BODY_STREAM" "$url" | grep -q '^data: \[DONE\]' || die "$url: stream did not end with [DONE]"
+
+# The wallet's account, its money and its API key, through the admin API
+# (wallet_admin.go). The key's secret stays in $WORK. On PostgreSQL the
+# database may keep the account of an earlier run: 409 on creation is fine.
+ADMIN="http://127.0.0.1:$PORT_ADMIN/llm_failover/wallet"
+AUTH=()
+if [ -n "$TARGET_C" ]; then
+	code="$(curl -sS -o "$WORK/account.json" -w '%{http_code}' -d '{"id":"bench"}' "$ADMIN/accounts")"
+	case "$code" in
+	201 | 409) ;;
+	*) die "creating the wallet account: HTTP $code: $(cat "$WORK/account.json")" ;;
+	esac
+	curl -fsS -o /dev/null -d '{"amount":"1000000","note":"bench"}' "$ADMIN/accounts/bench/credit" ||
+		die "crediting the wallet account failed"
+	curl -fsS -o "$WORK/key.json" -d '{"label":"bench"}' "$ADMIN/accounts/bench/keys" ||
+		die "creating the wallet API key failed"
+	KEY="$(sed -n 's/.*"key": *"\([^"]*\)".*/\1/p' "$WORK/key.json")"
+	[ -n "$KEY" ] || die "no key in the admin API's answer: $(cat "$WORK/key.json")"
+	AUTH=(-H "Authorization: Bearer $KEY")
+	curl -fsS -o /dev/null -H "Authorization: Bearer $KEY" -d "$BODY_JSON" "$URL_C" ||
+		die "$URL_C: the wallet site refused a request with the bench key"
+	code="$(curl -sS -o /dev/null -w '%{http_code}' -d "$BODY_JSON" "$URL_C")"
+	[ "$code" = 401 ] || die "$URL_C: a request without a key got HTTP $code, want 401 (is the wallet on?)"
+fi
+
+# Smoke check: every target answers both modes in full.
+for target in $TARGETS; do
+	url="$(url_of "$target")" hdr=()
+	[ "$target" != "$TARGET_C" ] || hdr=("${AUTH[@]}")
+	curl -fsS "${hdr[@]}" -d "$BODY_STREAM" "$url" | grep -q '^data: \[DONE\]' || die "$url: stream did not end with [DONE]"
 done
 
-load() { # load URL BODY LABEL [extra args]
-	local url=$1 body=$2 label=$3
+compact() { tr -d '\n\t' | sed 's/  */ /g'; }
+[ -z "$TARGET_C" ] || WALLET_BEFORE="$(curl -fsS "$ADMIN/accounts/bench" | compact)"
+
+load() { # load TARGET BODY LABEL [extra args]
+	local target=$1 body=$2 label=$3 extra=()
 	shift 3
-	GOMAXPROCS=1 "${PIN_LOAD[@]}" "$WORK/load" -url "$url" -body "$body" -c "$CONC" \
-		-label "$label" -json -cpu-pid "$CADDY_PID" "$@"
+	[ "$target" != "$TARGET_C" ] || extra=("${AUTH[@]}")
+	GOMAXPROCS=1 "${PIN_LOAD[@]}" "$WORK/load" -url "$(url_of "$target")" -body "$body" -c "$CONC" \
+		-label "$label" -json -cpu-pid "$CADDY_PID" "${extra[@]}" "$@"
 }
 
 mkdir -p "$OUT"
@@ -184,24 +275,28 @@ echo "bench: warming up" >&2
 for mode in $MODES; do
 	body=$BODY_JSON
 	[ "$mode" = stream ] && body=$BODY_STREAM
-	load "$URL_A" "$body" warm -d 2s -warmup 0s >/dev/null 2>&1
-	load "$URL_B" "$body" warm -d 2s -warmup 0s >/dev/null 2>&1
+	for target in $TARGETS; do
+		load "$target" "$body" warm -d 2s -warmup 0s >/dev/null 2>&1
+	done
 done
 
 for mode in $MODES; do
 	body=$BODY_JSON
 	[ "$mode" = stream ] && body=$BODY_STREAM
 	for i in $(seq 1 "$REPS"); do
-		for target in reverse_proxy llm_failover; do
-			url=$URL_A
-			[ "$target" = llm_failover ] && url=$URL_B
-			printf 'bench: %-6s %-13s run %d/%d: ' "$mode" "$target" "$i" "$REPS" >&2
-			load "$url" "$body" "$mode $target" -d "$DURATION" -warmup "$WARMUP" >>"$RAW" ||
+		for target in $TARGETS; do
+			printf 'bench: %-6s %-22s run %d/%d: ' "$mode" "$target" "$i" "$REPS" >&2
+			load "$target" "$body" "$mode $target" -d "$DURATION" -warmup "$WARMUP" >>"$RAW" ||
 				die "load run failed: $mode $target"
 		done
 	done
 done
 LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
+if [ -n "$TARGET_C" ]; then
+	# Every reservation must have been settled: nothing left reserved.
+	WALLET_AFTER="$(curl -fsS "$ADMIN/accounts/bench" | compact)"
+	WALLET_LEDGER="$(curl -fsS "$ADMIN/accounts/bench/usage?limit=1" | compact)"
+fi
 
 {
 	echo "llm_failover load benchmark, $STAMP"
@@ -211,27 +306,36 @@ LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
 	echo "machine:     $(nproc --all) CPUs, $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ //' || uname -m), $(uname -sr)"
 	echo "load avg:    $LOAD_BEFORE before, $LOAD_AFTER after (1/5/15 min)"
 	echo "pinning:     $PINNING"
-	echo "load:        bench/load (Go, closed loop), $CONC clients, keep-alive, ${DURATION} measured after ${WARMUP} warm-up, $REPS runs per target alternating reverse_proxy, llm_failover"
+	echo "load:        bench/load (Go, closed loop), $CONC clients, keep-alive, ${DURATION} measured after ${WARMUP} warm-up, $REPS runs per target alternating $(echo $TARGETS | sed 's/ /, /g')"
 	echo "upstream:    bench/upstream, JSON answer $(curl -fsS -d "$BODY_JSON" "$URL_A" | wc -c) bytes; SSE $CHUNKS content chunks + finish + [DONE], event delay $EVENT_DELAY, role-only first chunk: $([ "$ROLE_CHUNK" = 1 ] && echo yes || echo no)"
 	echo "targets:     reverse_proxy (flush_interval -1) vs llm_failover (1 channel, stream gate on, no wallet); access logs off"
+	if [ -n "$TARGET_C" ]; then
+		echo "             $TARGET_C: llm_failover + wallet $WALLET (price 3 15, API key per request); the load sends Authorization: Bearer <key>"
+		echo "wallet:      account bench before $WALLET_BEFORE"
+		echo "             after  $WALLET_AFTER"
+		echo "             newest ledger row $(echo "$WALLET_LEDGER" | sed -n 's/.*"entries": *\[ *\({[^}]*}\).*/\1/p')"
+	fi
 	"$WORK/report" "$RAW" || echo "(some runs had errors; see above)"
 	echo
 	echo "Targets: llm_failover >= 0.9x reverse_proxy requests/s on one core; < 0.2 ms added p50"
 	echo "latency; stream time to first byte within 1 ms of reverse_proxy."
+	[ -z "$TARGET_C" ] || echo "Wallet: must not become the gateway's bottleneck (see bench/README.md)."
 	echo "raw runs:    $RAW"
 } >"$TXT"
 
 for mode in $PROFILE; do
 	body=$BODY_JSON
 	[ "$mode" = stream ] && body=$BODY_STREAM
-	PROF="$OUT/$STAMP-$mode-llm_failover.pprof"
-	echo "bench: profiling Caddy for 10 s under an llm_failover $mode load" >&2
-	load "$URL_B" "$body" profile -d 12s -warmup 0s >/dev/null 2>&1 &
-	lp=$!
-	sleep 1
-	curl -fsS -o "$PROF" "http://127.0.0.1:$PORT_ADMIN/debug/pprof/profile?seconds=10" || die "could not fetch the profile"
-	wait "$lp" || true
-	echo "profile:     $PROF (go tool pprof -top $PROF)" >>"$TXT"
+	for target in llm_failover $TARGET_C; do
+		PROF="$OUT/$STAMP-$mode-$target.pprof"
+		echo "bench: profiling Caddy for 10 s under an $target $mode load" >&2
+		load "$target" "$body" profile -d 12s -warmup 0s >/dev/null 2>&1 &
+		lp=$!
+		sleep 1
+		curl -fsS -o "$PROF" "http://127.0.0.1:$PORT_ADMIN/debug/pprof/profile?seconds=10" || die "could not fetch the profile"
+		wait "$lp" || true
+		echo "profile:     $PROF (go tool pprof -top $PROF)" >>"$TXT"
+	done
 done
 
 echo
