@@ -566,18 +566,27 @@ func (r *relay) finish(readErr error) Result {
 
 	ended := r.sawEnd
 	midEvent := !r.p.AtBoundary()
+	tailErr := false
 	unterminated := r.p.Finish(func(ev Event) {
 		switch Classify(r.opts.Dialect, ev) {
 		case Terminal:
 			ended = true
 		case ErrorFrame:
-			ended = true
+			ended, tailErr = true, true
 			if !r.errAfter {
 				r.errAfter = true
 				r.errData = append([]byte(nil), ev.Data...)
 			}
 		}
 	})
+	if tailErr {
+		// The upstream's own error event ends the stream but lacks its
+		// blank line, and a client discards an unterminated event: end it
+		// so the client is told (see appendError for why two LFs).
+		if _, err := r.dst.Write([]byte("\n\n")); err == nil {
+			_ = r.dst.Flush()
+		}
+	}
 	r.mu.Lock()
 	stalled := r.stalled
 	r.mu.Unlock()
