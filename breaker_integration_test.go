@@ -3,7 +3,6 @@ package llmfailover
 import (
 	"bufio"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -690,34 +689,6 @@ func BenchmarkPlan(b *testing.B) {
 	}
 }
 
-// brkLoad posts a config like gateway's, for a load that is meant to fail
-// (gateway fails the test on any load error).
-func brkLoad(t *testing.T, body string, args ...any) (int, []byte) {
-	t.Helper()
-	cfg := fmt.Sprintf(`{
-	skip_install_trust
-	admin localhost:%d
-	http_port %d
-	https_port %d
-	grace_period 1ns
-}
-http://localhost:%d {
-	llm_failover {
-`, adminPort, httpPort, 9443+portOffset, httpPort) + fmt.Sprintf(body, args...) + "\n\t}\n}\n"
-	req, err := http.NewRequest(http.MethodPost, adminURL+"/load", strings.NewReader(cfg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "text/caddyfile")
-	res, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	b, _ := io.ReadAll(res.Body)
-	return res.StatusCode, b
-}
-
 // A reload that Caddy rejects must leave the running breakers alone.
 func TestBreakerRejectedReloadKeepsSettings(t *testing.T) {
 	a := upstream(t, fu.Status(503, ""))
@@ -728,7 +699,7 @@ func TestBreakerRejectedReloadKeepsSettings(t *testing.T) {
 
 	// A shorter cooldown, in a config that fails to provision (a route to
 	// an unknown channel).
-	code, body := brkLoad(t, `
+	code, body := tryLoad(t, `
 		channel a %s
 		channel b %s
 		model m {

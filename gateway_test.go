@@ -46,15 +46,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// gateway loads a config whose llm_failover block is body, with %s verbs
-// filled by args (typically upstream URLs).
-func gateway(t testing.TB, body string, args ...any) *caddytest.Tester {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("in-process Caddy tests are skipped with -short")
-	}
-	tc := caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: adminPort})
-	global := fmt.Sprintf(`{
+// gatewayConfig is the whole Caddyfile the tests load: global options
+// for the shared in-process Caddy, and one site whose llm_failover block
+// is body, with %s verbs filled by args (typically upstream URLs).
+func gatewayConfig(body string, args ...any) string {
+	return fmt.Sprintf(`{
 	skip_install_trust
 	admin localhost:%d
 	http_port %d
@@ -64,22 +60,51 @@ func gateway(t testing.TB, body string, args ...any) *caddytest.Tester {
 		level ERROR
 	}
 }
-http://localhost:%d {`, adminPort, httpPort, 9443+portOffset, httpPort)
-	tc.InitServer(global+fmt.Sprintf(`
+http://localhost:%d {
 	header {
 		defer
 		X-Served-By {http.llm_failover.channel}
 		X-Attempts {http.llm_failover.attempts}
 	}
 	llm_failover {
-`+body+`
+`, adminPort, httpPort, 9443+portOffset, httpPort) + fmt.Sprintf(body, args...) + `
 	}
 }
-`, args...), "caddyfile")
+`
+}
+
+// gateway loads gatewayConfig(body, args...) into the in-process Caddy,
+// failing the test if it does not load.
+func gateway(t testing.TB, body string, args ...any) *caddytest.Tester {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("in-process Caddy tests are skipped with -short")
+	}
+	tc := caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: adminPort})
+	tc.InitServer(gatewayConfig(body, args...), "caddyfile")
 	// A keep-alive connection from before the reload may be closed under
 	// the next request; start every test on fresh connections.
 	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
 	return tc
+}
+
+// tryLoad posts gatewayConfig(body, args...) to the admin API and returns
+// the status and answer, for configs that are meant to be refused (gateway
+// would fail the test).
+func tryLoad(t *testing.T, body string, args ...any) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, adminURL+"/load", strings.NewReader(gatewayConfig(body, args...)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "text/caddyfile")
+	res, err := (&http.Client{Timeout: 60 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b)
 }
 
 // post sends a JSON body to the gateway and returns the response and body.

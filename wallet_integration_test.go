@@ -889,34 +889,6 @@ func (p *tcpProxy) setDown(down bool) {
 	}
 }
 
-// loadCaddyfile posts a whole config like gateway's to the admin API and
-// returns the status and answer, for configs that must fail to load.
-func loadCaddyfile(t *testing.T, body string, args ...any) (int, string) {
-	t.Helper()
-	cfg := fmt.Sprintf(`{
-	skip_install_trust
-	admin localhost:%d
-	http_port %d
-	https_port %d
-	grace_period 1ns
-}
-http://localhost:%d {
-	llm_failover {
-`+body+`
-	}
-}
-`, append([]any{adminPort, httpPort, 9443 + portOffset, httpPort}, args...)...)
-	req, _ := http.NewRequest(http.MethodPost, adminURL+"/load", strings.NewReader(cfg))
-	req.Header.Set("Content-Type", "text/caddyfile")
-	res, err := (&http.Client{Timeout: 60 * time.Second}).Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	b, _ := io.ReadAll(res.Body)
-	return res.StatusCode, string(b)
-}
-
 const storeErrorConfig = `
 		channel a %s
 		model m {
@@ -937,7 +909,7 @@ func TestWalletStoreDownAtLoad(t *testing.T) {
 	walletGateway(t, a, b)
 	secret, _ := newWalletAccount(t, "acct", "1")
 	for _, mode := range []string{"deny", "allow"} {
-		st, msg := loadCaddyfile(t, storeErrorConfig, a.URL, "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=2", mode)
+		st, msg := tryLoad(t, storeErrorConfig, a.URL, "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=2", mode)
 		if st == 200 || !strings.Contains(msg, "opening postgres store") {
 			t.Fatalf("on_store_error %s with a down database: load answered %d %s", mode, st, msg)
 		}
