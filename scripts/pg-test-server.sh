@@ -73,13 +73,25 @@ start() {
 	if [[ ! -f "$DATA/PG_VERSION" ]]; then
 		as_pg "$BIN/initdb" -D "$DATA" -U postgres --auth=trust -E UTF8 --no-instructions >/dev/null
 	fi
-	if ! is_running; then
-		# fsync off: the cluster is disposable and the tests are about
-		# concurrency semantics, not durability.
-		as_pg "$BIN/pg_ctl" -D "$DATA" -l "$LOG" -w -t 60 start \
-			-o "-c listen_addresses=127.0.0.1 -p $PGTEST_PORT -c unix_socket_directories=$SOCK -c max_connections=300 -c fsync=off -c full_page_writes=off" >/dev/null
-	else
-		log "already running"
+	# A server killed with the last session may still be exiting, or have
+	# left a stale postmaster.pid: wait until it either answers or is gone,
+	# and start it when it is gone.
+	local tries
+	for tries in $(seq 1 100); do
+		if psql_cmd -c "SELECT 1" >/dev/null 2>&1; then
+			break
+		fi
+		if ! is_running; then
+			# fsync off: the cluster is disposable and the tests are about
+			# concurrency semantics, not durability.
+			as_pg "$BIN/pg_ctl" -D "$DATA" -l "$LOG" -w -t 60 start \
+				-o "-c listen_addresses=127.0.0.1 -p $PGTEST_PORT -c unix_socket_directories=$SOCK -c max_connections=300 -c fsync=off -c full_page_writes=off" >/dev/null || true
+		fi
+		sleep 0.2
+	done
+	if ! psql_cmd -c "SELECT 1" >/dev/null 2>&1; then
+		log "PostgreSQL did not come up; see $LOG"
+		exit 1
 	fi
 	if [[ "$(psql_cmd -c "SELECT 1 FROM pg_database WHERE datname='$DB'")" != 1 ]]; then
 		psql_cmd -c "CREATE DATABASE $DB"
