@@ -19,6 +19,13 @@
 // with several gateway instances sharing one PostgreSQL database; the
 // schema's CHECK constraints enforce it a second time.
 //
+// Throughput: each store has one writer goroutine that runs the writes
+// submitted concurrently (Reserve, Settle, RecordAttempt, ...) in one
+// transaction, each isolated from the others' failures, and commits them
+// together, while every caller still waits for its own committed result;
+// the request path's statements are prepared once; and successful
+// Authenticate lookups are cached for a few seconds (see Store).
+//
 // All money is integer Micros (millionths of a dollar); times are stored as
 // Unix microseconds so the SQLite and PostgreSQL stores share every query.
 package wallet

@@ -2,9 +2,11 @@ package wallet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 )
@@ -79,6 +81,11 @@ func OpenPostgres(ctx context.Context, dsn string) (Store, error) {
 		// The DSN may hold a password, so it is not repeated here.
 		return nil, fmt.Errorf("opening PostgreSQL wallet: parsing DSN: %w", err)
 	}
+	// Half the pool writes (see writer.go), each writer goroutine holding
+	// one connection; the rest is left for reads (Authenticate, listings),
+	// so the pool needs at least two.
+	writers := max(1, int(cfg.MaxConns/2))
+	cfg.MaxConns = max(cfg.MaxConns, int32(writers+1))
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("opening PostgreSQL wallet: %w", err)
@@ -93,6 +100,12 @@ func OpenPostgres(ctx context.Context, dsn string) (Store, error) {
 			skipLocked:  " FOR UPDATE SKIP LOCKED",
 			migrateLock: fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", int64(migrationLockKey)),
 			schema:      postgresSchema,
+			// No savepoints: a failed statement aborts the whole
+			// transaction, and two more statements per op would cost two
+			// round trips each. See writer.go.
+			savepoints: false,
+			retryable:  pgRetryable,
+			writers:    writers,
 		},
 		onClose: pool.Close,
 		now:     time.Now,
@@ -101,5 +114,17 @@ func OpenPostgres(ctx context.Context, dsn string) (Store, error) {
 		s.Close()
 		return nil, fmt.Errorf("opening PostgreSQL wallet: %w", err)
 	}
+	if err := s.start(ctx); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("opening PostgreSQL wallet: %w", err)
+	}
 	return s, nil
+}
+
+// pgRetryable: after deadlock_detected or serialization_failure the
+// transaction is rolled back and can simply be run again (see writer.go for
+// how group commit can deadlock with another instance's batch).
+func pgRetryable(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "40P01" || pe.Code == "40001")
 }

@@ -13,9 +13,9 @@ import (
 	_ "modernc.org/sqlite"
 )
 
-// sqliteConns bounds the pool. Writers are serialised anyway; the extra
-// connections let Authenticate and listings read concurrently under WAL
-// without waiting behind a write.
+// sqliteConns bounds the pool. All writes go through the store's writer on
+// one connection of it; the others let Authenticate and listings read
+// concurrently under WAL without waiting behind a write.
 const sqliteConns = 4
 
 var sqliteSchema = []string{
@@ -110,14 +110,19 @@ func OpenSQLite(path string) (Store, error) {
 	db.SetMaxOpenConns(sqliteConns)
 	db.SetMaxIdleConns(sqliteConns)
 	s := &sqlStore{
-		db:       db,
-		d:        dialect{name: "sqlite", schema: sqliteSchema},
-		writeSem: make(chan struct{}, 1),
-		now:      time.Now,
+		db: db,
+		// A failed statement leaves an SQLite transaction usable, and a
+		// savepoint costs no I/O: each op of a batch gets one.
+		d:   dialect{name: "sqlite", schema: sqliteSchema, savepoints: true, writers: 1},
+		now: time.Now,
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := s.migrate(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("opening SQLite wallet %s: %w", path, err)
+	}
+	if err := s.start(ctx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("opening SQLite wallet %s: %w", path, err)
 	}

@@ -25,20 +25,101 @@ type dialect struct {
 	// migrateLock, when set, runs first in the migration transaction.
 	migrateLock string
 	schema      []string
+	// savepoints isolates the ops of a group-committed batch with SAVEPOINT
+	// (see writer.go).
+	savepoints bool
+	// retryable reports errors (deadlock, serialization failure) after
+	// which a transaction may simply be run again.
+	retryable func(error) bool
+	// writers is the number of writer goroutines (see newWriter), each
+	// holding one connection while it runs a batch.
+	writers int
 }
 
 // sqlStore implements Store over database/sql for both dialects.
 type sqlStore struct {
 	db *sql.DB
 	d  dialect
-	// writeSem serialises write transactions inside this process (SQLite
-	// only). SQLite allows one writer at a time anyway; queueing writers here
-	// instead of in SQLite's busy handler, which sleeps and polls, keeps
-	// throughput up and latency fair. Other processes sharing the file still
-	// wait via busy_timeout.
-	writeSem chan struct{}
-	onClose  func()
-	now      func() time.Time
+	// st holds the statements of the hot paths, prepared once.
+	st *stmts
+	// w runs every write (see writer.go). On SQLite, where only one writer
+	// can run at a time anyway, its single connection also replaces the
+	// in-process write queue: writers wait in a Go channel, not in SQLite's
+	// busy handler, which sleeps and polls. Other processes sharing the file
+	// still wait via busy_timeout.
+	w       *writer
+	auth    *authCache
+	onClose func()
+	now     func() time.Time
+}
+
+// stmts are the statements of the request path, prepared once per store
+// (database/sql then prepares each once per connection) instead of being
+// compiled from SQL text on every call.
+type stmts struct {
+	reserve, insertReservation, accountExists *sql.Stmt
+	settleDelete, settleUpdate, insertLedger  *sql.Stmt
+	authenticate                              *sql.Stmt
+	savepoint, release, rollbackTo            *sql.Stmt
+	all                                       []*sql.Stmt
+}
+
+func (s *sqlStore) prepare(ctx context.Context) error {
+	st := &stmts{}
+	for _, p := range []struct {
+		dst   **sql.Stmt
+		query string
+	}{
+		// The whole no-overdraft rule is this one statement: the row is
+		// locked while the condition is checked and the amount added, so
+		// concurrent reservations from any number of instances serialise on
+		// the account row and none can see a stale available balance.
+		{&st.reserve, `UPDATE accounts SET reserved = reserved + ? WHERE id = ? AND balance - reserved >= ?`},
+		{&st.insertReservation, `INSERT INTO reservations (id, account_id, key_id, model, request_id, amount, expires_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`},
+		{&st.accountExists, `SELECT 1 FROM accounts WHERE id = ?`},
+		// Deleting the reservation is what makes settlement happen at most
+		// once: of two concurrent settles (or a settle and a sweep) only one
+		// gets the row back.
+		{&st.settleDelete, `DELETE FROM reservations WHERE id = ? RETURNING account_id, key_id, model, request_id, amount`},
+		{&st.settleUpdate, `UPDATE accounts SET balance = balance - ?, reserved = reserved - ? WHERE id = ?`},
+		{&st.insertLedger, `INSERT INTO ledger (kind, account_id, key_id, model, channel, request_id, tokens_in, tokens_out, cost, note, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`},
+		{&st.authenticate, `SELECT ` + keyColumns + ` FROM api_keys WHERE hash = ?`},
+		{&st.savepoint, `SAVEPOINT op`},
+		{&st.release, `RELEASE SAVEPOINT op`},
+		{&st.rollbackTo, `ROLLBACK TO SAVEPOINT op`},
+	} {
+		if p.dst == &st.savepoint || p.dst == &st.release || p.dst == &st.rollbackTo {
+			if !s.d.savepoints {
+				continue
+			}
+		}
+		stmt, err := s.db.PrepareContext(ctx, s.q(p.query))
+		if err != nil {
+			st.close()
+			return fmt.Errorf("preparing %q: %w", firstLine(p.query), err)
+		}
+		*p.dst = stmt
+		st.all = append(st.all, stmt)
+	}
+	s.st = st
+	return nil
+}
+
+func (st *stmts) close() {
+	for _, x := range st.all {
+		_ = x.Close()
+	}
+}
+
+// start readies a migrated store for use: prepared statements, the writer
+// and the Authenticate cache.
+func (s *sqlStore) start(ctx context.Context) error {
+	if err := s.prepare(ctx); err != nil {
+		return err
+	}
+	s.w = newWriter(s.db, s.st, s.d.savepoints, s.d.retryable, s.d.writers)
+	s.auth = newAuthCache(DefaultAuthCacheTTL, authCacheMax)
+	return nil
 }
 
 // q rewrites placeholders for the dialect.
@@ -61,21 +142,10 @@ func (s *sqlStore) q(query string) string {
 	return b.String()
 }
 
-// writeTx runs fn in a write transaction and wraps any error with what.
-// On SQLite the driver begins it with BEGIN IMMEDIATE (_txlock=immediate) so
-// the write lock is taken up front and a read-then-write can never fail to
-// upgrade; on PostgreSQL it is READ COMMITTED and correctness comes from
-// conditional UPDATEs, which re-check their WHERE clause after waiting for a
-// row lock.
+// writeTx runs fn in a plain write transaction and wraps any error with
+// what. Only the schema migration uses it, before the writer starts; every
+// other write goes through the writer (s.write).
 func (s *sqlStore) writeTx(ctx context.Context, what string, fn func(tx *sql.Tx) error) error {
-	if s.writeSem != nil {
-		select {
-		case s.writeSem <- struct{}{}:
-			defer func() { <-s.writeSem }()
-		case <-ctx.Done():
-			return fmt.Errorf("%s: %w", what, ctx.Err())
-		}
-	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("%s: beginning transaction: %w", what, err)
@@ -88,6 +158,15 @@ func (s *sqlStore) writeTx(ctx context.Context, what string, fn func(tx *sql.Tx)
 		return fmt.Errorf("%s: committing: %w", what, err)
 	}
 	return nil
+}
+
+// write runs fn as one op of the writer's next group commit and waits for
+// its result, wrapped with what. account is the account fn will lock, if
+// known (a hint that orders the batch, see writer.go). fn may run more than
+// once, so it must not depend on state it changed in an earlier run; and
+// when it returns one of this package's errors it must have written nothing.
+func (s *sqlStore) write(ctx context.Context, what, account string, fn func(t *stx) error) error {
+	return s.w.do(ctx, what, account, fn)
 }
 
 func (s *sqlStore) migrate(ctx context.Context) error {
@@ -116,9 +195,9 @@ func firstLine(s string) string {
 
 // orMissingAccount returns ErrUnknownAccount if the account does not exist,
 // otherwise otherwise. It explains why a conditional UPDATE matched no row.
-func (s *sqlStore) orMissingAccount(ctx context.Context, tx *sql.Tx, account string, otherwise error) error {
+func (s *sqlStore) orMissingAccount(t *stx, account string, otherwise error) error {
 	var one int
-	err := tx.QueryRowContext(ctx, s.q(`SELECT 1 FROM accounts WHERE id = ?`), account).Scan(&one)
+	err := t.queryRow(s.st.accountExists, account).Scan(&one)
 	if errors.Is(err, sql.ErrNoRows) {
 		return ErrUnknownAccount
 	}
@@ -141,32 +220,27 @@ func (s *sqlStore) Reserve(ctx context.Context, r Reservation) error {
 		exp = now.Add(DefaultReservationTTL)
 	}
 	what := fmt.Sprintf("reserving %s for account %q", r.Amount, r.Account)
-	return s.writeTx(ctx, what, func(tx *sql.Tx) error {
-		// The whole no-overdraft rule is this one statement: the row is
-		// locked while the condition is checked and the amount added, so
-		// concurrent reservations from any number of instances serialise on
-		// the account row and none can see a stale available balance.
-		res, err := tx.ExecContext(ctx, s.q(`UPDATE accounts SET reserved = reserved + ? WHERE id = ? AND balance - reserved >= ?`),
-			int64(r.Amount), r.Account, int64(r.Amount))
+	return s.write(ctx, what, r.Account, func(t *stx) error {
+		// The no-overdraft rule: see stmts.reserve.
+		res, err := t.exec(s.st.reserve, int64(r.Amount), r.Account, int64(r.Amount))
 		if err != nil {
 			return err
 		}
 		if n, err := res.RowsAffected(); err != nil {
 			return err
 		} else if n == 0 {
-			return s.orMissingAccount(ctx, tx, r.Account, ErrInsufficientFunds)
+			return s.orMissingAccount(t, r.Account, ErrInsufficientFunds)
 		}
-		_, err = tx.ExecContext(ctx, s.q(`INSERT INTO reservations (id, account_id, key_id, model, request_id, amount, expires_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`),
-			r.ID, r.Account, r.KeyID, r.Model, r.RequestID, int64(r.Amount), toDB(exp), toDB(now))
+		_, err = t.exec(s.st.insertReservation, r.ID, r.Account, r.KeyID, r.Model, r.RequestID, int64(r.Amount), toDB(exp), toDB(now))
 		return err
 	})
 }
 
-func (s *sqlStore) insertEntry(ctx context.Context, tx *sql.Tx, e Entry) error {
+func (s *sqlStore) insertEntry(t *stx, e Entry) error {
 	if e.Time.IsZero() {
 		e.Time = s.now()
 	}
-	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO ledger (kind, account_id, key_id, model, channel, request_id, tokens_in, tokens_out, cost, note, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+	_, err := t.exec(s.st.insertLedger,
 		e.Kind, e.Account, e.KeyID, e.Model, e.Channel, e.RequestID, e.TokensIn, e.TokensOut, int64(e.Cost), e.Note, toDB(e.Time))
 	if err != nil {
 		return fmt.Errorf("writing %s ledger row: %w", e.Kind, err)
@@ -174,18 +248,16 @@ func (s *sqlStore) insertEntry(ctx context.Context, tx *sql.Tx, e Entry) error {
 	return nil
 }
 
-func (s *sqlStore) Settle(ctx context.Context, reservationID string, e Entry) (Micros, error) {
+func (s *sqlStore) Settle(ctx context.Context, reservationID string, in Entry) (Micros, error) {
 	var charged Micros
-	err := s.writeTx(ctx, "settling reservation "+reservationID, func(tx *sql.Tx) error {
+	err := s.write(ctx, "settling reservation "+reservationID, in.Account, func(t *stx) error {
+		e := in // fn may run twice: never change what it captured
 		var (
 			account, key, model, reqID string
 			amount                     int64
 		)
-		// Deleting the reservation is what makes settlement happen at most
-		// once: of two concurrent settles (or a settle and a sweep) only one
-		// gets the row back.
-		err := tx.QueryRowContext(ctx, s.q(`DELETE FROM reservations WHERE id = ? RETURNING account_id, key_id, model, request_id, amount`), reservationID).
-			Scan(&account, &key, &model, &reqID, &amount)
+		// At most once: see stmts.settleDelete.
+		err := t.queryRow(s.st.settleDelete, reservationID).Scan(&account, &key, &model, &reqID, &amount)
 		if errors.Is(err, sql.ErrNoRows) {
 			return ErrNotFound
 		}
@@ -207,8 +279,7 @@ func (s *sqlStore) Settle(ctx context.Context, reservationID string, e Entry) (M
 			// holder. The difference is the operator's loss, made visible.
 			notes = append(notes, fmt.Sprintf("capped: usage cost %s exceeded reservation %s", cost, Micros(amount)))
 		}
-		if _, err := tx.ExecContext(ctx, s.q(`UPDATE accounts SET balance = balance - ?, reserved = reserved - ? WHERE id = ?`),
-			int64(charged), amount, account); err != nil {
+		if _, err := t.exec(s.st.settleUpdate, int64(charged), amount, account); err != nil {
 			return fmt.Errorf("updating balance: %w", err)
 		}
 		e.Kind = KindCharge
@@ -221,7 +292,7 @@ func (s *sqlStore) Settle(ctx context.Context, reservationID string, e Entry) (M
 		e.RequestID = firstNonEmpty(e.RequestID, reqID)
 		e.Cost = charged
 		e.Note = strings.Join(notes, "; ")
-		return s.insertEntry(ctx, tx, e)
+		return s.insertEntry(t, e)
 	})
 	if err != nil {
 		return 0, err
@@ -243,8 +314,8 @@ func (s *sqlStore) RecordAttempt(ctx context.Context, e Entry) error {
 	}
 	e.Kind = KindFailedAttempt
 	e.Cost = 0
-	return s.writeTx(ctx, "recording failed attempt for request "+e.RequestID, func(tx *sql.Tx) error {
-		return s.insertEntry(ctx, tx, e)
+	return s.write(ctx, "recording failed attempt for request "+e.RequestID, e.Account, func(t *stx) error {
+		return s.insertEntry(t, e)
 	})
 }
 
@@ -272,8 +343,9 @@ func (s *sqlStore) sweepOnce(ctx context.Context, now time.Time) (int, error) {
 		amount                         int64
 	}
 	var rows []expired
-	err := s.writeTx(ctx, "sweeping expired reservations", func(tx *sql.Tx) error {
-		rs, err := tx.QueryContext(ctx, s.q(`DELETE FROM reservations WHERE id IN (SELECT id FROM reservations WHERE expires_at <= ? ORDER BY expires_at LIMIT `+strconv.Itoa(sweepBatch)+s.d.skipLocked+`) RETURNING id, account_id, key_id, model, request_id, amount`), toDB(now))
+	err := s.write(ctx, "sweeping expired reservations", "", func(t *stx) error {
+		rows = rows[:0]
+		rs, err := t.tx.QueryContext(t.ctx, s.q(`DELETE FROM reservations WHERE id IN (SELECT id FROM reservations WHERE expires_at <= ? ORDER BY expires_at LIMIT `+strconv.Itoa(sweepBatch)+s.d.skipLocked+`) RETURNING id, account_id, key_id, model, request_id, amount`), toDB(now))
 		if err != nil {
 			return err
 		}
@@ -303,12 +375,12 @@ func (s *sqlStore) sweepOnce(ctx context.Context, now time.Time) (int, error) {
 		}
 		sort.Strings(accounts)
 		for _, a := range accounts {
-			if _, err := tx.ExecContext(ctx, s.q(`UPDATE accounts SET reserved = reserved - ? WHERE id = ?`), perAccount[a], a); err != nil {
+			if _, err := t.tx.ExecContext(t.ctx, s.q(`UPDATE accounts SET reserved = reserved - ? WHERE id = ?`), perAccount[a], a); err != nil {
 				return fmt.Errorf("releasing reserved funds of %q: %w", a, err)
 			}
 		}
 		for _, x := range rows {
-			if err := s.insertEntry(ctx, tx, Entry{
+			if err := s.insertEntry(t, Entry{
 				Kind: KindExpired, Account: x.account, KeyID: x.key, Model: x.model, RequestID: x.reqID,
 				Note: fmt.Sprintf("reservation %s of %s expired unsettled", x.id, Micros(x.amount)),
 			}); err != nil {
@@ -328,8 +400,8 @@ func (s *sqlStore) CreateAccount(ctx context.Context, id string) (Account, error
 		return Account{}, fmt.Errorf("creating account: %w", err)
 	}
 	a := Account{ID: id, CreatedAt: fromDB(toDB(s.now()))}
-	err := s.writeTx(ctx, fmt.Sprintf("creating account %q", id), func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, s.q(`INSERT INTO accounts (id, balance, reserved, created_at) VALUES (?, 0, 0, ?) ON CONFLICT (id) DO NOTHING`), id, toDB(a.CreatedAt))
+	err := s.write(ctx, fmt.Sprintf("creating account %q", id), id, func(t *stx) error {
+		res, err := t.tx.ExecContext(t.ctx, s.q(`INSERT INTO accounts (id, balance, reserved, created_at) VALUES (?, 0, 0, ?) ON CONFLICT (id) DO NOTHING`), id, toDB(a.CreatedAt))
 		if err != nil {
 			return err
 		}
@@ -352,18 +424,18 @@ func (s *sqlStore) Credit(ctx context.Context, account string, amount Micros, no
 		return Account{}, fmt.Errorf("%s: %w: amount must be non-zero", what, ErrInvalid)
 	}
 	var a Account
-	err := s.writeTx(ctx, what, func(tx *sql.Tx) error {
+	err := s.write(ctx, what, account, func(t *stx) error {
 		var res sql.Result
 		var err error
 		if amount > 0 {
 			// Checked in SQL because SQLite would silently turn an
 			// overflowing integer into a float.
-			res, err = tx.ExecContext(ctx, s.q(`UPDATE accounts SET balance = balance + ? WHERE id = ? AND balance <= ?`),
+			res, err = t.tx.ExecContext(t.ctx, s.q(`UPDATE accounts SET balance = balance + ? WHERE id = ? AND balance <= ?`),
 				int64(amount), account, int64(math.MaxInt64-amount))
 		} else {
 			// A correction may only take what is not reserved, so it can
 			// never break a reservation already promised to a request.
-			res, err = tx.ExecContext(ctx, s.q(`UPDATE accounts SET balance = balance + ? WHERE id = ? AND balance - reserved >= ?`),
+			res, err = t.tx.ExecContext(t.ctx, s.q(`UPDATE accounts SET balance = balance + ? WHERE id = ? AND balance - reserved >= ?`),
 				int64(amount), account, int64(-amount))
 		}
 		if err != nil {
@@ -373,14 +445,14 @@ func (s *sqlStore) Credit(ctx context.Context, account string, amount Micros, no
 			return err
 		} else if n == 0 {
 			if amount > 0 {
-				return s.orMissingAccount(ctx, tx, account, fmt.Errorf("%w: balance would overflow", ErrInvalid))
+				return s.orMissingAccount(t, account, fmt.Errorf("%w: balance would overflow", ErrInvalid))
 			}
-			return s.orMissingAccount(ctx, tx, account, ErrInsufficientFunds)
+			return s.orMissingAccount(t, account, ErrInsufficientFunds)
 		}
-		if err := s.insertEntry(ctx, tx, Entry{Kind: KindCredit, Account: account, Cost: amount, Note: note}); err != nil {
+		if err := s.insertEntry(t, Entry{Kind: KindCredit, Account: account, Cost: amount, Note: note}); err != nil {
 			return err
 		}
-		a, err = scanAccount(tx.QueryRowContext(ctx, s.q(`SELECT id, balance, reserved, created_at FROM accounts WHERE id = ?`), account))
+		a, err = scanAccount(t.tx.QueryRowContext(t.ctx, s.q(`SELECT id, balance, reserved, created_at FROM accounts WHERE id = ?`), account))
 		return err
 	})
 	if err != nil {
@@ -443,11 +515,11 @@ func (s *sqlStore) CreateKey(ctx context.Context, account, label string) (string
 		Label:     label,
 		CreatedAt: fromDB(toDB(s.now())),
 	}
-	err := s.writeTx(ctx, fmt.Sprintf("creating key for account %q", account), func(tx *sql.Tx) error {
-		if err := s.orMissingAccount(ctx, tx, account, nil); err != nil {
+	err := s.write(ctx, fmt.Sprintf("creating key for account %q", account), account, func(t *stx) error {
+		if err := s.orMissingAccount(t, account, nil); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO api_keys (id, account_id, hash, prefix, label, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
+		_, err := t.tx.ExecContext(t.ctx, s.q(`INSERT INTO api_keys (id, account_id, hash, prefix, label, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
 			k.ID, k.Account, hashKey(plaintext), k.Prefix, k.Label, toDB(k.CreatedAt))
 		return err
 	})
@@ -458,8 +530,9 @@ func (s *sqlStore) CreateKey(ctx context.Context, account, label string) (string
 }
 
 func (s *sqlStore) RevokeKey(ctx context.Context, keyID string) error {
-	return s.writeTx(ctx, "revoking key "+keyID, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, s.q(`UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL`), toDB(s.now()), keyID)
+	now := s.now()
+	err := s.write(ctx, "revoking key "+keyID, "", func(t *stx) error {
+		res, err := t.tx.ExecContext(t.ctx, s.q(`UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL`), toDB(now), keyID)
 		if err != nil {
 			return err
 		}
@@ -469,7 +542,7 @@ func (s *sqlStore) RevokeKey(ctx context.Context, keyID string) error {
 			return nil
 		}
 		var one int
-		err = tx.QueryRowContext(ctx, s.q(`SELECT 1 FROM api_keys WHERE id = ?`), keyID).Scan(&one)
+		err = t.tx.QueryRowContext(t.ctx, s.q(`SELECT 1 FROM api_keys WHERE id = ?`), keyID).Scan(&one)
 		if errors.Is(err, sql.ErrNoRows) {
 			return ErrUnknownKey
 		}
@@ -478,6 +551,10 @@ func (s *sqlStore) RevokeKey(ctx context.Context, keyID string) error {
 		}
 		return ErrKeyRevoked
 	})
+	// Committed (or failed): either way nothing cached about this key may
+	// outlive the call, so the revocation applies to this store at once.
+	s.auth.invalidate()
+	return err
 }
 
 const keyColumns = `id, account_id, prefix, label, created_at, revoked_at`
@@ -529,7 +606,14 @@ func (s *sqlStore) Authenticate(ctx context.Context, plaintext string) (Key, err
 	if !plausibleKey(plaintext) {
 		return Key{}, fmt.Errorf("authenticating: %w", ErrUnknownKey)
 	}
-	k, err := scanKey(s.db.QueryRowContext(ctx, s.q(`SELECT `+keyColumns+` FROM api_keys WHERE hash = ?`), hashKey(plaintext)))
+	hash := hashKey(plaintext)
+	now := s.now()
+	k, ok, gen := s.auth.get(hash, now)
+	if ok {
+		return k, nil
+	}
+	var err error
+	k, err = scanKey(s.st.authenticate.QueryRowContext(ctx, hash))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Key{}, fmt.Errorf("authenticating: %w", ErrUnknownKey)
 	}
@@ -539,6 +623,7 @@ func (s *sqlStore) Authenticate(ctx context.Context, plaintext string) (Key, err
 	if k.RevokedAt != nil {
 		return k, fmt.Errorf("authenticating key %s: %w", k.ID, ErrKeyRevoked)
 	}
+	s.auth.put(hash, k, now, gen)
 	return k, nil
 }
 
@@ -588,7 +673,15 @@ func (s *sqlStore) Ping(ctx context.Context) error {
 	return nil
 }
 
+// Close lets the writer finish the writes already queued, then closes the
+// database. Writes submitted after Close fail.
 func (s *sqlStore) Close() error {
+	if s.w != nil {
+		s.w.close()
+	}
+	if s.st != nil {
+		s.st.close()
+	}
 	err := s.db.Close()
 	if s.onClose != nil {
 		s.onClose()

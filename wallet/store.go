@@ -95,6 +95,14 @@ type Key struct {
 // Store is the persistent wallet: balances, keys, reservations and ledger.
 // Implementations are safe for concurrent use, also by several processes
 // sharing one database.
+//
+// The SQL stores group-commit their writes (see writer.go): concurrent
+// calls share one transaction, but each call still returns only once its
+// own write is committed, or failed alone. A call's context counts until
+// its write starts: a call whose context ends while it waits its turn
+// returns ctx.Err() and writes nothing; once its statements have run, it
+// commits with its batch whatever its context. Close finishes the writes
+// already submitted; later ones fail.
 type Store interface {
 	// Reserve holds back r.Amount of the account's available balance, or
 	// fails with ErrInsufficientFunds or ErrUnknownAccount.
@@ -129,7 +137,11 @@ type Store interface {
 	RevokeKey(ctx context.Context, keyID string) error
 	Keys(ctx context.Context, account string) ([]Key, error)
 	// Authenticate finds a key by its plaintext. A revoked key is returned
-	// together with ErrKeyRevoked.
+	// together with ErrKeyRevoked. Successful lookups are cached in memory
+	// for DefaultAuthCacheTTL (5 s): a RevokeKey on the same Store applies
+	// at once, one made through another Store on the same database (another
+	// gateway instance sharing PostgreSQL, another handle on the SQLite
+	// file) within that TTL. Unknown and revoked keys are never cached.
 	Authenticate(ctx context.Context, plaintext string) (Key, error)
 	// Usage pages the account's ledger newest first: up to limit rows whose
 	// ID is below before (0 = start at the newest). Pass the last row's ID
