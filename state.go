@@ -46,7 +46,10 @@ func (hs health) Available(i int, now time.Time) bool {
 
 func (hs health) ReadyAt(i int, now time.Time) (time.Time, bool) {
 	b := hs[i].state.breaker
-	return b.ReadyAt(now), b.State(now) == breaker.Parked
+	// A channel that is open and also inside a Retry-After counts as
+	// parked: the upstream asked not to be sent anything until then, so
+	// it must not be the one probed.
+	return b.ReadyAt(now), !b.Snapshot(now).ParkedUntil.IsZero()
 }
 
 func (hs health) SuccessRate(i int) float64 {

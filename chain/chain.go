@@ -106,8 +106,9 @@ type Health interface {
 	// Available reports whether the channel may be sent a request now.
 	Available(channel int, now time.Time) bool
 	// ReadyAt reports when an unavailable channel becomes available, and
-	// whether it is held back only by a rate limit (parked) rather than by
-	// failures (open).
+	// whether it is held back by a rate limit (parked: the upstream asked
+	// for no requests until then, whether or not it is also open) rather
+	// than by failures alone (open).
 	ReadyAt(channel int, now time.Time) (at time.Time, parked bool)
 	// SuccessRate is the channel's rolling success rate in [0, 1].
 	SuccessRate(channel int) float64

@@ -1,0 +1,43 @@
+package llmfailover
+
+import (
+	"testing"
+	"time"
+
+	"github.com/llmfailover/caddy-llm-failover/breaker"
+	"github.com/llmfailover/caddy-llm-failover/chain"
+)
+
+// When every channel is open, the probe must skip a channel that is also
+// inside a Retry-After: the upstream asked for nothing until then.
+func TestProbeSkipsOpenChannelThatIsAlsoParked(t *testing.T) {
+	now := time.Now()
+	chs := []*channel{
+		{name: "a", state: &channelState{breaker: breaker.New(breaker.Config{})}},
+		{name: "b", state: &channelState{breaker: breaker.New(breaker.Config{})}},
+	}
+	for _, ch := range chs {
+		for range 3 {
+			ch.state.breaker.RecordFailure(now)
+		}
+	}
+	// a opened first, so its cooldown ends first, but it is rate limited
+	// for longer than b's cooldown.
+	chs[0].state.breaker.Park(now, 2*time.Minute)
+	m, err := chain.New("m", chain.Cost, 3, []chain.Route{{Channel: 0, Name: "a"}, {Channel: 1, Name: "b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s chain.Scratch
+	plan := m.Plan((*health)(&chs), now.Add(time.Second), &s)
+	if !plan.Probe || len(plan.Candidates) != 1 || plan.Candidates[0].Name != "b" {
+		t.Fatalf("probe %v candidates %v, want a probe of b", plan.Probe, plan.Candidates)
+	}
+
+	// With b parked too, nothing is probed: the client gets a Retry-After.
+	chs[1].state.breaker.Park(now, time.Minute)
+	plan = m.Plan((*health)(&chs), now.Add(time.Second), &s)
+	if len(plan.Candidates) != 0 || plan.AllParkedUntil.IsZero() {
+		t.Fatalf("candidates %v parked until %v, want none and a Retry-After", plan.Candidates, plan.AllParkedUntil)
+	}
+}
