@@ -336,3 +336,39 @@ func TestNetworkErrorsDoNotLeakAddresses(t *testing.T) {
 	}
 	mustNotContain(t, body, "127.0.0.1", "dial tcp")
 }
+
+// Every API the issue names fails over, streaming and not.
+func TestEveryAPIFailsOver(t *testing.T) {
+	a := upstream(t, fu.Status(503, ""))
+	b := upstream(t, fu.OKNamed("backup"))
+	gateway(t, twoChannels, a.URL, b.URL, "")
+	cases := []struct {
+		name, path string
+		body       []byte
+		want       string
+	}{
+		{"chat", "/v1/chat/completions", fu.ChatRequest("m", false), `"object":"chat.completion"`},
+		{"chat stream", "/v1/chat/completions", fu.ChatRequest("m", true), "data: [DONE]"},
+		{"responses", "/v1/responses", fu.ResponsesRequest("m", false), `"object":"response"`},
+		{"responses stream", "/v1/responses", fu.ResponsesRequest("m", true), "event: response.completed"},
+		{"embeddings", "/v1/embeddings", fu.EmbeddingsRequest("m", "hello"), `"object":"embedding"`},
+		{"messages", "/v1/messages", fu.MessagesRequest("claude", false), `"type":"message"`},
+		{"messages stream", "/v1/messages", fu.MessagesRequest("claude", true), "event: message_stop"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			before := b.Hits()
+			res, body := post(t, c.path, c.body)
+			if res.StatusCode != 200 || res.Header.Get("X-Served-By") != "b" {
+				t.Fatalf("status %d served by %q: %s", res.StatusCode, res.Header.Get("X-Served-By"), body)
+			}
+			mustContain(t, body, c.want)
+			if b.Hits() != before+1 {
+				t.Fatalf("backup hits %d, want %d", b.Hits(), before+1)
+			}
+			if got := b.LastRequest().Path; got != c.path {
+				t.Fatalf("upstream path %q", got)
+			}
+		})
+	}
+}
