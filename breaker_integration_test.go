@@ -171,6 +171,7 @@ func TestBreakerFlappingPrimaryComesBack(t *testing.T) {
 	b := upstream(t, fu.OKNamed("backup"))
 	gateway(t, twoChannels, a.URL, b.URL, brkBlock("cooldown 500ms"))
 
+	halfOpens, _ := brkMetric(t, `caddy_llm_failover_breaker_transitions_total{channel="a",to="half_open"}`)
 	opened := time.Now()
 	brkFailOver(t, 3)
 	a.Set(fu.OKNamed("primary"))
@@ -197,6 +198,10 @@ func TestBreakerFlappingPrimaryComesBack(t *testing.T) {
 	hits(t, b, bHits)
 	if st := brkState(t, "a"); st.State != "closed" || *st.Failures != 0 {
 		t.Fatalf("primary after a good trial: %+v", st)
+	}
+	// The clock-driven open → half_open change was reported once.
+	if v, _ := brkMetric(t, `caddy_llm_failover_breaker_transitions_total{channel="a",to="half_open"}`); v != halfOpens+1 {
+		t.Fatalf("half_open transitions went from %v to %v, want one more", halfOpens, v)
 	}
 }
 

@@ -175,6 +175,11 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 		x.attempts++
 		x.setVar("http.llm_failover.attempts", strconv.Itoa(x.attempts))
 		began := time.Now()
+		if h.channels[route.Channel].state.breaker.TrialStarted(began) {
+			breakerTransitions.WithLabelValues(route.Name, breaker.HalfOpen.String()).Inc()
+			h.logger.Warn("breaker state changed", zap.String("channel", route.Name),
+				zap.String("from", breaker.Open.String()), zap.String("to", breaker.HalfOpen.String()))
+		}
 		res := h.attempt(x, route, budget)
 		h.record(x, route, res, time.Since(began))
 		if res.done {

@@ -73,6 +73,10 @@ type Breaker struct {
 	// blockedUntil is max(openUntil, parkedUntil), published so Available
 	// can answer without the mutex on every dispatch.
 	blockedUntil atomic.Int64
+	// trialUnannounced is set when the breaker trips and cleared by the
+	// first TrialStarted after the cooldown, so that the clock-driven
+	// open → half_open change is reported exactly once per trip.
+	trialUnannounced atomic.Bool
 
 	mu  sync.Mutex
 	cfg Config
@@ -235,6 +239,7 @@ func (b *Breaker) Reset(now time.Time) Transition {
 	from := b.stateLocked(n)
 	b.failN, b.failPos = 0, 0
 	b.tripped = false
+	b.trialUnannounced.Store(false)
 	b.openUntil, b.openedAt = 0, 0
 	b.parkedUntil, b.parkedAt = 0, 0
 	b.publishLocked()
@@ -349,7 +354,26 @@ func (b *Breaker) tripLocked(n int64) {
 	b.openedAt = n
 	b.tripped = true
 	b.opened++
+	b.trialUnannounced.Store(true)
 	b.publishLocked()
+}
+
+// TrialStarted reports true to the first caller, once per trip, that finds
+// the cooldown over and the breaker half-open: that change happens by the
+// clock, with no call of its own to return a Transition. It costs one
+// atomic load when there is nothing to report.
+func (b *Breaker) TrialStarted(now time.Time) bool {
+	if !b.trialUnannounced.Load() {
+		return false
+	}
+	n := now.UnixNano()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.trialUnannounced.Load() && b.stateLocked(n) == HalfOpen {
+		b.trialUnannounced.Store(false)
+		return true
+	}
+	return false
 }
 
 func (b *Breaker) publishLocked() {

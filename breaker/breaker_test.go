@@ -619,3 +619,32 @@ func TestHotPathDoesNotAllocate(t *testing.T) {
 		t.Fatalf("hot path allocs = %v, want 0", allocs)
 	}
 }
+
+func TestTrialStartedOncePerTrip(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	b := New(Config{Cooldown: time.Minute})
+	if b.TrialStarted(now) {
+		t.Fatal("a closed breaker reported a trial")
+	}
+	for range 3 {
+		b.RecordFailure(now)
+	}
+	if b.TrialStarted(now.Add(30 * time.Second)) {
+		t.Fatal("trial reported during the cooldown")
+	}
+	after := now.Add(61 * time.Second)
+	if !b.TrialStarted(after) {
+		t.Fatal("no trial reported after the cooldown")
+	}
+	if b.TrialStarted(after) {
+		t.Fatal("trial reported twice for one trip")
+	}
+	// A re-trip announces its own trial.
+	b.RecordFailure(after)
+	if b.State(after) != Open {
+		t.Fatalf("state %s after a failed trial", b.State(after))
+	}
+	if !b.TrialStarted(after.Add(61 * time.Second)) {
+		t.Fatal("no trial reported after the second cooldown")
+	}
+}
