@@ -482,7 +482,9 @@ func TestBreakerWeightedPolicy(t *testing.T) {
 		if len(served)-recovered >= 100 && count("a", 100) > 50 {
 			break
 		}
-		if el := time.Since(start); el > 13*time.Second || len(served)-recovered > 3000 {
+		// Bounded by requests, not by time: a loaded machine is slower,
+		// not wrong.
+		if el := time.Since(start); len(served)-recovered > 3000 {
 			t.Fatalf("a did not climb back: %d requests after recovery (%s), a was tried %d times, served %d of the last 100",
 				len(served)-recovered, el, a.Hits()-aHits, count("a", 100))
 		}

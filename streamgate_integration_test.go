@@ -309,7 +309,9 @@ func TestStreamSlowFirstTokenUnderGate(t *testing.T) {
 // backup serves and nothing of the primary is seen.
 func TestStreamGateExpiry(t *testing.T) {
 	t.Run("commit", func(t *testing.T) {
-		a := upstream(t, fu.SlowFirstToken(time.Second).Named("primary"))
+		// The token comes 2s in, far enough from the 200ms gate that a
+		// loaded CI machine cannot blur the two.
+		a := upstream(t, fu.SlowFirstToken(2*time.Second).Named("primary"))
 		b := upstream(t, fu.OKNamed("backup"))
 		gateway(t, gateChannels, a.URL, b.URL, "stream_gate 200ms")
 		s := streamPost(t, nil, "/v1/chat/completions", fu.ChatRequest("m", true), `"content":"Hello"`)
@@ -321,22 +323,22 @@ func TestStreamGateExpiry(t *testing.T) {
 		mustContain(t, s.body, "data: [DONE]")
 		mustNotContain(t, s.body, "from-b", `"error"`)
 		// The headers went out when the gate expired, not with the token.
-		if s.headersAt > 800*time.Millisecond {
+		if s.headersAt > 1500*time.Millisecond {
 			t.Errorf("headers after %s; the gate (200ms) should have committed them", s.headersAt)
 		}
-		if s.markerAt < 900*time.Millisecond {
+		if s.markerAt < 1900*time.Millisecond {
 			t.Errorf("first content after %s, before the upstream sent it", s.markerAt)
 		}
 		hits(t, a, 1)
 		hits(t, b, 0)
 	})
 	t.Run("failover", func(t *testing.T) {
-		a := upstream(t, fu.SlowFirstToken(time.Second).Named("primary"))
+		a := upstream(t, fu.SlowFirstToken(3*time.Second).Named("primary"))
 		b := upstream(t, fu.OKNamed("backup"))
 		gateway(t, gateChannels, a.URL, b.URL, "stream_gate 200ms failover")
 		s := streamPost(t, nil, "/v1/chat/completions", fu.ChatRequest("m", true), "")
 		cleanChatFromBackup(t, s)
-		if s.endAt > 900*time.Millisecond {
+		if s.endAt > 2*time.Second {
 			t.Errorf("took %s: the primary was waited for past the gate", s.endAt)
 		}
 		hits(t, a, 1)
