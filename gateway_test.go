@@ -2,6 +2,7 @@ package llmfailover
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -107,10 +108,10 @@ func tryLoad(t *testing.T, body string, args ...any) (int, string) {
 	return res.StatusCode, string(b)
 }
 
-// post sends a JSON body to the gateway and returns the response and body.
-func post(t *testing.T, path string, body []byte, hdr ...string) (*http.Response, []byte) {
+// newPost builds a JSON POST to the gateway; hdr holds name, value pairs.
+func newPost(t *testing.T, ctx context.Context, path string, body []byte, hdr ...string) *http.Request {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, gatewayURL+path, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, gatewayURL+path, bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,8 +119,14 @@ func post(t *testing.T, path string, body []byte, hdr ...string) (*http.Response
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
+	return req
+}
+
+// post sends a JSON body to the gateway and returns the response and body.
+func post(t *testing.T, path string, body []byte, hdr ...string) (*http.Response, []byte) {
+	t.Helper()
 	client := &http.Client{Timeout: 30 * time.Second}
-	res, err := client.Do(req)
+	res, err := client.Do(newPost(t, context.Background(), path, body, hdr...))
 	if err != nil {
 		t.Fatalf("POST %s: %v", path, err)
 	}

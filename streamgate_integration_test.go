@@ -78,14 +78,7 @@ func streamPost(t *testing.T, ctx context.Context, path string, body []byte, mar
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, gatewayURL+path, bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
+	req := newPost(t, ctx, path, body, hdr...)
 	client := &http.Client{Timeout: 30 * time.Second}
 	start := time.Now()
 	res, err := client.Do(req)
