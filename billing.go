@@ -13,7 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
-	"github.com/llmfailover/caddy-llm-failover/llmapi"
+	"github.com/llmfailover/caddy-llm-failover/provider"
 	"github.com/llmfailover/caddy-llm-failover/streamgate"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
 )
@@ -215,9 +215,11 @@ type bill struct {
 	x         *exchange
 	res       wallet.Reservation
 	price     wallet.Price
-	format    wallet.Format
-	meter     *wallet.Meter
-	hideUsage bool
+	meter     *provider.Meter
+	hideUsage func(streamgate.Event) bool
+	// delivered counts the bytes of the attempt that reached the client,
+	// the stand-in for output tokens the upstream never reported.
+	delivered int64
 	channel   string
 	closed    bool
 	// inputBound is the most input tokens the request can have; it is
@@ -227,7 +229,7 @@ type bill struct {
 
 // admit finds the account and reserves the largest cost the request can
 // have. A refusal is never a failover case: no channel can refill a wallet.
-func (rt *walletRuntime) admit(x *exchange) (*bill, *llmapi.Error) {
+func (rt *walletRuntime) admit(x *exchange) (*bill, *provider.Error) {
 	ctx := x.r.Context()
 	account, keyID := "", ""
 	if rt.account != "" {
@@ -235,21 +237,21 @@ func (rt *walletRuntime) admit(x *exchange) (*bill, *llmapi.Error) {
 			account = x.repl.ReplaceAll(rt.account, "")
 		}
 		if account == "" {
-			return nil, &llmapi.Error{Status: http.StatusUnauthorized, Message: "no account: the request is not authenticated"}
+			return nil, &provider.Error{Status: http.StatusUnauthorized, Message: "no account: the request is not authenticated"}
 		}
 	} else {
 		secret := clientKey(x.r)
 		if secret == "" {
-			return nil, &llmapi.Error{Status: http.StatusUnauthorized, Message: "missing API key: send it as Authorization: Bearer <key> or x-api-key"}
+			return nil, &provider.Error{Status: http.StatusUnauthorized, Message: "missing API key: send it as Authorization: Bearer <key> or x-api-key"}
 		}
 		k, err := rt.holder.store.Authenticate(ctx, secret)
 		switch {
 		case errors.Is(err, wallet.ErrUnknownKey):
 			walletTotal.WithLabelValues("authenticate", "unknown_key").Inc()
-			return nil, &llmapi.Error{Status: http.StatusUnauthorized, Message: "invalid API key"}
+			return nil, &provider.Error{Status: http.StatusUnauthorized, Message: "invalid API key"}
 		case errors.Is(err, wallet.ErrKeyRevoked):
 			walletTotal.WithLabelValues("authenticate", "revoked").Inc()
-			return nil, &llmapi.Error{Status: http.StatusUnauthorized, Message: "this API key has been revoked"}
+			return nil, &provider.Error{Status: http.StatusUnauthorized, Message: "this API key has been revoked"}
 		case err != nil:
 			return rt.storeError(x, "authenticate", err)
 		}
@@ -262,7 +264,7 @@ func (rt *walletRuntime) admit(x *exchange) (*bill, *llmapi.Error) {
 		maxOut = m.maxOutput
 	}
 	amount, inputBound := wallet.MaxCost(wallet.Estimate{BodyBytes: len(x.body), Images: x.req.Images, MaxOutput: maxOut, N: x.req.N}, m.price)
-	b := &bill{rt: rt, x: x, price: m.price, format: formatOf(x.api), inputBound: inputBound}
+	b := &bill{rt: rt, x: x, price: m.price, inputBound: inputBound}
 	b.res = wallet.Reservation{
 		ID: requestID(x), Account: account, KeyID: keyID, Model: x.req.Model,
 		Amount: amount, ExpiresAt: time.Now().Add(rt.ttl),
@@ -272,11 +274,11 @@ func (rt *walletRuntime) admit(x *exchange) (*bill, *llmapi.Error) {
 	switch {
 	case errors.Is(err, wallet.ErrInsufficientFunds):
 		walletTotal.WithLabelValues("reserve", "insufficient").Inc()
-		return nil, &llmapi.Error{Status: http.StatusPaymentRequired, Code: "insufficient_quota",
+		return nil, &provider.Error{Status: http.StatusPaymentRequired, Code: "insufficient_quota",
 			Message: fmt.Sprintf("insufficient balance: this request may cost up to %s and the account's available balance does not cover it", amount.Human())}
 	case errors.Is(err, wallet.ErrUnknownAccount):
 		walletTotal.WithLabelValues("reserve", "unknown_account").Inc()
-		return nil, &llmapi.Error{Status: http.StatusUnauthorized, Message: fmt.Sprintf("unknown account %q", account)}
+		return nil, &provider.Error{Status: http.StatusUnauthorized, Message: fmt.Sprintf("unknown account %q", account)}
 	case err != nil:
 		return rt.storeError(x, "reserve", err)
 	}
@@ -286,7 +288,7 @@ func (rt *walletRuntime) admit(x *exchange) (*bill, *llmapi.Error) {
 }
 
 // storeError applies on_store_error: refuse (503) or serve unbilled.
-func (rt *walletRuntime) storeError(x *exchange, op string, err error) (*bill, *llmapi.Error) {
+func (rt *walletRuntime) storeError(x *exchange, op string, err error) (*bill, *provider.Error) {
 	walletTotal.WithLabelValues(op, "store_error").Inc()
 	if rt.allow {
 		rt.logger.Error("wallet store unavailable; serving unbilled (on_store_error allow)",
@@ -294,38 +296,57 @@ func (rt *walletRuntime) storeError(x *exchange, op string, err error) (*bill, *
 		return nil, nil
 	}
 	rt.logger.Error("wallet store unavailable; refusing", zap.String("op", op), zap.Error(err))
-	return nil, &llmapi.Error{Status: http.StatusServiceUnavailable, Message: "billing is temporarily unavailable; no upstream was called"}
+	return nil, &provider.Error{Status: http.StatusServiceUnavailable, Message: "billing is temporarily unavailable; no upstream was called"}
 }
 
 // prepare readies the body for one attempt and starts a fresh meter: a
-// failed attempt's usage is never billed.
+// failed attempt's usage is never billed. The upstream is asked to report
+// usage where it would not by itself; the extra report is hidden from a
+// client that did not ask for it.
 func (b *bill) prepare(body []byte) []byte {
-	b.meter = wallet.NewMeter(b.format)
-	if b.x.api == llmapi.OpenAIChat && b.x.req.Stream && !b.x.req.HasStreamOptions {
-		// OpenAI streams report usage only when asked. Ask, and hide the
-		// extra chunk from a client that did not.
-		b.hideUsage = true
-		return llmapi.WithIncludeUsage(body)
-	}
+	b.meter = b.x.api.NewMeter()
+	b.delivered = 0
+	body, b.hideUsage = b.x.api.AskUsage(body, b.x.req)
 	return body
 }
 
 func (b *bill) streamOptions(o *streamgate.Options) {
-	m := b.meter
-	o.Observe = func(ev streamgate.Event) { m.Event(ev.Name, ev.Data) }
-	if b.hideUsage {
-		o.Drop = func(ev streamgate.Event) bool { return wallet.IsUsageOnlyChunk(ev.Data) }
-	}
+	o.Observe = b.meter.Event
+	o.Drop = b.hideUsage
 }
 
 func (b *bill) meterBody(body []byte) {
 	b.meter.Body(body)
-	b.meter.DeliveredText(len(body))
+	b.deliver(int64(len(body)))
 }
 
-// delivered records how much of a stream reached the client, the stand-in
-// for output tokens when the stream ended before its usage report.
-func (b *bill) delivered(n int64) { b.meter.DeliveredText(int(n)) }
+// deliver records n bytes of the answer delivered to the client, the
+// stand-in for output tokens when the answer ended before its usage report.
+func (b *bill) deliver(n int64) {
+	if n > 0 {
+		b.delivered += n
+	}
+}
+
+// billable returns the tokens to charge for the attempt that served. When
+// the upstream reported usage it is that. Otherwise each missing count is
+// replaced by a stand-in: input by inputBound (the bound MaxCost returned,
+// which the real count cannot exceed), output by the larger of any partial
+// report and the bytes delivered. Byte-level BPE emits at least one byte per
+// token, so delivered bytes bound the visible output tokens from above; they
+// cannot see hidden reasoning tokens, so for reasoning models this can
+// undercharge what the upstream billed. Either way Settle caps the charge at
+// the reservation, so the fallback can never overdraw.
+func billable(u provider.Usage, inputBound, delivered int64) (in, out int64) {
+	in, out = u.Input, u.Output
+	if !u.InputKnown {
+		in = inputBound
+	}
+	if !u.OutputKnown && delivered > out {
+		out = delivered
+	}
+	return in, out
+}
 
 func (b *bill) servedBy(channel string) { b.channel = channel }
 
@@ -358,9 +379,8 @@ func (b *bill) close() {
 		Channel: b.channel, RequestID: b.res.RequestID,
 	}
 	if b.channel != "" && b.meter != nil {
-		u := b.meter.Billable(b.inputBound)
-		e.TokensIn, e.TokensOut = u.Input, u.Output
-		e.Cost = b.price.Cost(u.Input, u.Output)
+		e.TokensIn, e.TokensOut = billable(b.meter.Usage(), b.inputBound, b.delivered)
+		e.Cost = b.price.Cost(e.TokensIn, e.TokensOut)
 	}
 	// The client may be gone; the settlement must still happen.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(b.x.r.Context()), 30*time.Second)
@@ -401,16 +421,4 @@ func requestID(x *exchange) string {
 		}
 	}
 	return fmt.Sprintf("req-%d", time.Now().UnixNano())
-}
-
-func formatOf(api llmapi.API) wallet.Format {
-	switch api {
-	case llmapi.OpenAIResponses:
-		return wallet.FormatOpenAIResponses
-	case llmapi.AnthropicMessages, llmapi.AnthropicCountTokens:
-		return wallet.FormatAnthropic
-	case llmapi.OpenAIEmbeddings:
-		return wallet.FormatOpenAIEmbeddings
-	}
-	return wallet.FormatOpenAIChat
 }

@@ -10,6 +10,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
+
+	"github.com/llmfailover/caddy-llm-failover/provider"
 )
 
 func init() {
@@ -28,7 +30,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
 //
 //	llm_failover [<matcher>] {
-//		channel <name> <base_url> {
+//		channel <name> [<base_url>] {
+//			provider openai|anthropic [{ ... }]
 //			header <field> <value>
 //			transport http { ... }
 //		}
@@ -135,17 +138,36 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 func (h *Handler) unmarshalChannel(d *caddyfile.Dispenser) error {
 	args := d.RemainingArgs()
-	if len(args) != 2 {
-		return d.Errf("channel needs a name and a base URL")
+	if len(args) < 1 || len(args) > 2 {
+		return d.Errf("channel needs a name and, unless its provider has a default, a base URL")
 	}
 	for _, c := range h.Channels {
 		if c.Name == args[0] {
 			return d.Errf("channel %q is defined twice", args[0])
 		}
 	}
-	c := &Channel{Name: args[0], BaseURL: args[1]}
+	c := &Channel{Name: args[0]}
+	if len(args) == 2 {
+		c.BaseURL = args[1]
+	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		switch d.Val() {
+		case "provider":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			if c.ProviderRaw != nil {
+				return d.Err("provider already specified")
+			}
+			name := d.Val()
+			unm, err := caddyfile.UnmarshalModule(d, provider.Namespace+"."+name)
+			if err != nil {
+				return err
+			}
+			if _, ok := unm.(provider.Adapter); !ok {
+				return d.Errf("provider module '%s' is not a provider adapter", name)
+			}
+			c.ProviderRaw = caddyconfig.JSONModuleObject(unm, "name", name, nil)
 		case "header":
 			args := d.RemainingArgs()
 			if len(args) != 2 {

@@ -90,7 +90,12 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 	cases := map[string]string{
 		"argument on directive":     `llm_failover foo`,
 		"unknown subdirective":      `llm_failover { bogus 1 }`,
-		"channel without url":       `llm_failover { channel a }`,
+		"channel without name":      `llm_failover { channel }`,
+		"channel with extra arg":    `llm_failover { channel a http://x:1 http://y:2 }`,
+		"provider without name":     `llm_failover { channel a { provider } }`,
+		"provider twice":            "llm_failover { channel a {\nprovider openai\nprovider anthropic\n} }",
+		"unknown provider":          `llm_failover { channel a { provider gemini } }`,
+		"provider extra arg":        `llm_failover { channel a { provider anthropic 2023-06-01 } }`,
 		"duplicate channel":         `llm_failover { channel a http://x:1 ; channel a http://y:1 }`,
 		"unknown channel option":    `llm_failover { channel a http://x:1 { nope } }`,
 		"header needs two args":     `llm_failover { channel a http://x:1 { header X } }`,
@@ -154,6 +159,8 @@ func TestProvisionErrors(t *testing.T) {
 		"unknown policy":           `{"channels":[{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m","policy":"random","routes":[{"channel":"a"}]}]}`,
 		"bad price":                `{"channels":[{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m","price":{"input":"x","output":"1"},"routes":[{"channel":"a"}]}]}`,
 		"unknown json field":       `{"chanels":[]}`,
+		"openai without base url":  `{"channels":[{"name":"a"}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
+		"unknown provider":         `{"channels":[{"name":"a","base_url":"http://x:1","provider":{"name":"gemini"}}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
 	}
 	for name, cfg := range cases {
 		t.Run(name, func(t *testing.T) {

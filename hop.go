@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -20,7 +19,7 @@ import (
 
 	"github.com/llmfailover/caddy-llm-failover/breaker"
 	"github.com/llmfailover/caddy-llm-failover/chain"
-	"github.com/llmfailover/caddy-llm-failover/llmapi"
+	"github.com/llmfailover/caddy-llm-failover/provider"
 	"github.com/llmfailover/caddy-llm-failover/streamgate"
 )
 
@@ -71,8 +70,8 @@ type exchange struct {
 	w        http.ResponseWriter
 	r        *http.Request
 	repl     *caddy.Replacer
-	api      llmapi.API
-	req      llmapi.Request
+	api      provider.API
+	req      provider.Request
 	body     []byte
 	model    *model
 	start    time.Time
@@ -90,37 +89,41 @@ type attemptResult struct {
 }
 
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
-	x := &exchange{w: w, r: r, api: llmapi.APIFromPath(r.URL.Path), start: time.Now()}
+	x := &exchange{w: w, r: r, api: provider.APIFromPath(r.URL.Path), start: time.Now()}
 	x.repl, _ = r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 
-	if x.api == llmapi.OpenAIModels && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+	if x.api == provider.OpenAIModels && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
 		return h.listModels(w, r)
 	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		return h.refuse(x, llmapi.Error{Status: http.StatusMethodNotAllowed, Message: r.Method + " is not supported here; LLM API requests are POSTs"})
+		return h.refuse(x, provider.Error{Status: http.StatusMethodNotAllowed, Message: r.Method + " is not supported here; LLM API requests are POSTs"})
 	}
 	body, err := readBody(w, r, h.MaxRequestBody)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			return h.refuse(x, llmapi.Error{Status: http.StatusRequestEntityTooLarge, Message: fmt.Sprintf("request body is larger than %d bytes", h.MaxRequestBody)})
+			return h.refuse(x, provider.Error{Status: http.StatusRequestEntityTooLarge, Message: fmt.Sprintf("request body is larger than %d bytes", h.MaxRequestBody)})
 		}
 		// The client went away or sent a broken body: nobody to answer.
-		return h.refuse(x, llmapi.Error{Status: http.StatusBadRequest, Message: "reading request body: " + err.Error()})
+		return h.refuse(x, provider.Error{Status: http.StatusBadRequest, Message: "reading request body: " + err.Error()})
 	}
 	x.body = body
-	if x.req, err = llmapi.ParseRequest(body); err != nil {
-		return h.refuse(x, llmapi.Error{Status: http.StatusBadRequest, Message: err.Error()})
+	if x.req, err = x.api.ParseRequest(body); err != nil {
+		return h.refuse(x, provider.Error{Status: http.StatusBadRequest, Message: err.Error()})
 	}
 	x.setVar("http.llm_failover.model", x.req.Model)
 	if x.model = h.models[x.req.Model]; x.model == nil {
-		return h.refuse(x, llmapi.Error{Status: http.StatusNotFound, Code: "model_not_found",
+		return h.refuse(x, provider.Error{Status: http.StatusNotFound, Code: "model_not_found",
 			Message: fmt.Sprintf("The model %q does not exist or is not served by this gateway", x.req.Model)})
+	}
+	if !h.served(x) {
+		return h.refuse(x, provider.Error{Status: http.StatusBadRequest,
+			Message: fmt.Sprintf("model %q is not served over the %s API by any of its channels", x.req.Model, x.api)})
 	}
 
 	if h.wallet != nil {
-		var refusal *llmapi.Error
+		var refusal *provider.Error
 		if x.bill, refusal = h.wallet.admit(x); refusal != nil {
 			return h.refuse(x, *refusal)
 		}
@@ -143,13 +146,21 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 				zap.String("state", h.channels[r.Channel].state.breaker.State(x.start).String()))
 		}
 	}
+	plan.Candidates = h.servingCandidates(x, plan.Candidates)
+	if len(plan.Candidates) == 0 && plan.AllParkedUntil.IsZero() {
+		// The routes left were those of other APIs; the channels that
+		// serve this one are all unavailable.
+		requestsTotal.WithLabelValues(x.req.Model, "exhausted").Inc()
+		return h.refuse(x, provider.Error{Status: http.StatusServiceUnavailable,
+			Message: fmt.Sprintf("every channel serving model %q over the %s API is unavailable", x.req.Model, x.api)})
+	}
 	if len(plan.Candidates) == 0 {
 		wait := time.Until(plan.AllParkedUntil)
 		h.logger.Warn("every channel is rate limited; refusing without sending",
 			zap.String("model", x.req.Model), zap.Duration("retry_after", wait))
 		requestsTotal.WithLabelValues(x.req.Model, "rate_limited").Inc()
 		setRetryAfter(w.Header(), wait)
-		return h.refuse(x, llmapi.Error{Status: http.StatusServiceUnavailable,
+		return h.refuse(x, provider.Error{Status: http.StatusServiceUnavailable,
 			Message: fmt.Sprintf("every channel serving model %q is rate limited; retry after %s", x.req.Model, wait.Round(time.Second))})
 	}
 	if plan.Probe {
@@ -222,8 +233,8 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 }
 
 // exhausted builds the error a client gets when no channel answered.
-func exhausted(x *exchange, last *failure) llmapi.Error {
-	e := llmapi.Error{Status: http.StatusBadGateway}
+func exhausted(x *exchange, last *failure) provider.Error {
+	e := provider.Error{Status: http.StatusBadGateway}
 	what := "no channel could be tried before the deadline"
 	if last != nil {
 		what = "the last failed with " + last.String()
@@ -263,13 +274,18 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 	}
 
 	body := x.body
-	if route.UpstreamModel != "" {
-		body = x.req.WithModel(body, route.UpstreamModel)
-	}
 	if x.bill != nil {
 		body = x.bill.prepare(body)
 	}
-	res, err := ch.rt.RoundTrip(h.upstreamRequest(ctx, x.r, ch, body))
+	out, err := ch.adapter.NewRequest(ctx, provider.Call{
+		API: x.api, Base: ch.base, Client: x.r, Body: body, Request: x.req,
+		UpstreamModel: route.UpstreamModel, Header: ch.headers,
+	})
+	if err != nil {
+		headerTimer.Stop()
+		return attemptResult{fail: &failure{reason: reasonNetwork, detail: "building the upstream request: " + err.Error()}}
+	}
+	res, err := ch.rt.RoundTrip(out)
 	headerTimer.Stop()
 	if err != nil {
 		return x.transportFailure(ctx, err)
@@ -277,9 +293,9 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 	defer res.Body.Close()
 
 	if res.StatusCode < len(h.retry) && h.retry[res.StatusCode] {
-		return attemptResult{fail: statusFailure(res)}
+		return attemptResult{fail: statusFailure(x.api, res)}
 	}
-	src := io.Reader(res.Body)
+	src := ch.adapter.ResponseBody(res)
 	if firstByte != nil {
 		src = &firstByteReader{r: src, t: firstByte}
 	}
@@ -300,15 +316,15 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 		// Not retryable and not a success: every channel would say the
 		// same, so the client gets this answer untouched.
 		commit()
-		h.passThrough(x, res, src)
+		h.passThrough(x, ch, res, src)
 		return attemptResult{done: true}
-	case isEventStream(res.Header):
+	case ch.adapter.IsStream(res.Header):
 		return h.relayStream(ctx, cancel, x, ch, res, src, commit)
-	case isJSON(res.Header):
+	case ch.adapter.IsJSON(res.Header):
 		return h.relayJSON(ctx, x, ch, res, src, commit)
 	default:
 		commit()
-		h.passThrough(x, res, src)
+		h.passThrough(x, ch, res, src)
 		return attemptResult{done: true}
 	}
 }
@@ -316,19 +332,17 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 // relayStream holds an SSE answer in the stream gate until it shows
 // content (commit) or an error (fail over).
 func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFunc, x *exchange, ch *channel, res *http.Response, src io.Reader, commit func()) attemptResult {
-	d := &downstream{w: x.w, res: res, rc: http.NewResponseController(x.w), onCommit: commit}
-	opts := streamgate.Options{
-		Dialect:      dialectOf(x.api),
-		GateTimeout:  time.Duration(h.StreamGate),
-		GateFailover: h.StreamGateFailover,
-		IdleTimeout:  time.Duration(h.StreamIdleTimeout),
-	}
+	d := &downstream{w: x.w, res: res, adapter: ch.adapter, rc: http.NewResponseController(x.w), onCommit: commit}
+	opts := x.api.GateOptions()
+	opts.GateTimeout = time.Duration(h.StreamGate)
+	opts.GateFailover = h.StreamGateFailover
+	opts.IdleTimeout = time.Duration(h.StreamIdleTimeout)
 	if x.bill != nil {
 		x.bill.streamOptions(&opts)
 	}
 	out := streamgate.Relay(src, cancel, d, opts)
 	if x.bill != nil && out.Committed {
-		x.bill.delivered(out.BytesSent)
+		x.bill.deliver(out.BytesSent)
 	}
 	if x.r.Context().Err() != nil && out.Outcome != streamgate.Complete {
 		return attemptResult{done: true, clientGone: true}
@@ -344,7 +358,7 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 			zap.String("outcome", out.Outcome.String()), zap.Int64("bytes_sent", out.BytesSent), zap.Error(out.Err))
 		return attemptResult{done: true, fail: &failure{reason: out.Outcome.String()}}
 	case streamgate.UpstreamError:
-		f := &failure{reason: reasonErrorFrame, status: 0, message: llmapi.UpstreamMessage(out.ErrorData)}
+		f := &failure{reason: reasonErrorFrame, status: 0, message: x.api.UpstreamMessage(out.ErrorData)}
 		if out.Committed {
 			// The error event was forwarded and ended a stream the client
 			// already has: it cannot fail over, only count against the
@@ -379,9 +393,9 @@ func (h *Handler) relayJSON(ctx context.Context, x *exchange, ch *channel, res *
 	if int64(len(body)) > h.MaxResponseBody {
 		return attemptResult{fail: &failure{reason: reasonTooLarge, status: res.StatusCode}}
 	}
-	switch err := streamgate.CheckBody(body); {
-	case errors.Is(err, streamgate.ErrErrorBody):
-		return attemptResult{fail: &failure{reason: reasonErrorBody, status: res.StatusCode, message: llmapi.UpstreamMessage(body)}}
+	switch err := x.api.CheckBody(body); {
+	case errors.Is(err, provider.ErrErrorBody):
+		return attemptResult{fail: &failure{reason: reasonErrorBody, status: res.StatusCode, message: x.api.UpstreamMessage(body)}}
 	case err != nil:
 		return attemptResult{fail: &failure{reason: reasonBadBody, status: res.StatusCode, detail: err.Error()}}
 	}
@@ -390,7 +404,7 @@ func (h *Handler) relayJSON(ctx context.Context, x *exchange, ch *channel, res *
 	}
 	commit()
 	hdr := x.w.Header()
-	copyResponseHeader(hdr, res.Header)
+	ch.adapter.CopyResponseHeader(hdr, res.Header)
 	hdr.Set("Content-Length", strconv.Itoa(len(body)))
 	x.w.WriteHeader(res.StatusCode)
 	if _, err := x.w.Write(body); err != nil {
@@ -401,8 +415,8 @@ func (h *Handler) relayJSON(ctx context.Context, x *exchange, ch *channel, res *
 
 // passThrough copies an answer the gateway does not inspect, flushing as
 // bytes arrive so that unknown streaming formats still stream.
-func (h *Handler) passThrough(x *exchange, res *http.Response, src io.Reader) {
-	copyResponseHeader(x.w.Header(), res.Header)
+func (h *Handler) passThrough(x *exchange, ch *channel, res *http.Response, src io.Reader) {
+	ch.adapter.CopyResponseHeader(x.w.Header(), res.Header)
 	if res.ContentLength >= 0 && !res.Uncompressed {
 		x.w.Header().Set("Content-Length", strconv.FormatInt(res.ContentLength, 10))
 	}
@@ -501,91 +515,15 @@ func causeFailure(ctx context.Context) *failure {
 
 // statusFailure reads (a bounded part of) a retryable error answer so that
 // its message can be logged and quoted to the client.
-func statusFailure(res *http.Response) *failure {
+func statusFailure(api provider.API, res *http.Response) *failure {
 	f := &failure{reason: reasonStatus, status: res.StatusCode}
 	if ra, ok := breaker.ParseRetryAfter(res.Header.Get("Retry-After"), time.Now()); ok {
 		f.retryAfter = ra
 	}
 	if b, err := io.ReadAll(io.LimitReader(res.Body, 64<<10)); err == nil || len(b) > 0 {
-		f.message = llmapi.UpstreamMessage(b)
+		f.message = api.UpstreamMessage(b)
 	}
 	return f
-}
-
-// upstreamRequest builds the request for one channel. The client's
-// credentials and hop-by-hop headers never cross; the channel's own headers
-// are set on top.
-func (h *Handler) upstreamRequest(ctx context.Context, r *http.Request, ch *channel, body []byte) *http.Request {
-	out := r.WithContext(ctx)
-	out.RequestURI = ""
-	out.Close = false
-	out.TransferEncoding = nil
-	out.Trailer = nil
-	out.Host = ch.base.Host
-	u := &url.URL{Scheme: ch.base.Scheme, Host: ch.base.Host, Path: ch.base.Path + r.URL.Path, RawQuery: r.URL.RawQuery}
-	if ch.base.RawQuery != "" {
-		u.RawQuery = ch.base.RawQuery
-		if r.URL.RawQuery != "" {
-			u.RawQuery += "&" + r.URL.RawQuery
-		}
-	}
-	if r.URL.RawPath != "" {
-		u.RawPath = ch.base.EscapedPath() + r.URL.RawPath
-	}
-	out.URL = u
-	hdr := make(http.Header, len(r.Header)+len(ch.headers))
-	for k, v := range r.Header {
-		if !droppedRequestHeaders[k] {
-			hdr[k] = v
-		}
-	}
-	for _, c := range r.Header["Connection"] {
-		for _, f := range strings.Split(c, ",") {
-			hdr.Del(strings.TrimSpace(f))
-		}
-	}
-	if _, ok := hdr["User-Agent"]; !ok {
-		// Keep Go from sending its own User-Agent for a client that sent none.
-		hdr["User-Agent"] = []string{""}
-	}
-	for k, v := range ch.headers {
-		hdr[k] = v
-	}
-	out.Header = hdr
-	out.Body = io.NopCloser(bytes.NewReader(body))
-	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-	out.ContentLength = int64(len(body))
-	return out
-}
-
-// droppedRequestHeaders never reach an upstream: hop-by-hop headers, the
-// client's credentials (each channel brings its own), headers that would
-// tell an upstream about the client, and Accept-Encoding, so that the
-// transport negotiates and decodes compression itself and the stream gate
-// reads plain text.
-var droppedRequestHeaders = map[string]bool{
-	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Te": true,
-	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
-	"Authorization": true, "Proxy-Authorization": true, "X-Api-Key": true, "Api-Key": true,
-	"Cookie": true, "Openai-Organization": true, "Openai-Project": true,
-	"Forwarded": true, "X-Forwarded-For": true, "X-Forwarded-Host": true, "X-Forwarded-Proto": true, "X-Real-Ip": true,
-	"Accept-Encoding": true, "Content-Length": true,
-}
-
-var hopResponseHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length"}
-
-func copyResponseHeader(dst, src http.Header) {
-	for k, v := range src {
-		dst[k] = v
-	}
-	for _, c := range src["Connection"] {
-		for _, f := range strings.Split(c, ",") {
-			dst.Del(strings.TrimSpace(f))
-		}
-	}
-	for _, k := range hopResponseHeaders {
-		delete(dst, k)
-	}
 }
 
 // downstream lets the stream gate commit and write to the client.
@@ -593,12 +531,13 @@ type downstream struct {
 	w        http.ResponseWriter
 	rc       *http.ResponseController
 	res      *http.Response
+	adapter  provider.Adapter
 	onCommit func()
 }
 
 func (d *downstream) Commit() error {
 	d.onCommit()
-	copyResponseHeader(d.w.Header(), d.res.Header)
+	d.adapter.CopyResponseHeader(d.w.Header(), d.res.Header)
 	d.w.WriteHeader(d.res.StatusCode)
 	return d.rc.Flush()
 }
@@ -634,12 +573,12 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 	return buf.Bytes(), err
 }
 
-func (h *Handler) refuse(x *exchange, e llmapi.Error) error {
+func (h *Handler) refuse(x *exchange, e provider.Error) error {
 	hdr := x.w.Header()
 	hdr.Set("Content-Type", "application/json")
 	hdr.Set("X-Content-Type-Options", "nosniff")
 	x.w.WriteHeader(e.Status)
-	_, _ = x.w.Write(e.Body(x.api))
+	_, _ = x.w.Write(x.api.ErrorBody(e))
 	return nil
 }
 
@@ -655,22 +594,30 @@ func setRetryAfter(h http.Header, d time.Duration) {
 	}
 }
 
-func isEventStream(h http.Header) bool {
-	return strings.HasPrefix(strings.ToLower(strings.TrimSpace(h.Get("Content-Type"))), "text/event-stream")
-}
-
-func isJSON(h http.Header) bool {
-	return strings.Contains(strings.ToLower(h.Get("Content-Type")), "json")
-}
-
-func dialectOf(api llmapi.API) streamgate.Dialect {
-	switch api {
-	case llmapi.OpenAIChat:
-		return streamgate.OpenAIChat
-	case llmapi.OpenAIResponses:
-		return streamgate.OpenAIResponses
-	case llmapi.AnthropicMessages:
-		return streamgate.AnthropicMessages
+// served reports whether any of the model's channels serves the request's
+// API.
+func (h *Handler) served(x *exchange) bool {
+	for _, r := range x.model.chain.Routes {
+		if h.channels[r.Channel].adapter.Serves(x.api) {
+			return true
+		}
 	}
-	return streamgate.Generic
+	return false
+}
+
+// servingCandidates drops, in place, the candidates whose channel cannot
+// answer the request's API: a route to an Anthropic channel is no use to a
+// chat completion.
+func (h *Handler) servingCandidates(x *exchange, cands []*chain.Route) []*chain.Route {
+	kept := cands[:0]
+	for _, r := range cands {
+		if h.channels[r.Channel].adapter.Serves(x.api) {
+			kept = append(kept, r)
+			continue
+		}
+		if c := h.logger.Check(zapcore.DebugLevel, "channel skipped: its provider does not serve the API"); c != nil {
+			c.Write(zap.String("model", x.req.Model), zap.String("channel", r.Name), zap.Stringer("api", x.api))
+		}
+	}
+	return kept
 }

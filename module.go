@@ -21,6 +21,8 @@ import (
 
 	"github.com/llmfailover/caddy-llm-failover/breaker"
 	"github.com/llmfailover/caddy-llm-failover/chain"
+	"github.com/llmfailover/caddy-llm-failover/provider"
+	"github.com/llmfailover/caddy-llm-failover/streamgate"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
 )
 
@@ -30,13 +32,11 @@ func init() {
 
 // Defaults, from the design this handler implements.
 const (
-	DefaultMaxHops           = 3                 // ROUTING_CHAIN_MAX
-	DefaultHeaderTimeout     = 240 * time.Second // UPSTREAM_HEADERS_TIMEOUT_MS
-	DefaultDeadline          = 540 * time.Second
-	DefaultMaxRequestBody    = 10 << 20
-	DefaultMaxResponseBody   = 64 << 20
-	DefaultStreamGate        = 30 * time.Second // STREAM_GATE_TIMEOUT_MS
-	DefaultStreamIdleTimeout = 60 * time.Second
+	DefaultMaxHops         = 3                 // ROUTING_CHAIN_MAX
+	DefaultHeaderTimeout   = 240 * time.Second // UPSTREAM_HEADERS_TIMEOUT_MS
+	DefaultDeadline        = 540 * time.Second
+	DefaultMaxRequestBody  = 10 << 20
+	DefaultMaxResponseBody = 64 << 20
 )
 
 // DefaultRetryStatus are the statuses that walk the chain: timeouts, rate
@@ -113,8 +113,13 @@ type Channel struct {
 	// Name identifies the channel in routes, logs and metrics.
 	Name string `json:"name"`
 	// BaseURL is joined with the client's request path and query:
-	// https://openrouter.ai/api + /v1/chat/completions.
-	BaseURL string `json:"base_url"`
+	// https://openrouter.ai/api + /v1/chat/completions. Default: the
+	// provider's own API host, when it has one.
+	BaseURL string `json:"base_url,omitempty"`
+	// ProviderRaw is the kind of upstream the channel is, a module in
+	// http.handlers.llm_failover.providers. Default: openai, an
+	// OpenAI-compatible host that is sent every API.
+	ProviderRaw json.RawMessage `json:"provider,omitempty" caddy:"namespace=http.handlers.llm_failover.providers inline_key=name"`
 	// Headers are set on every request to this channel, replacing the
 	// client's credentials. Values may hold global placeholders such as
 	// {env.OPENAI_API_KEY}, resolved when the config loads.
@@ -211,6 +216,7 @@ type channel struct {
 	name    string
 	base    *url.URL
 	headers http.Header
+	adapter provider.Adapter
 	rt      http.RoundTripper
 	state   *channelState
 }
@@ -252,10 +258,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.RetryStatus = DefaultRetryStatus
 	}
 	if h.StreamGate == 0 {
-		h.StreamGate = caddy.Duration(DefaultStreamGate)
+		h.StreamGate = caddy.Duration(streamgate.DefaultGateTimeout)
 	}
 	if h.StreamIdleTimeout == 0 {
-		h.StreamIdleTimeout = caddy.Duration(DefaultStreamIdleTimeout)
+		h.StreamIdleTimeout = caddy.Duration(streamgate.DefaultIdleTimeout)
 	}
 	for _, s := range h.RetryStatus {
 		if s < 100 || s >= len(h.retry) {
@@ -277,12 +283,24 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if _, dup := h.channelByID[c.Name]; dup {
 			return fmt.Errorf("channel %q is defined twice", c.Name)
 		}
-		base, err := url.Parse(c.BaseURL)
+		adapter := provider.Adapter(new(provider.OpenAI))
+		if c.ProviderRaw != nil {
+			mod, err := ctx.LoadModule(c, "ProviderRaw")
+			if err != nil {
+				return fmt.Errorf("channel %q: loading provider: %w", c.Name, err)
+			}
+			adapter = mod.(provider.Adapter)
+		}
+		baseURL := c.BaseURL
+		if baseURL == "" {
+			baseURL = adapter.DefaultBaseURL()
+		}
+		base, err := url.Parse(baseURL)
 		if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
-			return fmt.Errorf("channel %q: base_url %q must be an absolute http(s) URL", c.Name, c.BaseURL)
+			return fmt.Errorf("channel %q: base_url %q must be an absolute http(s) URL", c.Name, baseURL)
 		}
 		base.Path = strings.TrimSuffix(base.Path, "/")
-		ch := &channel{name: c.Name, base: base, headers: make(http.Header, len(c.Headers))}
+		ch := &channel{name: c.Name, base: base, adapter: adapter, headers: make(http.Header, len(c.Headers))}
 		for k, v := range c.Headers {
 			val, err := repl.ReplaceOrErr(v, true, true)
 			if err != nil {

@@ -1,7 +1,10 @@
-package streamgate
+package streamgate_test
 
 import (
 	"bytes"
+	"github.com/llmfailover/caddy-llm-failover/internal/shapes"
+	"github.com/llmfailover/caddy-llm-failover/provider"
+	. "github.com/llmfailover/caddy-llm-failover/streamgate"
 	"io"
 	"runtime"
 	"strings"
@@ -23,12 +26,12 @@ func chatStream(events int) (stream []byte, perEvent [][]byte) {
 		b.WriteString(s)
 		perEvent = append(perEvent, b.Bytes()[start:b.Len()])
 	}
-	add(sse(chatRole))
+	add(sse(shapes.ChatRole))
 	for range events {
-		add(sse(chatContent))
+		add(sse(shapes.ChatContent))
 	}
-	add(sse(chatFinish))
-	add(sse(chatUsage))
+	add(sse(shapes.ChatFinish))
+	add(sse(shapes.ChatUsage))
 	add(sse("[DONE]"))
 	return b.Bytes(), perEvent
 }
@@ -44,10 +47,10 @@ func BenchmarkRelay(b *testing.B) {
 		src  func() io.Reader
 		opts Options
 	}{
-		{"event-per-read", func() io.Reader { return &chunkReader{chunks: append([][]byte(nil), events...)} }, Options{Dialect: OpenAIChat}},
-		{"16KiB-reads", func() io.Reader { return bytes.NewReader(stream) }, Options{Dialect: OpenAIChat}},
-		{"event-per-read/drop", func() io.Reader { return &chunkReader{chunks: append([][]byte(nil), events...)} }, Options{Dialect: OpenAIChat, Drop: isUsageOnly}},
-		{"16KiB-reads/drop", func() io.Reader { return bytes.NewReader(stream) }, Options{Dialect: OpenAIChat, Drop: isUsageOnly}},
+		{"event-per-read", func() io.Reader { return &chunkReader{chunks: append([][]byte(nil), events...)} }, gate(provider.OpenAIChat, Options{})},
+		{"16KiB-reads", func() io.Reader { return bytes.NewReader(stream) }, gate(provider.OpenAIChat, Options{})},
+		{"event-per-read/drop", func() io.Reader { return &chunkReader{chunks: append([][]byte(nil), events...)} }, gate(provider.OpenAIChat, Options{Drop: isUsageOnly})},
+		{"16KiB-reads/drop", func() io.Reader { return bytes.NewReader(stream) }, gate(provider.OpenAIChat, Options{Drop: isUsageOnly})},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.SetBytes(int64(len(stream)))
@@ -59,31 +62,6 @@ func BenchmarkRelay(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(events)), "ns/event")
-		})
-	}
-}
-
-func BenchmarkClassify(b *testing.B) {
-	for _, bc := range []struct {
-		name string
-		d    Dialect
-		ev   Event
-	}{
-		{"chat/content", OpenAIChat, Event{Data: []byte(chatContent)}},
-		{"chat/role", OpenAIChat, Event{Data: []byte(chatRole)}},
-		{"chat/usage", OpenAIChat, Event{Data: []byte(chatUsage)}},
-		{"responses/named", OpenAIResponses, Event{Name: "response.output_text.delta", Data: []byte(respTextDelta)}},
-		{"responses/by-type", OpenAIResponses, Event{Data: []byte(respTextDelta)}},
-		{"anthropic/delta", AnthropicMessages, Event{Name: "content_block_delta", Data: []byte(antBlockDelta)}},
-		{"anthropic/message_delta", AnthropicMessages, Event{Name: "message_delta", Data: []byte(antMsgDelta)}},
-		{"generic", Generic, Event{Data: []byte(chatContent)}},
-	} {
-		b.Run(bc.name, func(b *testing.B) {
-			b.ReportAllocs()
-			b.SetBytes(int64(len(bc.ev.Data)))
-			for b.Loop() {
-				Classify(bc.d, bc.ev)
-			}
 		})
 	}
 }
@@ -124,7 +102,7 @@ func (f *flushSignal) Flush() error { f.once.Do(func() { close(f.ch) }); return 
 // bytes).
 func BenchmarkIdleCommittedStreams(b *testing.B) {
 	const streams = 1000
-	first := []byte(sse(chatRole) + sse(chatContent))
+	first := []byte(sse(shapes.ChatRole) + sse(shapes.ChatContent))
 	var perStream float64
 	for b.Loop() {
 		var before, after runtime.MemStats
@@ -144,7 +122,7 @@ func BenchmarkIdleCommittedStreams(b *testing.B) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				Relay(pr, func(err error) { pr.CloseWithError(err) }, dst, Options{Dialect: OpenAIChat, IdleTimeout: time.Hour})
+				Relay(pr, func(err error) { pr.CloseWithError(err) }, dst, gate(provider.OpenAIChat, Options{IdleTimeout: time.Hour}))
 			}()
 			if _, err := pw.Write(first); err != nil {
 				b.Fatal(err)

@@ -1,7 +1,10 @@
-package streamgate
+package streamgate_test
 
 import (
 	"bytes"
+	"github.com/llmfailover/caddy-llm-failover/internal/shapes"
+	"github.com/llmfailover/caddy-llm-failover/provider"
+	. "github.com/llmfailover/caddy-llm-failover/streamgate"
 	"io"
 	"reflect"
 	"strings"
@@ -152,15 +155,21 @@ func (d *recDown) Write(p []byte) (int, error) {
 
 func (d *recDown) Flush() error { return nil }
 
+// fuzzAPIs are the stream formats FuzzRelay picks from; the order keeps
+// the seed corpus meaning what it did (0 generic, 1 chat, 2 responses, 3
+// anthropic).
+var fuzzAPIs = [...]provider.API{provider.Unknown, provider.OpenAIChat, provider.OpenAIResponses, provider.AnthropicMessages}
+
 func FuzzRelay(f *testing.F) {
-	f.Add([]byte("data: "+chatRole+"\n\ndata: "+chatContent+"\n\ndata: [DONE]\n\n"), []byte{5, 200, 1}, uint8(1), uint8(0))
+	f.Add([]byte("data: "+shapes.ChatRole+"\n\ndata: "+shapes.ChatContent+"\n\ndata: [DONE]\n\n"), []byte{5, 200, 1}, uint8(1), uint8(0))
 	f.Add([]byte("event: message_start\ndata: {}\r\n\r\nevent: content_block_delta\rdata: x\r\rdata: cut"), []byte{2}, uint8(3), uint8(1))
-	f.Add([]byte("data: "+chatContent+"\n\ndata: "+chatUsage+"\r\rdata: [DONE]\n\n"), []byte{9, 1}, uint8(1), uint8(3))
+	f.Add([]byte("data: "+shapes.ChatContent+"\n\ndata: "+shapes.ChatUsage+"\r\rdata: [DONE]\n\n"), []byte{9, 1}, uint8(1), uint8(3))
 	f.Fuzz(func(t *testing.T, in []byte, seed []byte, dialect, mode uint8) {
+		api := fuzzAPIs[dialect%uint8(len(fuzzAPIs))]
 		// The JSON walker must survive arbitrary bytes, not only SSE.
-		_ = CheckBody(in)
-		Classify(Dialect(dialect%4), Event{Name: string(seed), Data: in})
-		opts := Options{Dialect: Dialect(dialect % 4), GateTimeout: time.Hour, IdleTimeout: time.Hour}
+		_ = api.CheckBody(in)
+		api.Classify(Event{Name: string(seed), Data: in})
+		opts := gate(api, Options{GateTimeout: time.Hour, IdleTimeout: time.Hour})
 		if mode&1 != 0 {
 			opts.MaxHeld = 64
 		}
@@ -197,7 +206,7 @@ func FuzzRelay(f *testing.F) {
 		switch res.Outcome {
 		case Truncated:
 			tail = bytes.TrimPrefix(tail, []byte("\n\n"))
-			if !bytes.Equal(tail, ErrorEvent(opts.Dialect, CodeTruncated, "upstream closed the stream before it was complete; the response is incomplete")) {
+			if !bytes.Equal(tail, api.ErrorEvent(CodeTruncated, "upstream closed the stream before it was complete; the response is incomplete")) {
 				t.Fatalf("appended %q", tail)
 			}
 		case Complete, UpstreamError:

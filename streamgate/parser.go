@@ -2,7 +2,6 @@ package streamgate
 
 import (
 	"bytes"
-	"time"
 )
 
 // Event is one dispatched SSE event. Data (and the Event itself) is only
@@ -51,7 +50,6 @@ type Parser struct {
 	name      string
 	nameCache string // last unknown event name, to avoid re-allocating it per event
 	id        string
-	retry     time.Duration
 
 	dirty   bool // field lines seen since the last blank line
 	started bool // first line seen (BOM handling)
@@ -152,13 +150,6 @@ func (p *Parser) EventEnd() int { return p.evEnd }
 // boundary: no partial line and no partially accumulated event.
 func (p *Parser) AtBoundary() bool { return !p.dirty && len(p.line) == 0 && !p.lineOver }
 
-// Retry reports the reconnection time most recently set by a "retry:"
-// field, or 0.
-func (p *Parser) Retry() time.Duration { return p.retry }
-
-// LastEventID reports the last event ID buffer.
-func (p *Parser) LastEventID() string { return p.id }
-
 // Finish ends the stream. Per the spec an event still being accumulated at
 // end of stream is discarded, not dispatched; but because a caller needs to
 // judge how the stream ended, Finish passes that unterminated event to
@@ -239,10 +230,6 @@ func (p *Parser) processLine(l []byte, fromChunk, overlong bool, end int, emit f
 		if !overlong && bytes.IndexByte(value, 0) < 0 && string(value) != p.id {
 			p.id = string(value)
 		}
-	case "retry":
-		if !overlong {
-			p.setRetry(value)
-		}
 	}
 }
 
@@ -269,20 +256,6 @@ func (p *Parser) addData(v []byte, fromChunk bool) {
 		p.over = true
 		p.data = p.data[:0]
 	}
-}
-
-func (p *Parser) setRetry(v []byte) {
-	if len(v) == 0 || len(v) > 12 {
-		return
-	}
-	var ms int64
-	for _, c := range v {
-		if c < '0' || c > '9' {
-			return
-		}
-		ms = ms*10 + int64(c-'0')
-	}
-	p.retry = time.Duration(ms) * time.Millisecond
 }
 
 func (p *Parser) event() Event {

@@ -1,11 +1,12 @@
-package streamgate
+package streamgate_test
 
 import (
 	"fmt"
+	"github.com/llmfailover/caddy-llm-failover/internal/shapes"
+	. "github.com/llmfailover/caddy-llm-failover/streamgate"
 	"reflect"
 	"strings"
 	"testing"
-	"time"
 )
 
 type rec struct {
@@ -74,7 +75,7 @@ func TestParserFields(t *testing.T) {
 		"data: b\n\n" + // id persists; event resets
 		"id\ndata: c\n\n" + // id without value resets it
 		"event: only\n\n" + // no data: not dispatched
-		"retry: 1500\nfoo: bar\ndata: d\n\n" +
+		"retry: 1500\nfoo: bar\ndata: d\n\n" + // retry and unknown fields are ignored
 		"id: bad\x00id\ndata: e\n\n" // ids with NUL are ignored
 	want := []rec{
 		{"", "", "", false},
@@ -90,9 +91,6 @@ func TestParserFields(t *testing.T) {
 	p.Feed([]byte(in), func(ev Event) { got = append(got, rec{ev.Name, string(ev.Data), ev.ID, false}) })
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %v\nwant %v", got, want)
-	}
-	if p.Retry() != 1500*time.Millisecond {
-		t.Errorf("retry = %v", p.Retry())
 	}
 }
 
@@ -181,19 +179,19 @@ func TestParserMaxEvent(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %v, want %v", got, want)
 	}
-	if cap(p.line) > 64 || cap(p.data) > 64 {
-		t.Fatalf("buffers grew past the bound: line %d data %d", cap(p.line), cap(p.data))
+	if line, data := BufferCaps(&p); line > 64 || data > 64 {
+		t.Fatalf("buffers grew past the bound: line %d data %d", line, data)
 	}
 }
 
 func TestParserZeroCopyAllocs(t *testing.T) {
 	var p Parser
-	chunk := []byte("data: " + chatContent + "\n\n")
+	chunk := []byte("data: " + shapes.ChatContent + "\n\n")
 	n := testing.AllocsPerRun(100, func() { p.Feed(chunk, func(Event) {}) })
 	if n != 0 {
 		t.Errorf("Feed of a whole event allocates %v times", n)
 	}
-	named := []byte("event: content_block_delta\ndata: " + antBlockDelta + "\n\n")
+	named := []byte("event: content_block_delta\ndata: " + shapes.AntBlockDelta + "\n\n")
 	if n := testing.AllocsPerRun(100, func() { p.Feed(named, func(Event) {}) }); n != 0 {
 		t.Errorf("Feed of a named event allocates %v times", n)
 	}

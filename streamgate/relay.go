@@ -7,8 +7,12 @@
 // held bytes, then pass-through), an error frame or an early close leaves
 // the client untouched so the caller can fail over to another channel.
 // Once committed a stream cannot fail over, so Relay makes it fail honestly
-// instead: a stall or a break-off before the dialect's normal end gets an
-// error event in the client's dialect.
+// instead: a stall or a break-off before the stream's normal end gets an
+// error event in the client's API format.
+//
+// The package knows server-sent events, not LLM APIs: what an event means
+// (Options.Classify) and how an error event looks (Options.ErrorEvent) are
+// the caller's, so no provider JSON lives here.
 package streamgate
 
 import (
@@ -63,9 +67,50 @@ type Downstream interface {
 	Flush() error
 }
 
-// Options configure Relay. The zero value is usable for Generic streams.
+// Kind is what an event means for the commit decision.
+type Kind uint8
+
+const (
+	// Preamble events (metadata, keep-alives, role-only deltas) say nothing
+	// about whether the upstream will answer or fail.
+	Preamble Kind = iota
+	// Content is real output: the upstream is answering.
+	Content
+	// ErrorFrame is an in-stream error.
+	ErrorFrame
+	// Terminal is decisive like Content and also marks the stream's normal
+	// end ([DONE], a finish_reason, response.completed, message_stop), so a
+	// close after it is not a truncation.
+	Terminal
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Preamble:
+		return "preamble"
+	case Content:
+		return "content"
+	case ErrorFrame:
+		return "error"
+	case Terminal:
+		return "terminal"
+	}
+	return "kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Options configure Relay.
 type Options struct {
-	Dialect Dialect
+	// Classify tells what each event means; it is required. It runs on
+	// the Relay goroutine and must not retain ev.Data.
+	Classify func(ev Event) Kind
+	// ErrorEvent renders the complete event (blank line included) appended
+	// to a committed stream that broke off or stalled, so the client learns
+	// its answer is incomplete. When nil, the stream just ends.
+	ErrorEvent func(code, message string) []byte
+	// EndsAtEOF makes a clean EOF at an event boundary a normal end, for
+	// streams with no end marker of their own. Otherwise only a Terminal
+	// or error event ends a stream normally.
+	EndsAtEOF bool
 	// GateTimeout bounds the wait for a decisive event; 0 means 30s.
 	GateTimeout time.Duration
 	// GateFailover makes gate expiry a failure (Outcome GateTimeout)
@@ -165,19 +210,6 @@ type Result struct {
 	Err error
 }
 
-// CanFailover reports whether the caller may retry on another channel: the
-// attempt failed and the client has seen nothing.
-func (r Result) CanFailover() bool {
-	if r.Committed {
-		return false
-	}
-	switch r.Outcome {
-	case UpstreamError, ClosedEarly, GateTimeout:
-		return true
-	}
-	return false
-}
-
 // relay is the state of one Relay call. The Relay goroutine owns it, except
 // that the gate timer may commit (or expire) concurrently before commit,
 // and the idle timer checks for a stall after; mu serializes those with the
@@ -235,6 +267,9 @@ type relay struct {
 // Relay is blocked in Read), never concurrently and never after Relay
 // returns.
 func Relay(src io.Reader, cancel context.CancelCauseFunc, dst Downstream, opts Options) Result {
+	if opts.Classify == nil {
+		panic("streamgate: Relay needs Options.Classify")
+	}
 	r := &relay{src: src, cancel: cancel, dst: dst, opts: opts.withDefaults(), start: time.Now()}
 	r.p.MaxEvent = max(r.opts.MaxHeld, minMaxEvent)
 	r.emit = r.onEvent
@@ -383,7 +418,7 @@ func (r *relay) onEvent(ev Event) {
 	if r.opts.Observe != nil {
 		r.opts.Observe(ev)
 	}
-	k := Classify(r.opts.Dialect, ev)
+	k := r.opts.Classify(ev)
 	if r.committed || r.decided {
 		switch k {
 		case Terminal:
@@ -540,7 +575,7 @@ func (r *relay) finish(readErr error) Result {
 			// An error frame cut off by the close still tells the caller
 			// (and its logs) what went wrong.
 			r.p.Finish(func(ev Event) {
-				if Classify(r.opts.Dialect, ev) == ErrorFrame {
+				if r.opts.Classify(ev) == ErrorFrame {
 					r.failed = true
 					r.errData = append([]byte(nil), ev.Data...)
 				}
@@ -568,7 +603,7 @@ func (r *relay) finish(readErr error) Result {
 	midEvent := !r.p.AtBoundary()
 	tailErr := false
 	unterminated := r.p.Finish(func(ev Event) {
-		switch Classify(r.opts.Dialect, ev) {
+		switch r.opts.Classify(ev) {
 		case Terminal:
 			ended = true
 		case ErrorFrame:
@@ -590,7 +625,7 @@ func (r *relay) finish(readErr error) Result {
 	r.mu.Lock()
 	stalled := r.stalled
 	r.mu.Unlock()
-	if !ended && r.opts.Dialect == Generic && errors.Is(readErr, io.EOF) && !unterminated && !stalled {
+	if !ended && r.opts.EndsAtEOF && errors.Is(readErr, io.EOF) && !unterminated && !stalled {
 		ended = true // an unknown API ends however it likes, but not mid-event
 	}
 
@@ -616,14 +651,17 @@ func (r *relay) finish(readErr error) Result {
 	return res
 }
 
-// appendError tells the client, in its own dialect, that what it got is not
+// appendError tells the client, in its own API format, that what it got is not
 // the whole answer. If the upstream broke off inside an event, a blank line
 // first ends the half line and event; otherwise the client's parser would
 // glue the error onto them and never see it. (One blank line is not enough
 // after a lone CR: the client would take the LF as the rest of a CRLF.)
 // A failure here changes nothing: the client is gone.
 func (r *relay) appendError(midEvent bool, code, msg string) {
-	ev := ErrorEvent(r.opts.Dialect, code, msg)
+	if r.opts.ErrorEvent == nil {
+		return
+	}
+	ev := r.opts.ErrorEvent(code, msg)
 	if midEvent {
 		ev = append([]byte("\n\n"), ev...)
 	}

@@ -1,9 +1,12 @@
-package streamgate
+package streamgate_test
 
 import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/llmfailover/caddy-llm-failover/internal/shapes"
+	"github.com/llmfailover/caddy-llm-failover/provider"
+	. "github.com/llmfailover/caddy-llm-failover/streamgate"
 	"io"
 	"strings"
 	"sync"
@@ -147,25 +150,25 @@ func antEv(name, data string) string { return "event: " + name + "\ndata: " + da
 
 func TestRelayErrorFirstFrame(t *testing.T) {
 	dst := newFakeDown()
-	res, _ := relayWith(t, dst, Options{Dialect: OpenAIChat}, func(u *upstream) {
-		u.send(sse(chatError))
-		u.send(sse(chatContent)) // never read
+	res, _ := relayWith(t, dst, gate(provider.OpenAIChat, Options{}), func(u *upstream) {
+		u.send(sse(shapes.ChatError))
+		u.send(sse(shapes.ChatContent)) // never read
 	})
 	ops, _ := dst.snapshot()
 	if res.Outcome != UpstreamError || res.Committed || len(ops) != 0 {
 		t.Fatalf("res %+v, ops %q", res, ops)
 	}
-	if string(res.ErrorData) != chatError || !res.CanFailover() {
-		t.Fatalf("ErrorData %q, CanFailover %v", res.ErrorData, res.CanFailover())
+	if string(res.ErrorData) != shapes.ChatError || res.Committed {
+		t.Fatalf("ErrorData %q, CanFailover %v", res.ErrorData, !res.Committed)
 	}
 }
 
 func TestRelayErrorAfterRoleChunk(t *testing.T) {
 	dst := newFakeDown()
-	res, _ := relayWith(t, dst, Options{Dialect: OpenAIChat}, func(u *upstream) {
+	res, _ := relayWith(t, dst, gate(provider.OpenAIChat, Options{}), func(u *upstream) {
 		u.send(": OPENROUTER PROCESSING\n\n")
-		u.send(sse(chatRole))
-		u.send(sse(chatError))
+		u.send(sse(shapes.ChatRole))
+		u.send(sse(shapes.ChatError))
 	})
 	if ops, _ := dst.snapshot(); res.Outcome != UpstreamError || len(ops) != 0 {
 		t.Fatalf("res %+v, ops %q", res, ops)
@@ -174,31 +177,31 @@ func TestRelayErrorAfterRoleChunk(t *testing.T) {
 
 func TestRelayAnthropicErrorAfterPreamble(t *testing.T) {
 	dst := newFakeDown()
-	res, _ := relayWith(t, dst, Options{Dialect: AnthropicMessages}, func(u *upstream) {
-		u.send(antEv("message_start", antStart))
-		u.send(antEv("ping", antPing))
-		u.send(antEv("error", antError))
+	res, _ := relayWith(t, dst, gate(provider.AnthropicMessages, Options{}), func(u *upstream) {
+		u.send(antEv("message_start", shapes.AntStart))
+		u.send(antEv("ping", shapes.AntPing))
+		u.send(antEv("error", shapes.AntError))
 	})
-	if ops, _ := dst.snapshot(); res.Outcome != UpstreamError || len(ops) != 0 || string(res.ErrorData) != antError {
+	if ops, _ := dst.snapshot(); res.Outcome != UpstreamError || len(ops) != 0 || string(res.ErrorData) != shapes.AntError {
 		t.Fatalf("res %+v, ops %q", res, ops)
 	}
 }
 
 func TestRelayClosedEarly(t *testing.T) {
 	dst := newFakeDown()
-	res, _ := relayWith(t, dst, Options{Dialect: OpenAIResponses}, func(u *upstream) {
-		u.send(antEv("response.created", respCreated))
+	res, _ := relayWith(t, dst, gate(provider.OpenAIResponses, Options{}), func(u *upstream) {
+		u.send(antEv("response.created", shapes.RespCreated))
 		u.pw.CloseWithError(errors.New("connection reset"))
 	})
-	if ops, _ := dst.snapshot(); res.Outcome != ClosedEarly || len(ops) != 0 || res.Err == nil || !res.CanFailover() {
+	if ops, _ := dst.snapshot(); res.Outcome != ClosedEarly || len(ops) != 0 || res.Err == nil || res.Committed {
 		t.Fatalf("res %+v, ops %q", res, ops)
 	}
 }
 
 func TestRelayContentCommitsAndFlushesPerEvent(t *testing.T) {
 	dst := newFakeDown()
-	events := []string{sse(chatRole), sse(chatContent), sse(chatContent), sse(chatFinish), sse(chatUsage), sse("[DONE]")}
-	res, u := relayWith(t, dst, Options{Dialect: OpenAIChat}, func(u *upstream) {
+	events := []string{sse(shapes.ChatRole), sse(shapes.ChatContent), sse(shapes.ChatContent), sse(shapes.ChatFinish), sse(shapes.ChatUsage), sse("[DONE]")}
+	res, u := relayWith(t, dst, gate(provider.OpenAIChat, Options{}), func(u *upstream) {
 		for _, e := range events {
 			u.send(e)
 		}
@@ -225,17 +228,17 @@ func TestRelayContentCommitsAndFlushesPerEvent(t *testing.T) {
 
 func TestRelaySlowFirstTokenWithinGate(t *testing.T) {
 	dst := newFakeDown()
-	res, u := relayWith(t, dst, Options{Dialect: AnthropicMessages, GateTimeout: 10 * time.Second}, func(u *upstream) {
-		u.send(antEv("message_start", antStart))
-		u.send(antEv("content_block_start", antBlockStart))
+	res, u := relayWith(t, dst, gate(provider.AnthropicMessages, Options{GateTimeout: 10 * time.Second}), func(u *upstream) {
+		u.send(antEv("message_start", shapes.AntStart))
+		u.send(antEv("content_block_start", shapes.AntBlockStart))
 		time.Sleep(150 * time.Millisecond)
 		if dst.committed() {
 			panic("committed on preamble alone")
 		}
-		u.send(antEv("content_block_delta", antBlockDelta))
-		u.send(antEv("content_block_stop", antBlockStop))
-		u.send(antEv("message_delta", antMsgDelta))
-		u.send(antEv("message_stop", antMsgStop))
+		u.send(antEv("content_block_delta", shapes.AntBlockDelta))
+		u.send(antEv("content_block_stop", shapes.AntBlockStop))
+		u.send(antEv("message_delta", shapes.AntMsgDelta))
+		u.send(antEv("message_stop", shapes.AntMsgStop))
 		u.close()
 	})
 	if _, body := dst.snapshot(); res.Outcome != Complete || body != u.sentString() {
@@ -245,15 +248,15 @@ func TestRelaySlowFirstTokenWithinGate(t *testing.T) {
 
 func TestRelayGateExpiryCommits(t *testing.T) {
 	dst := newFakeDown()
-	res, u := relayWith(t, dst, Options{Dialect: OpenAIChat, GateTimeout: 50 * time.Millisecond}, func(u *upstream) {
-		u.send(sse(chatRole))
+	res, u := relayWith(t, dst, gate(provider.OpenAIChat, Options{GateTimeout: 50 * time.Millisecond}), func(u *upstream) {
+		u.send(sse(shapes.ChatRole))
 		select {
 		case <-dst.commitCh: // committed by the timer while Relay is blocked in Read
 		case <-time.After(waitLimit):
 			panic("gate timer did not commit")
 		}
-		u.send(sse(chatContent))
-		u.send(sse(chatFinish))
+		u.send(sse(shapes.ChatContent))
+		u.send(sse(shapes.ChatFinish))
 		u.send(sse("[DONE]"))
 		u.close()
 	})
@@ -261,18 +264,18 @@ func TestRelayGateExpiryCommits(t *testing.T) {
 	if res.Outcome != Complete || !res.Committed || body != u.sentString() {
 		t.Fatalf("res %+v body %q", res, body)
 	}
-	if ops[0] != "commit" || ops[1] != "write:"+sse(chatRole) || ops[2] != "flush" {
+	if ops[0] != "commit" || ops[1] != "write:"+sse(shapes.ChatRole) || ops[2] != "flush" {
 		t.Fatalf("ops %q", ops)
 	}
 }
 
 func TestRelayGateExpiryFailover(t *testing.T) {
 	dst := newFakeDown()
-	res, u := relayWith(t, dst, Options{Dialect: OpenAIChat, GateTimeout: 50 * time.Millisecond, GateFailover: true}, func(u *upstream) {
-		u.send(sse(chatRole)) // then nothing
+	res, u := relayWith(t, dst, gate(provider.OpenAIChat, Options{GateTimeout: 50 * time.Millisecond, GateFailover: true}), func(u *upstream) {
+		u.send(sse(shapes.ChatRole)) // then nothing
 	})
 	ops, _ := dst.snapshot()
-	if res.Outcome != GateTimeout || res.Committed || len(ops) != 0 || !res.CanFailover() {
+	if res.Outcome != GateTimeout || res.Committed || len(ops) != 0 {
 		t.Fatalf("res %+v ops %q", res, ops)
 	}
 	if c := u.cancelCauses(); len(c) != 1 || c[0] != ErrGateTimeout {
@@ -282,11 +285,11 @@ func TestRelayGateExpiryFailover(t *testing.T) {
 
 func TestRelayMaxHeldCommits(t *testing.T) {
 	dst := newFakeDown()
-	res, u := relayWith(t, dst, Options{Dialect: OpenAIChat, MaxHeld: 600, GateTimeout: time.Hour}, func(u *upstream) {
+	res, u := relayWith(t, dst, gate(provider.OpenAIChat, Options{MaxHeld: 600, GateTimeout: time.Hour}), func(u *upstream) {
 		for !dst.committed() {
-			u.send(sse(chatRole)) // endless preamble
+			u.send(sse(shapes.ChatRole)) // endless preamble
 		}
-		u.send(sse(chatContent))
+		u.send(sse(shapes.ChatContent))
 		u.send(sse("[DONE]"))
 		u.close()
 	})
@@ -301,21 +304,21 @@ func TestRelayCutAfterCommit(t *testing.T) {
 	}{
 		{"at boundary", "", ""},
 		{"mid line", `data: {"id":"x","choi`, "\n\n"},
-		{"mid event", "data: " + chatContent + "\n", "\n\n"},
-		{"after CR", "data: " + chatContent + "\r", "\n\n"},
+		{"mid event", "data: " + shapes.ChatContent + "\n", "\n\n"},
+		{"after CR", "data: " + shapes.ChatContent + "\r", "\n\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dst := newFakeDown()
-			res, u := relayWith(t, dst, Options{Dialect: OpenAIChat}, func(u *upstream) {
-				u.send(sse(chatRole) + sse(chatContent))
-				u.send(sse(chatContent))
+			res, u := relayWith(t, dst, gate(provider.OpenAIChat, Options{}), func(u *upstream) {
+				u.send(sse(shapes.ChatRole) + sse(shapes.ChatContent))
+				u.send(sse(shapes.ChatContent))
 				if tc.tail != "" {
 					u.send(tc.tail)
 				}
 				u.close()
 			})
 			_, body := dst.snapshot()
-			errEv := string(ErrorEvent(OpenAIChat, CodeTruncated, ""))
+			errEv := string(provider.OpenAIChat.ErrorEvent(CodeTruncated, ""))
 			errEv = errEv[:strings.Index(errEv, `"message"`)]
 			if res.Outcome != Truncated || !res.Committed {
 				t.Fatalf("res %+v", res)
@@ -333,7 +336,7 @@ func TestRelayCutAfterCommit(t *testing.T) {
 			// The client must see exactly the upstream events plus one error.
 			var kinds []Kind
 			var p Parser
-			p.Feed([]byte(body), func(ev Event) { kinds = append(kinds, Classify(OpenAIChat, ev)) })
+			p.Feed([]byte(body), func(ev Event) { kinds = append(kinds, provider.OpenAIChat.Classify(ev)) })
 			if kinds[len(kinds)-1] != ErrorFrame {
 				t.Fatalf("client's last event is %v", kinds[len(kinds)-1])
 			}
@@ -343,13 +346,13 @@ func TestRelayCutAfterCommit(t *testing.T) {
 
 func TestRelayAnthropicCutBeforeMessageStop(t *testing.T) {
 	dst := newFakeDown()
-	res, _ := relayWith(t, dst, Options{Dialect: AnthropicMessages}, func(u *upstream) {
-		u.send(antEv("message_start", antStart))
-		u.send(antEv("content_block_delta", antBlockDelta))
+	res, _ := relayWith(t, dst, gate(provider.AnthropicMessages, Options{}), func(u *upstream) {
+		u.send(antEv("message_start", shapes.AntStart))
+		u.send(antEv("content_block_delta", shapes.AntBlockDelta))
 		u.pw.CloseWithError(errors.New("unexpected EOF"))
 	})
 	_, body := dst.snapshot()
-	if res.Outcome != Truncated || res.Err == nil || !strings.HasSuffix(body, string(ErrorEvent(AnthropicMessages, CodeTruncated, "upstream closed the stream before it was complete; the response is incomplete"))) {
+	if res.Outcome != Truncated || res.Err == nil || !strings.HasSuffix(body, string(provider.AnthropicMessages.ErrorEvent(CodeTruncated, "upstream closed the stream before it was complete; the response is incomplete"))) {
 		t.Fatalf("res %+v body %q", res, body)
 	}
 }
@@ -357,9 +360,9 @@ func TestRelayAnthropicCutBeforeMessageStop(t *testing.T) {
 func TestRelayStallAfterCommit(t *testing.T) {
 	dst := newFakeDown()
 	start := time.Now()
-	res, u := relayWith(t, dst, Options{Dialect: OpenAIResponses, IdleTimeout: 100 * time.Millisecond}, func(u *upstream) {
-		u.send(antEv("response.created", respCreated))
-		u.send(antEv("response.output_text.delta", respTextDelta))
+	res, u := relayWith(t, dst, gate(provider.OpenAIResponses, Options{IdleTimeout: 100 * time.Millisecond}), func(u *upstream) {
+		u.send(antEv("response.created", shapes.RespCreated))
+		u.send(antEv("response.output_text.delta", shapes.RespTextDelta))
 		// then silence, connection kept open
 	})
 	if res.Outcome != Stalled || !errors.Is(res.Err, ErrIdleTimeout) {
@@ -380,9 +383,9 @@ func TestRelayStallAfterCommit(t *testing.T) {
 func TestRelaySlowClientIsNotAStall(t *testing.T) {
 	dst := newFakeDown()
 	dst.writeLag = 150 * time.Millisecond
-	res, u := relayWith(t, dst, Options{Dialect: OpenAIChat, IdleTimeout: 50 * time.Millisecond}, func(u *upstream) {
+	res, u := relayWith(t, dst, gate(provider.OpenAIChat, Options{IdleTimeout: 50 * time.Millisecond}), func(u *upstream) {
 		for range 4 {
-			u.send(sse(chatContent))
+			u.send(sse(shapes.ChatContent))
 		}
 		u.send(sse("[DONE]"))
 		u.close()
@@ -395,10 +398,10 @@ func TestRelaySlowClientIsNotAStall(t *testing.T) {
 func TestRelayCleanEndWithoutDone(t *testing.T) {
 	dst := newFakeDown()
 	start := time.Now()
-	res, u := relayWith(t, dst, Options{Dialect: OpenAIChat, IdleTimeout: time.Hour}, func(u *upstream) {
-		u.send(sse(chatRole) + sse(chatContent))
-		u.send(sse(chatFinish))
-		u.send(sse(chatUsage))
+	res, u := relayWith(t, dst, gate(provider.OpenAIChat, Options{IdleTimeout: time.Hour}), func(u *upstream) {
+		u.send(sse(shapes.ChatRole) + sse(shapes.ChatContent))
+		u.send(sse(shapes.ChatFinish))
+		u.send(sse(shapes.ChatUsage))
 		u.close()
 	})
 	if _, body := dst.snapshot(); res.Outcome != Complete || body != u.sentString() || res.Err != nil {
@@ -411,8 +414,8 @@ func TestRelayCleanEndWithoutDone(t *testing.T) {
 
 func TestRelayUnterminatedDoneIsNormalEnd(t *testing.T) {
 	dst := newFakeDown()
-	res, u := relayWith(t, dst, Options{Dialect: OpenAIChat}, func(u *upstream) {
-		u.send(sse(chatContent) + "data: [DONE]")
+	res, u := relayWith(t, dst, gate(provider.OpenAIChat, Options{}), func(u *upstream) {
+		u.send(sse(shapes.ChatContent) + "data: [DONE]")
 		u.close()
 	})
 	if _, body := dst.snapshot(); res.Outcome != Complete || body != u.sentString() {
@@ -422,8 +425,8 @@ func TestRelayUnterminatedDoneIsNormalEnd(t *testing.T) {
 
 func TestRelayMalformedAfterCommitPassesThrough(t *testing.T) {
 	dst := newFakeDown()
-	res, u := relayWith(t, dst, Options{Dialect: OpenAIChat}, func(u *upstream) {
-		u.send(sse(chatContent))
+	res, u := relayWith(t, dst, gate(provider.OpenAIChat, Options{}), func(u *upstream) {
+		u.send(sse(shapes.ChatContent))
 		u.send("data: {not json\xff\x00}\n\n")
 		u.send("garbage without field\r\n\r\n")
 		u.send(sse("[DONE]"))
@@ -436,13 +439,13 @@ func TestRelayMalformedAfterCommitPassesThrough(t *testing.T) {
 
 func TestRelayInBandErrorAfterCommit(t *testing.T) {
 	dst := newFakeDown()
-	res, u := relayWith(t, dst, Options{Dialect: OpenAIChat}, func(u *upstream) {
-		u.send(sse(chatContent))
-		u.send(sse(chatError))
+	res, u := relayWith(t, dst, gate(provider.OpenAIChat, Options{}), func(u *upstream) {
+		u.send(sse(shapes.ChatContent))
+		u.send(sse(shapes.ChatError))
 		u.close()
 	})
 	_, body := dst.snapshot()
-	if res.Outcome != UpstreamError || !res.Committed || res.CanFailover() || string(res.ErrorData) != chatError {
+	if res.Outcome != UpstreamError || !res.Committed || string(res.ErrorData) != shapes.ChatError {
 		t.Fatalf("res %+v", res)
 	}
 	if body != u.sentString() {
@@ -453,16 +456,16 @@ func TestRelayInBandErrorAfterCommit(t *testing.T) {
 func isUsageOnly(ev Event) bool { return bytes.Contains(ev.Data, []byte(`"choices":[]`)) }
 
 func TestRelayDropHidesUsageChunk(t *testing.T) {
-	stream := ": keep-alive\n\n" + sse(chatRole) + sse(chatContent) + sse(chatFinish) +
-		"data: " + chatUsage[:40] + "\r\ndata: " + chatUsage[40:] + "\r\n\r\n" + ": after\n\n" + sse("[DONE]")
-	want := strings.Replace(stream, "data: "+chatUsage[:40]+"\r\ndata: "+chatUsage[40:]+"\r\n\r\n", "", 1)
+	stream := ": keep-alive\n\n" + sse(shapes.ChatRole) + sse(shapes.ChatContent) + sse(shapes.ChatFinish) +
+		"data: " + shapes.ChatUsage[:40] + "\r\ndata: " + shapes.ChatUsage[40:] + "\r\n\r\n" + ": after\n\n" + sse("[DONE]")
+	want := strings.Replace(stream, "data: "+shapes.ChatUsage[:40]+"\r\ndata: "+shapes.ChatUsage[40:]+"\r\n\r\n", "", 1)
 	// Multi-line data is joined with "\n", so the split usage chunk is
 	// still recognised.
 	for _, size := range []int{1, 3, 7, 64, len(stream)} {
 		t.Run(fmt.Sprint(size), func(t *testing.T) {
 			dst := newFakeDown()
 			var observed int
-			res, _ := relayWith(t, dst, Options{Dialect: OpenAIChat, Drop: isUsageOnly, Observe: func(Event) { observed++ }}, func(u *upstream) {
+			res, _ := relayWith(t, dst, gate(provider.OpenAIChat, Options{Drop: isUsageOnly, Observe: func(Event) { observed++ }}), func(u *upstream) {
 				for i := 0; i < len(stream); i += size {
 					u.send(stream[i:min(i+size, len(stream))])
 				}
@@ -485,9 +488,9 @@ func TestRelayDropHidesUsageChunk(t *testing.T) {
 func TestRelayClientGone(t *testing.T) {
 	dst := newFakeDown()
 	dst.failWrite = 2
-	res, u := relayWith(t, dst, Options{Dialect: OpenAIChat}, func(u *upstream) {
+	res, u := relayWith(t, dst, gate(provider.OpenAIChat, Options{}), func(u *upstream) {
 		for range 100 {
-			u.send(sse(chatContent))
+			u.send(sse(shapes.ChatContent))
 		}
 	})
 	if res.Outcome != ClientGone || res.Err == nil || !res.Committed {
@@ -500,7 +503,7 @@ func TestRelayClientGone(t *testing.T) {
 
 func TestRelayGenericEnds(t *testing.T) {
 	dst := newFakeDown()
-	res, _ := relayWith(t, dst, Options{}, func(u *upstream) {
+	res, _ := relayWith(t, dst, gate(provider.Unknown, Options{}), func(u *upstream) {
 		u.send(sse(`{"x":1}`))
 		u.close()
 	})
@@ -508,7 +511,7 @@ func TestRelayGenericEnds(t *testing.T) {
 		t.Fatalf("clean EOF: %+v", res)
 	}
 	dst = newFakeDown()
-	res, _ = relayWith(t, dst, Options{}, func(u *upstream) {
+	res, _ = relayWith(t, dst, gate(provider.Unknown, Options{}), func(u *upstream) {
 		u.send(sse(`{"x":1}`) + `data: {"x"`)
 		u.close()
 	})
@@ -520,12 +523,31 @@ func TestRelayGenericEnds(t *testing.T) {
 func TestRelayObserveSeesPreambleAndContent(t *testing.T) {
 	dst := newFakeDown()
 	var names []string
-	res, _ := relayWith(t, dst, Options{Dialect: AnthropicMessages, Observe: func(ev Event) { names = append(names, ev.Name) }}, func(u *upstream) {
-		u.send(antEv("message_start", antStart) + antEv("ping", antPing))
-		u.send(antEv("content_block_delta", antBlockDelta) + antEv("message_stop", antMsgStop))
+	res, _ := relayWith(t, dst, gate(provider.AnthropicMessages, Options{Observe: func(ev Event) { names = append(names, ev.Name) }}), func(u *upstream) {
+		u.send(antEv("message_start", shapes.AntStart) + antEv("ping", shapes.AntPing))
+		u.send(antEv("content_block_delta", shapes.AntBlockDelta) + antEv("message_stop", shapes.AntMsgStop))
 		u.close()
 	})
 	if res.Outcome != Complete || strings.Join(names, ",") != "message_start,ping,content_block_delta,message_stop" {
 		t.Fatalf("res %+v names %v", res, names)
+	}
+}
+
+// gate sets opts up for api's stream format, the way the handler does.
+func gate(api provider.API, opts Options) Options {
+	g := api.GateOptions()
+	opts.Classify, opts.ErrorEvent, opts.EndsAtEOF = g.Classify, g.ErrorEvent, g.EndsAtEOF
+	return opts
+}
+
+func TestStrings(t *testing.T) {
+	want := []string{"complete", "upstream_error", "closed_early", "gate_timeout", "truncated", "stalled", "client_gone"}
+	for i, w := range want {
+		if got := Outcome(i).String(); got != w {
+			t.Errorf("Outcome(%d) = %q, want %q", i, got, w)
+		}
+	}
+	if Terminal.String() != "terminal" || Kind(9).String() != "kind(9)" {
+		t.Error("Kind.String")
 	}
 }

@@ -1,6 +1,9 @@
-package streamgate
+package streamgate_test
 
 import (
+	"github.com/llmfailover/caddy-llm-failover/internal/shapes"
+	"github.com/llmfailover/caddy-llm-failover/provider"
+	. "github.com/llmfailover/caddy-llm-failover/streamgate"
 	"strings"
 	"testing"
 )
@@ -13,19 +16,19 @@ import (
 func TestRelayUnterminatedErrorAfterCommitReachesClient(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		dialect Dialect
+		dialect provider.API
 		content string
 		errEv   string
 	}{
-		{"openai chat", OpenAIChat, sse(chatContent), "data: " + chatError + "\n"},
-		{"openai chat no LF", OpenAIChat, sse(chatContent), "data: " + chatError},
-		{"openai chat CR", OpenAIChat, sse(chatContent), "data: " + chatError + "\r"},
-		{"anthropic", AnthropicMessages, antEv("content_block_delta", antBlockDelta), "event: error\ndata: " + antError + "\n"},
-		{"responses", OpenAIResponses, antEv("response.output_text.delta", respTextDelta), "event: error\ndata: " + respError},
+		{"openai chat", provider.OpenAIChat, sse(shapes.ChatContent), "data: " + shapes.ChatError + "\n"},
+		{"openai chat no LF", provider.OpenAIChat, sse(shapes.ChatContent), "data: " + shapes.ChatError},
+		{"openai chat CR", provider.OpenAIChat, sse(shapes.ChatContent), "data: " + shapes.ChatError + "\r"},
+		{"anthropic", provider.AnthropicMessages, antEv("content_block_delta", shapes.AntBlockDelta), "event: error\ndata: " + shapes.AntError + "\n"},
+		{"responses", provider.OpenAIResponses, antEv("response.output_text.delta", shapes.RespTextDelta), "event: error\ndata: " + shapes.RespError},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dst := newFakeDown()
-			res, u := relayWith(t, dst, Options{Dialect: tc.dialect}, func(u *upstream) {
+			res, u := relayWith(t, dst, gate(tc.dialect, Options{}), func(u *upstream) {
 				u.send(tc.content)
 				u.send(tc.errEv)
 				u.close()
@@ -39,7 +42,7 @@ func TestRelayUnterminatedErrorAfterCommitReachesClient(t *testing.T) {
 			}
 			var kinds []Kind
 			var p Parser
-			p.Feed([]byte(body), func(ev Event) { kinds = append(kinds, Classify(tc.dialect, ev)) })
+			p.Feed([]byte(body), func(ev Event) { kinds = append(kinds, tc.dialect.Classify(ev)) })
 			p.Finish(nil) // a client discards an unterminated event
 			if len(kinds) == 0 || kinds[len(kinds)-1] != ErrorFrame {
 				t.Fatalf("the client never sees the upstream's error; events %v, body %q", kinds, body)

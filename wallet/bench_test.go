@@ -35,7 +35,7 @@ func benchReserveSettle(b *testing.B, s Store) {
 	price := Price{Input: 3_000_000, Output: 15_000_000}
 	amount, _ := MaxCost(Estimate{BodyBytes: 2000, MaxOutput: 1000}, price)
 	cycle := func(account string) {
-		id := NewReservationID()
+		id := testReservationID()
 		if err := s.Reserve(ctx, Reservation{ID: id, Account: account, KeyID: "key_x", Model: "m", RequestID: id, Amount: amount}); err != nil {
 			b.Fatal(err)
 		}

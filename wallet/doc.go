@@ -7,8 +7,9 @@
 //  2. MaxCost bounds what the request can cost at the model's Price, and
 //     Reserve holds that amount back in one transaction, or refuses with
 //     ErrInsufficientFunds when balance − reserved cannot cover it.
-//  3. A Meter per upstream attempt reads the token usage the upstream reports.
-//     Attempts that fail get a zero-cost ledger row via RecordAttempt.
+//  3. The caller counts the attempt's tokens (the wallet knows token counts,
+//     not API formats); attempts that fail get a zero-cost ledger row via
+//     RecordAttempt.
 //  4. Settle charges the real cost, capped at the reservation, releases the
 //     rest and writes one ledger row. It happens at most once per
 //     reservation; anything a crashed or disconnected path leaves behind is

@@ -45,7 +45,7 @@ const DefaultReservationTTL = 30 * time.Minute
 
 // Reservation holds back Amount of an account's balance for one request.
 type Reservation struct {
-	// ID must be unique; NewReservationID makes one.
+	// ID must be unique; the handler uses the request ID.
 	ID        string
 	Account   string
 	KeyID     string
@@ -181,9 +181,6 @@ func randomBase62(n int) string {
 	}
 	return string(out)
 }
-
-// NewReservationID returns a fresh random reservation ID.
-func NewReservationID() string { return "rsv_" + randomBase62(22) }
 
 func newKeyID() string { return "key_" + randomBase62(16) }
 

@@ -126,7 +126,7 @@ func TestReserveSettle(t *testing.T) {
 	forEachStore(t, func(t *testing.T, s Store) {
 		ctx := context.Background()
 		mustAccount(t, s, "acme", 10_000_000)
-		r := Reservation{ID: NewReservationID(), Account: "acme", KeyID: "key_1", Model: "gpt-4o", RequestID: "req-1", Amount: 3_000_000}
+		r := Reservation{ID: testReservationID(), Account: "acme", KeyID: "key_1", Model: "gpt-4o", RequestID: "req-1", Amount: 3_000_000}
 		if err := s.Reserve(ctx, r); err != nil {
 			t.Fatal(err)
 		}
@@ -170,7 +170,7 @@ func TestSettleCapAndRelease(t *testing.T) {
 	forEachStore(t, func(t *testing.T, s Store) {
 		ctx := context.Background()
 		mustAccount(t, s, "a", 5_000_000)
-		capped := Reservation{ID: NewReservationID(), Account: "a", Amount: 1_000_000}
+		capped := Reservation{ID: testReservationID(), Account: "a", Amount: 1_000_000}
 		if err := s.Reserve(ctx, capped); err != nil {
 			t.Fatal(err)
 		}
@@ -178,7 +178,7 @@ func TestSettleCapAndRelease(t *testing.T) {
 		if err != nil || charged != 1_000_000 {
 			t.Fatalf("capped Settle = %s, %v; want the reservation, 1", charged, err)
 		}
-		released := Reservation{ID: NewReservationID(), Account: "a", Amount: 2_000_000, Model: "m"}
+		released := Reservation{ID: testReservationID(), Account: "a", Amount: 2_000_000, Model: "m"}
 		if err := s.Reserve(ctx, released); err != nil {
 			t.Fatal(err)
 		}
@@ -202,17 +202,17 @@ func TestReserveErrors(t *testing.T) {
 	forEachStore(t, func(t *testing.T, s Store) {
 		ctx := context.Background()
 		mustAccount(t, s, "poor", 1_000)
-		wantErr(t, s.Reserve(ctx, Reservation{ID: NewReservationID(), Account: "poor", Amount: 1_001}), ErrInsufficientFunds)
-		wantErr(t, s.Reserve(ctx, Reservation{ID: NewReservationID(), Account: "ghost", Amount: 1}), ErrUnknownAccount)
-		wantErr(t, s.Reserve(ctx, Reservation{ID: NewReservationID(), Account: "poor", Amount: -1}), ErrInvalid)
+		wantErr(t, s.Reserve(ctx, Reservation{ID: testReservationID(), Account: "poor", Amount: 1_001}), ErrInsufficientFunds)
+		wantErr(t, s.Reserve(ctx, Reservation{ID: testReservationID(), Account: "ghost", Amount: 1}), ErrUnknownAccount)
+		wantErr(t, s.Reserve(ctx, Reservation{ID: testReservationID(), Account: "poor", Amount: -1}), ErrInvalid)
 		wantErr(t, s.Reserve(ctx, Reservation{Account: "poor", Amount: 1}), ErrInvalid)
 		// Exactly the available balance is fine, and then nothing more is.
-		if err := s.Reserve(ctx, Reservation{ID: NewReservationID(), Account: "poor", Amount: 1_000}); err != nil {
+		if err := s.Reserve(ctx, Reservation{ID: testReservationID(), Account: "poor", Amount: 1_000}); err != nil {
 			t.Fatal(err)
 		}
-		wantErr(t, s.Reserve(ctx, Reservation{ID: NewReservationID(), Account: "poor", Amount: 1}), ErrInsufficientFunds)
+		wantErr(t, s.Reserve(ctx, Reservation{ID: testReservationID(), Account: "poor", Amount: 1}), ErrInsufficientFunds)
 		// A free request still fits.
-		if err := s.Reserve(ctx, Reservation{ID: NewReservationID(), Account: "poor", Amount: 0}); err != nil {
+		if err := s.Reserve(ctx, Reservation{ID: testReservationID(), Account: "poor", Amount: 0}); err != nil {
 			t.Fatal(err)
 		}
 		if a := getAccount(t, s, "poor"); a.Reserved != 1_000 || a.Balance != 1_000 {
@@ -254,10 +254,10 @@ func TestSweep(t *testing.T) {
 		mustAccount(t, s, "a", 10_000_000)
 		mustAccount(t, s, "b", 10_000_000)
 		now := time.Now()
-		old1 := Reservation{ID: NewReservationID(), Account: "a", RequestID: "old1", Amount: 1_000_000, ExpiresAt: now.Add(-time.Minute)}
-		old2 := Reservation{ID: NewReservationID(), Account: "b", RequestID: "old2", Amount: 2_000_000, ExpiresAt: now}
-		fresh := Reservation{ID: NewReservationID(), Account: "a", RequestID: "fresh", Amount: 3_000_000, ExpiresAt: now.Add(time.Minute)}
-		deflt := Reservation{ID: NewReservationID(), Account: "a", RequestID: "default-ttl", Amount: 500_000}
+		old1 := Reservation{ID: testReservationID(), Account: "a", RequestID: "old1", Amount: 1_000_000, ExpiresAt: now.Add(-time.Minute)}
+		old2 := Reservation{ID: testReservationID(), Account: "b", RequestID: "old2", Amount: 2_000_000, ExpiresAt: now}
+		fresh := Reservation{ID: testReservationID(), Account: "a", RequestID: "fresh", Amount: 3_000_000, ExpiresAt: now.Add(time.Minute)}
+		deflt := Reservation{ID: testReservationID(), Account: "a", RequestID: "default-ttl", Amount: 500_000}
 		for _, r := range []Reservation{old1, old2, fresh, deflt} {
 			if err := s.Reserve(ctx, r); err != nil {
 				t.Fatal(err)
@@ -304,7 +304,7 @@ func TestSweepManyBatches(t *testing.T) {
 		past := time.Now().Add(-time.Hour)
 		const n = sweepBatch*2 + 7
 		for i := 0; i < n; i++ {
-			if err := s.Reserve(ctx, Reservation{ID: NewReservationID(), Account: "a", Amount: 1000, ExpiresAt: past}); err != nil {
+			if err := s.Reserve(ctx, Reservation{ID: testReservationID(), Account: "a", Amount: 1000, ExpiresAt: past}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -330,7 +330,7 @@ func TestCredit(t *testing.T) {
 		if err != nil || a.Balance != 5_000_000 {
 			t.Fatalf("Credit = %+v, %v", a, err)
 		}
-		if err := s.Reserve(ctx, Reservation{ID: NewReservationID(), Account: "a", Amount: 4_000_000}); err != nil {
+		if err := s.Reserve(ctx, Reservation{ID: testReservationID(), Account: "a", Amount: 4_000_000}); err != nil {
 			t.Fatal(err)
 		}
 		// A correction may take only what is not reserved.
@@ -522,7 +522,7 @@ func runInvariant(t *testing.T, stores []Store, slots, attempts int) {
 		go func(i int) {
 			defer wg.Done()
 			s := stores[i%len(stores)]
-			id := NewReservationID()
+			id := testReservationID()
 			<-start
 			err := s.Reserve(ctx, Reservation{ID: id, Account: "hot", Amount: amount, RequestID: fmt.Sprint("req-", i)})
 			switch {

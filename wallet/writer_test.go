@@ -74,11 +74,11 @@ func TestGroupCommitIsolatesFailures(t *testing.T) {
 		mustAccount(t, s, "a", 1_000)
 		mustAccount(t, s, "poor", 100)
 		mustAccount(t, s, "tight", 1_000)
-		settled := Reservation{ID: NewReservationID(), Account: "a", Amount: 200}
+		settled := Reservation{ID: testReservationID(), Account: "a", Amount: 200}
 		if err := s.Reserve(ctx, settled); err != nil {
 			t.Fatal(err)
 		}
-		dupID := Reservation{ID: NewReservationID(), Account: "a", Amount: 50}
+		dupID := Reservation{ID: testReservationID(), Account: "a", Amount: 50}
 		if err := s.Reserve(ctx, dupID); err != nil {
 			t.Fatal(err)
 		}
@@ -105,13 +105,13 @@ func TestGroupCommitIsolatesFailures(t *testing.T) {
 				mu.Unlock()
 			}()
 		}
-		okRes := Reservation{ID: NewReservationID(), Account: "a", Amount: 300}
+		okRes := Reservation{ID: testReservationID(), Account: "a", Amount: 300}
 		submit("reserve ok", func() (Micros, error) { return 0, s.Reserve(ctx, okRes) })
 		submit("reserve poor", func() (Micros, error) {
-			return 0, s.Reserve(ctx, Reservation{ID: NewReservationID(), Account: "poor", Amount: 101})
+			return 0, s.Reserve(ctx, Reservation{ID: testReservationID(), Account: "poor", Amount: 101})
 		})
 		// Only one of two 600s fits in 1000: decided inside the batch.
-		tight := []Reservation{{ID: NewReservationID(), Account: "tight", Amount: 600}, {ID: NewReservationID(), Account: "tight", Amount: 600}}
+		tight := []Reservation{{ID: testReservationID(), Account: "tight", Amount: 600}, {ID: testReservationID(), Account: "tight", Amount: 600}}
 		for _, r := range tight {
 			submit("reserve tight", func() (Micros, error) { return 0, s.Reserve(ctx, r) })
 		}
@@ -227,7 +227,7 @@ func TestGroupCommitContext(t *testing.T) {
 
 		// The caller gives up while queued.
 		ctx, cancel := context.WithCancel(context.Background())
-		r := Reservation{ID: NewReservationID(), Account: "a", Amount: 100}
+		r := Reservation{ID: testReservationID(), Account: "a", Amount: 100}
 		errc := make(chan error, 1)
 		go func() { errc <- s.Reserve(ctx, r) }()
 		waitQueued(t, s, 1)
@@ -315,7 +315,7 @@ func TestCloseWithOpsInFlight(t *testing.T) {
 							started <- struct{}{}
 							first = false
 						}
-						id := NewReservationID()
+						id := testReservationID()
 						err := s.Reserve(ctx, Reservation{ID: id, Account: "a", Amount: amount})
 						if err == nil {
 							reserved.Add(1)
@@ -535,7 +535,7 @@ func TestPostgresTinyPool(t *testing.T) {
 			if _, err := s.Authenticate(ctx, plain); err != nil {
 				t.Error(err)
 			}
-			id := NewReservationID()
+			id := testReservationID()
 			if err := s.Reserve(ctx, Reservation{ID: id, Account: "a", Amount: 10}); err != nil {
 				t.Error(err)
 				return
@@ -553,3 +553,6 @@ func TestPostgresTinyPool(t *testing.T) {
 		t.Errorf("a = %+v", a)
 	}
 }
+
+// testReservationID returns a fresh random reservation ID.
+func testReservationID() string { return "rsv_" + randomBase62(22) }

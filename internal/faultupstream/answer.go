@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/llmfailover/caddy-llm-failover/llmapi"
+	"github.com/llmfailover/caddy-llm-failover/provider"
 )
 
 // Default usage numbers. They are fixed so tests can assert exact token
@@ -45,16 +45,16 @@ const (
 // protocolOf recognises the API the way the gateway does, by path suffix,
 // so that any prefix a provider adds still works.
 func protocolOf(path string) protocol {
-	switch llmapi.APIFromPath(path) {
-	case llmapi.OpenAIChat:
+	switch provider.APIFromPath(path) {
+	case provider.OpenAIChat:
 		return protoChat
-	case llmapi.OpenAIResponses:
+	case provider.OpenAIResponses:
 		return protoResponses
-	case llmapi.OpenAIEmbeddings:
+	case provider.OpenAIEmbeddings:
 		return protoEmbeddings
-	case llmapi.AnthropicMessages:
+	case provider.AnthropicMessages:
 		return protoMessages
-	case llmapi.OpenAIModels:
+	case provider.OpenAIModels:
 		return protoModels
 	}
 	return protoUnknown

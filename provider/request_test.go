@@ -1,4 +1,4 @@
-package llmapi
+package provider
 
 import (
 	"bytes"
@@ -110,13 +110,13 @@ func TestParseRequestFields(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := ParseRequest([]byte(tt.body))
+			got, err := OpenAIChat.ParseRequest([]byte(tt.body))
 			if err != nil {
-				t.Fatalf("ParseRequest(%s): %v", tt.body, err)
+				t.Fatalf("OpenAIChat.ParseRequest(%s): %v", tt.body, err)
 			}
 			got.modelStart, got.modelEnd = 0, 0
 			if got != tt.want {
-				t.Errorf("ParseRequest(%s)\n got %+v\nwant %+v", tt.body, got, tt.want)
+				t.Errorf("OpenAIChat.ParseRequest(%s)\n got %+v\nwant %+v", tt.body, got, tt.want)
 			}
 		})
 	}
@@ -150,9 +150,9 @@ func TestParseRequestErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := ParseRequest([]byte(tt.body))
+			_, err := OpenAIChat.ParseRequest([]byte(tt.body))
 			if !errors.Is(err, tt.want) {
-				t.Errorf("ParseRequest(%s) error = %v, want %v", tt.body, err, tt.want)
+				t.Errorf("OpenAIChat.ParseRequest(%s) error = %v, want %v", tt.body, err, tt.want)
 			}
 		})
 	}
@@ -160,9 +160,9 @@ func TestParseRequestErrors(t *testing.T) {
 
 func mustParse(t testing.TB, body []byte) Request {
 	t.Helper()
-	r, err := ParseRequest(body)
+	r, err := OpenAIChat.ParseRequest(body)
 	if err != nil {
-		t.Fatalf("ParseRequest(%s): %v", body, err)
+		t.Fatalf("OpenAIChat.ParseRequest(%s): %v", body, err)
 	}
 	return r
 }
@@ -270,15 +270,15 @@ func TestWithIncludeUsage(t *testing.T) {
 	for _, tt := range tests {
 		orig := tt.body
 		body := []byte(tt.body)
-		out := WithIncludeUsage(body)
+		out := withIncludeUsage(body)
 		if string(out) != tt.want {
-			t.Errorf("WithIncludeUsage(%q) = %q, want %q", tt.body, out, tt.want)
+			t.Errorf("withIncludeUsage(%q) = %q, want %q", tt.body, out, tt.want)
 		}
 		if string(body) != orig {
 			t.Errorf("WithIncludeUsage modified its input: %q", body)
 		}
 		if !json.Valid(out) {
-			t.Errorf("WithIncludeUsage(%q) is not valid JSON: %q", tt.body, out)
+			t.Errorf("withIncludeUsage(%q) is not valid JSON: %q", tt.body, out)
 			continue
 		}
 		var v struct {
@@ -290,7 +290,7 @@ func TestWithIncludeUsage(t *testing.T) {
 			t.Fatal(err)
 		}
 		if v.StreamOptions == nil || v.StreamOptions.IncludeUsage == nil || !*v.StreamOptions.IncludeUsage {
-			t.Errorf("WithIncludeUsage(%q): stream_options.include_usage not true in %s", tt.body, out)
+			t.Errorf("withIncludeUsage(%q): stream_options.include_usage not true in %s", tt.body, out)
 		}
 		// ParseRequest must see it too when the body has a model.
 		if strings.Contains(tt.body, `"model"`) {
@@ -304,7 +304,7 @@ func TestWithIncludeUsage(t *testing.T) {
 
 func TestWithIncludeUsageNotAnObject(t *testing.T) {
 	body := []byte(`[1,2]`)
-	if out := WithIncludeUsage(body); string(out) != `[1,2]` {
-		t.Errorf("WithIncludeUsage([1,2]) = %s, want unchanged", out)
+	if out := withIncludeUsage(body); string(out) != `[1,2]` {
+		t.Errorf("withIncludeUsage([1,2]) = %s, want unchanged", out)
 	}
 }

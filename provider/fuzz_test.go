@@ -1,4 +1,4 @@
-package llmapi
+package provider
 
 import (
 	"bytes"
@@ -47,7 +47,7 @@ func FuzzParseRequest(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		orig := bytes.Clone(body)
-		r, err := ParseRequest(body)
+		r, err := OpenAIChat.ParseRequest(body)
 		if !bytes.Equal(body, orig) {
 			t.Fatalf("ParseRequest modified its input")
 		}
@@ -74,9 +74,9 @@ func FuzzParseRequest(f *testing.F) {
 				if !json.Valid(out) {
 					t.Fatalf("WithModel(%q, %q) = %q: invalid JSON", body, model, out)
 				}
-				r2, err := ParseRequest(out)
+				r2, err := OpenAIChat.ParseRequest(out)
 				if err != nil {
-					t.Fatalf("ParseRequest(WithModel(%q)) = %q: %v", body, out, err)
+					t.Fatalf("OpenAIChat.ParseRequest(WithModel(%q)) = %q: %v", body, out, err)
 				}
 				if r2.Model != model || r2.Stream != r.Stream || r2.MaxOutput != r.MaxOutput || r2.N != r.N ||
 					r2.IncludeUsage != r.IncludeUsage || r2.HasStreamOptions != r.HasStreamOptions {
@@ -84,10 +84,10 @@ func FuzzParseRequest(f *testing.F) {
 				}
 			}
 			if !r.HasStreamOptions {
-				out := WithIncludeUsage(body)
-				r3, err := ParseRequest(out)
+				out := withIncludeUsage(body)
+				r3, err := OpenAIChat.ParseRequest(out)
 				if err != nil || !r3.HasStreamOptions || !r3.IncludeUsage || r3.Model != r.Model {
-					t.Fatalf("WithIncludeUsage(%q) = %q: %+v, %v", body, out, r3, err)
+					t.Fatalf("withIncludeUsage(%q) = %q: %+v, %v", body, out, r3, err)
 				}
 			}
 		}

@@ -1,4 +1,4 @@
-package llmapi
+package provider
 
 import (
 	"bytes"
@@ -35,7 +35,7 @@ func TestErrorBodyOpenAI(t *testing.T) {
 	for _, api := range []API{OpenAIChat, OpenAIResponses, OpenAICompletions, OpenAIEmbeddings, OpenAIModels, Unknown} {
 		for _, tt := range tests {
 			msg := "something \"failed\" <here> & there"
-			b := Error{Status: tt.status, Message: msg, Code: tt.override}.Body(api)
+			b := api.ErrorBody(Error{Status: tt.status, Message: msg, Code: tt.override})
 			// Decode strictly into a generic map to check the exact shape.
 			var top map[string]json.RawMessage
 			if err := json.Unmarshal(b, &top); err != nil {
@@ -96,7 +96,7 @@ func TestErrorBodyAnthropic(t *testing.T) {
 	for _, api := range []API{AnthropicMessages, AnthropicCountTokens} {
 		for _, tt := range tests {
 			// Code is an OpenAI notion and must not leak into Anthropic bodies.
-			b := Error{Status: tt.status, Message: "nope", Code: "model_not_found"}.Body(api)
+			b := api.ErrorBody(Error{Status: tt.status, Message: "nope", Code: "model_not_found"})
 			var top map[string]json.RawMessage
 			if err := json.Unmarshal(b, &top); err != nil {
 				t.Fatalf("%v %d: invalid JSON %s: %v", api, tt.status, b, err)
@@ -141,15 +141,15 @@ func TestUpstreamMessage(t *testing.T) {
 		{"truncated", `{"error":{"message":"cut`, ""},
 	}
 	for _, tt := range tests {
-		if got := UpstreamMessage([]byte(tt.body)); got != tt.want {
-			t.Errorf("%s: UpstreamMessage(%s) = %q, want %q", tt.name, tt.body, got, tt.want)
+		if got := OpenAIChat.UpstreamMessage([]byte(tt.body)); got != tt.want {
+			t.Errorf("%s: OpenAIChat.UpstreamMessage(%s) = %q, want %q", tt.name, tt.body, got, tt.want)
 		}
 	}
 }
 
 func TestUpstreamMessageIsCapped(t *testing.T) {
 	long := strings.Repeat("é", 1000)
-	got := UpstreamMessage([]byte(`{"error":{"message":"` + long + `"}}`))
+	got := OpenAIChat.UpstreamMessage([]byte(`{"error":{"message":"` + long + `"}}`))
 	if len(got) > maxUpstreamMessage+len("…") || !strings.HasSuffix(got, "…") || !utf8.ValidString(got) {
 		t.Fatalf("len %d, valid %v", len(got), utf8.ValidString(got))
 	}

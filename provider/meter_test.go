@@ -1,8 +1,10 @@
-package wallet
+package provider
 
 import (
 	"strings"
 	"testing"
+
+	"github.com/llmfailover/caddy-llm-failover/streamgate"
 )
 
 // sse feeds a raw text/event-stream to m the way the gateway's SSE reader
@@ -20,7 +22,7 @@ func sse(m *Meter, stream string) {
 			}
 		}
 		buf := []byte(strings.Join(data, "\n"))
-		m.Event(name, buf)
+		m.Event(streamgate.Event{Name: name, Data: buf})
 		// The meter must not keep the data: the reader reuses its buffer.
 		for i := range buf {
 			buf[i] = 'x'
@@ -74,17 +76,17 @@ data: {"type":"message_stop"}`
 func TestMeterStreams(t *testing.T) {
 	cases := []struct {
 		name   string
-		format Format
+		api    API
 		stream string
 		want   Usage
 	}{
-		{"openai chat", FormatOpenAIChat, openAIChatStream, Usage{19, 10, true}},
-		{"responses", FormatOpenAIResponses, responsesStream, Usage{37, 11, true}},
-		{"anthropic", FormatAnthropic, anthropicStream, Usage{25 + 100 + 2000, 15, true}},
+		{"openai chat", OpenAIChat, openAIChatStream, Usage{19, 10, true, true}},
+		{"responses", OpenAIResponses, responsesStream, Usage{37, 11, true, true}},
+		{"anthropic", AnthropicMessages, anthropicStream, Usage{25 + 100 + 2000, 15, true, true}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			m := NewMeter(c.format)
+			m := c.api.NewMeter()
 			sse(m, c.stream)
 			if got := m.Usage(); got != c.want {
 				t.Errorf("Usage() = %+v, want %+v", got, c.want)
@@ -95,42 +97,42 @@ func TestMeterStreams(t *testing.T) {
 
 func TestMeterAnthropicNamelessEvents(t *testing.T) {
 	// Some proxies drop the event: lines; the type field still identifies them.
-	m := NewMeter(FormatAnthropic)
-	m.Event("", []byte(`{"type":"message_start","message":{"usage":{"input_tokens":12,"output_tokens":1}}}`))
-	m.Event("", []byte(`{"type":"message_delta","delta":{},"usage":{"output_tokens":4}}`))
-	if got := m.Usage(); got != (Usage{12, 4, true}) {
+	m := AnthropicMessages.NewMeter()
+	m.Event(streamgate.Event{Name: "", Data: []byte(`{"type":"message_start","message":{"usage":{"input_tokens":12,"output_tokens":1}}}`)})
+	m.Event(streamgate.Event{Name: "", Data: []byte(`{"type":"message_delta","delta":{},"usage":{"output_tokens":4}}`)})
+	if got := m.Usage(); got != (Usage{12, 4, true, true}) {
 		t.Errorf("Usage() = %+v", got)
 	}
 }
 
 func TestMeterAnthropicDeltaWithInput(t *testing.T) {
 	// With server tools, message_delta repeats cumulative input counts.
-	m := NewMeter(FormatAnthropic)
-	m.Event("message_start", []byte(`{"type":"message_start","message":{"usage":{"input_tokens":10,"output_tokens":1}}}`))
-	m.Event("message_delta", []byte(`{"type":"message_delta","delta":{},"usage":{"input_tokens":500,"cache_read_input_tokens":20,"output_tokens":40,"server_tool_use":{"web_search_requests":1}}}`))
-	if got := m.Usage(); got != (Usage{520, 40, true}) {
+	m := AnthropicMessages.NewMeter()
+	m.Event(streamgate.Event{Name: "message_start", Data: []byte(`{"type":"message_start","message":{"usage":{"input_tokens":10,"output_tokens":1}}}`)})
+	m.Event(streamgate.Event{Name: "message_delta", Data: []byte(`{"type":"message_delta","delta":{},"usage":{"input_tokens":500,"cache_read_input_tokens":20,"output_tokens":40,"server_tool_use":{"web_search_requests":1}}}`)})
+	if got := m.Usage(); got != (Usage{520, 40, true, true}) {
 		t.Errorf("Usage() = %+v", got)
 	}
 }
 
 func TestMeterBodies(t *testing.T) {
 	cases := []struct {
-		name   string
-		format Format
-		body   string
-		want   Usage
+		name string
+		api  API
+		body string
+		want Usage
 	}{
-		{"openai chat", FormatOpenAIChat, `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21,"completion_tokens_details":{"reasoning_tokens":0}}}`, Usage{9, 12, true}},
-		{"responses", FormatOpenAIResponses, `{"id":"resp_1","object":"response","status":"completed","model":"o4-mini","output":[{"type":"reasoning","summary":[]},{"type":"message","role":"assistant","content":[{"type":"output_text","text":"4"}]}],"usage":{"input_tokens":14,"input_tokens_details":{"cached_tokens":0},"output_tokens":210,"output_tokens_details":{"reasoning_tokens":192},"total_tokens":224}}`, Usage{14, 210, true}},
-		{"anthropic", FormatAnthropic, `{"id":"msg_1","type":"message","role":"assistant","model":"claude-3-5-haiku-20241022","content":[{"type":"text","text":"Hi!"}],"stop_reason":"end_turn","usage":{"input_tokens":13,"cache_creation_input_tokens":0,"cache_read_input_tokens":50,"output_tokens":5}}`, Usage{63, 5, true}},
-		{"embeddings", FormatOpenAIEmbeddings, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.0023,-0.0093]}],"model":"text-embedding-3-small","usage":{"prompt_tokens":8,"total_tokens":8}}`, Usage{8, 0, true}},
-		{"error body", FormatOpenAIChat, `{"error":{"message":"Rate limit","type":"requests","code":"rate_limit_exceeded"}}`, Usage{0, 0, false}},
-		{"garbage", FormatAnthropic, `{"usage": oops`, Usage{0, 0, false}},
-		{"null usage", FormatOpenAIChat, `{"choices":[],"usage":null}`, Usage{0, 0, false}},
+		{"openai chat", OpenAIChat, `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21,"completion_tokens_details":{"reasoning_tokens":0}}}`, Usage{9, 12, true, true}},
+		{"responses", OpenAIResponses, `{"id":"resp_1","object":"response","status":"completed","model":"o4-mini","output":[{"type":"reasoning","summary":[]},{"type":"message","role":"assistant","content":[{"type":"output_text","text":"4"}]}],"usage":{"input_tokens":14,"input_tokens_details":{"cached_tokens":0},"output_tokens":210,"output_tokens_details":{"reasoning_tokens":192},"total_tokens":224}}`, Usage{14, 210, true, true}},
+		{"anthropic", AnthropicMessages, `{"id":"msg_1","type":"message","role":"assistant","model":"claude-3-5-haiku-20241022","content":[{"type":"text","text":"Hi!"}],"stop_reason":"end_turn","usage":{"input_tokens":13,"cache_creation_input_tokens":0,"cache_read_input_tokens":50,"output_tokens":5}}`, Usage{63, 5, true, true}},
+		{"embeddings", OpenAIEmbeddings, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.0023,-0.0093]}],"model":"text-embedding-3-small","usage":{"prompt_tokens":8,"total_tokens":8}}`, Usage{8, 0, true, true}},
+		{"error body", OpenAIChat, `{"error":{"message":"Rate limit","type":"requests","code":"rate_limit_exceeded"}}`, Usage{0, 0, false, false}},
+		{"garbage", AnthropicMessages, `{"usage": oops`, Usage{0, 0, false, false}},
+		{"null usage", OpenAIChat, `{"choices":[],"usage":null}`, Usage{0, 0, false, false}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			m := NewMeter(c.format)
+			m := c.api.NewMeter()
 			m.Body([]byte(c.body))
 			if got := m.Usage(); got != c.want {
 				t.Errorf("Usage() = %+v, want %+v", got, c.want)
@@ -139,33 +141,27 @@ func TestMeterBodies(t *testing.T) {
 	}
 }
 
-func TestMeterBillableFallback(t *testing.T) {
+func TestMeterPartialReports(t *testing.T) {
 	// Client hung up after some text: no usage chunk ever arrived.
-	m := NewMeter(FormatOpenAIChat)
-	m.Event("", []byte(`{"choices":[{"index":0,"delta":{"content":"Hello"}}],"usage":null}`))
-	m.DeliveredText(5)
-	m.DeliveredText(300)
-	if u := m.Usage(); u.Known {
-		t.Fatalf("Usage() = %+v, want unknown", u)
-	}
-	if got := m.Billable(4000); got != (Usage{4000, 305, false}) {
-		t.Errorf("Billable = %+v", got)
+	m := OpenAIChat.NewMeter()
+	m.Event(streamgate.Event{Data: []byte(`{"choices":[{"index":0,"delta":{"content":"Hello"}}],"usage":null}`)})
+	if got := m.Usage(); got != (Usage{}) {
+		t.Errorf("Usage() = %+v, want nothing known", got)
 	}
 
-	// Anthropic stream cut after message_start: input is known, output is not.
-	m = NewMeter(FormatAnthropic)
-	m.Event("message_start", []byte(`{"type":"message_start","message":{"usage":{"input_tokens":30,"output_tokens":1}}}`))
-	m.DeliveredText(12)
-	if got := m.Billable(9999); got != (Usage{30, 12, false}) {
-		t.Errorf("Billable = %+v", got)
+	// Anthropic stream cut after message_start: input is known, output is
+	// only the placeholder floor.
+	m = AnthropicMessages.NewMeter()
+	m.Event(streamgate.Event{Name: "message_start", Data: []byte(`{"type":"message_start","message":{"usage":{"input_tokens":30,"output_tokens":1}}}`)})
+	if got := m.Usage(); got != (Usage{Input: 30, Output: 1, InputKnown: true}) {
+		t.Errorf("Usage() = %+v", got)
 	}
 
-	// A complete report wins over the fallback.
-	m = NewMeter(FormatOpenAIChat)
-	m.DeliveredText(1000)
-	m.Body([]byte(`{"usage":{"prompt_tokens":3,"completion_tokens":4}}`))
-	if got := m.Billable(9999); got != (Usage{3, 4, true}) {
-		t.Errorf("Billable = %+v", got)
+	// Embeddings have no output: the input count completes the report.
+	m = OpenAIEmbeddings.NewMeter()
+	m.Body([]byte(`{"usage":{"prompt_tokens":8,"total_tokens":8}}`))
+	if got := m.Usage(); got != (Usage{Input: 8, InputKnown: true, OutputKnown: true}) {
+		t.Errorf("embeddings Usage() = %+v", got)
 	}
 }
 
@@ -184,17 +180,17 @@ func TestIsUsageOnlyChunk(t *testing.T) {
 		{`{"usage":`, false},
 	}
 	for _, c := range cases {
-		if got := IsUsageOnlyChunk([]byte(c.data)); got != c.want {
-			t.Errorf("IsUsageOnlyChunk(%s) = %v, want %v", c.data, got, c.want)
+		if got := isUsageOnlyChunk(streamgate.Event{Data: []byte(c.data)}); got != c.want {
+			t.Errorf("isUsageOnlyChunk(%s) = %v, want %v", c.data, got, c.want)
 		}
 	}
 }
 
 func BenchmarkMeterOpenAIChunk(b *testing.B) {
 	chunk := []byte(`{"id":"chatcmpl-B9","object":"chat.completion.chunk","created":1727000000,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":"Hello"},"finish_reason":null}]}`)
-	m := NewMeter(FormatOpenAIChat)
+	m := OpenAIChat.NewMeter()
 	b.ReportAllocs()
 	for b.Loop() {
-		m.Event("", chunk)
+		m.Event(streamgate.Event{Data: chunk})
 	}
 }

@@ -1,6 +1,8 @@
-package llmapi
+package provider
 
 import (
+	"github.com/llmfailover/caddy-llm-failover/internal/shapes"
+	"github.com/llmfailover/caddy-llm-failover/streamgate"
 	"strings"
 	"testing"
 )
@@ -55,7 +57,7 @@ func BenchmarkParseRequest(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(benchBody)))
 	for b.Loop() {
-		r, err := ParseRequest(benchBody)
+		r, err := OpenAIChat.ParseRequest(benchBody)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -69,5 +71,30 @@ func BenchmarkWithModel(b *testing.B) {
 	b.SetBytes(int64(len(benchBody)))
 	for b.Loop() {
 		sinkBytes = r.WithModel(benchBody, "gpt-4o")
+	}
+}
+
+func BenchmarkClassify(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		api  API
+		ev   streamgate.Event
+	}{
+		{"chat/content", OpenAIChat, streamgate.Event{Data: []byte(shapes.ChatContent)}},
+		{"chat/role", OpenAIChat, streamgate.Event{Data: []byte(shapes.ChatRole)}},
+		{"chat/usage", OpenAIChat, streamgate.Event{Data: []byte(shapes.ChatUsage)}},
+		{"responses/named", OpenAIResponses, streamgate.Event{Name: "response.output_text.delta", Data: []byte(shapes.RespTextDelta)}},
+		{"responses/by-type", OpenAIResponses, streamgate.Event{Data: []byte(shapes.RespTextDelta)}},
+		{"anthropic/delta", AnthropicMessages, streamgate.Event{Name: "content_block_delta", Data: []byte(shapes.AntBlockDelta)}},
+		{"anthropic/message_delta", AnthropicMessages, streamgate.Event{Name: "message_delta", Data: []byte(shapes.AntMsgDelta)}},
+		{"generic", Unknown, streamgate.Event{Data: []byte(shapes.ChatContent)}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(bc.ev.Data)))
+			for b.Loop() {
+				bc.api.Classify(bc.ev)
+			}
+		})
 	}
 }

@@ -1,69 +1,14 @@
-// Package llmapi knows the shape of OpenAI- and Anthropic-style API requests
-// just well enough to route them: which API a path belongs to, the few
-// top-level fields the gateway needs, and each API's own error format.
-// It never re-encodes a request: the body that reaches an upstream is the
-// client's, byte for byte, except for the value of "model" when a route
-// renames it.
-package llmapi
+package provider
 
 import (
 	"bytes"
 	"encoding/json"
 	"errors"
 	"strconv"
-	"strings"
 
 	"github.com/llmfailover/caddy-llm-failover/internal/jsonscan"
+	"github.com/llmfailover/caddy-llm-failover/streamgate"
 )
-
-// API identifies the upstream API a request path belongs to.
-type API uint8
-
-const (
-	Unknown API = iota
-	OpenAIChat
-	OpenAIResponses
-	OpenAICompletions
-	OpenAIEmbeddings
-	OpenAIModels
-	AnthropicMessages
-	AnthropicCountTokens
-)
-
-var apiNames = [...]string{"unknown", "openai_chat", "openai_responses", "openai_completions", "openai_embeddings", "openai_models", "anthropic_messages", "anthropic_count_tokens"}
-
-func (a API) String() string {
-	if int(a) < len(apiNames) {
-		return apiNames[a]
-	}
-	return "unknown"
-}
-
-// Anthropic reports whether errors on this API use Anthropic's format.
-func (a API) Anthropic() bool { return a == AnthropicMessages || a == AnthropicCountTokens }
-
-// APIFromPath recognises an API by the end of the path, so that prefixes
-// such as /openai/v1 or /api/v1 in front of the usual paths still work.
-func APIFromPath(p string) API {
-	p = strings.TrimSuffix(p, "/")
-	switch {
-	case strings.HasSuffix(p, "/chat/completions"):
-		return OpenAIChat
-	case strings.HasSuffix(p, "/responses"):
-		return OpenAIResponses
-	case strings.HasSuffix(p, "/completions"):
-		return OpenAICompletions
-	case strings.HasSuffix(p, "/embeddings"):
-		return OpenAIEmbeddings
-	case strings.HasSuffix(p, "/messages/count_tokens"):
-		return AnthropicCountTokens
-	case strings.HasSuffix(p, "/messages"):
-		return AnthropicMessages
-	case strings.HasSuffix(p, "/models"):
-		return OpenAIModels
-	}
-	return Unknown
-}
 
 var (
 	// ErrMalformed means the body is not a JSON object.
@@ -93,8 +38,10 @@ type Request struct {
 	modelStart, modelEnd int // byte span of the "model" value, quotes included
 }
 
-// ParseRequest reads the top-level fields of a JSON request body.
-func ParseRequest(body []byte) (Request, error) {
+// ParseRequest reads the top-level fields of a JSON request body of the
+// API. Every API the gateway serves names its model and limits in the same
+// top-level fields, so the API does not change the result today.
+func (API) ParseRequest(body []byte) (Request, error) {
 	req := Request{N: 1}
 	if !json.Valid(body) {
 		return req, ErrMalformed
@@ -157,11 +104,22 @@ func (r Request) WithModel(body []byte, model string) []byte {
 	return append(out, body[r.modelEnd:]...)
 }
 
-// WithIncludeUsage returns body with "stream_options":{"include_usage":true}
-// added as the last top-level field, so that an OpenAI chat stream reports
-// the usage billing needs. Callers use it only when the client sent no
-// stream_options (rewriting a client's own object is not worth the risk).
-func WithIncludeUsage(body []byte) []byte {
+// AskUsage makes sure an attempt's answer reports the token usage billing
+// needs. An OpenAI chat stream reports usage only when asked: when the
+// client sent no stream_options, out asks for it and hide recognises the
+// extra usage-only chunk, which the client did not ask for and must not
+// see. Otherwise out is body and hide is nil. (Rewriting a client's own
+// stream_options is not worth the risk.)
+func (a API) AskUsage(body []byte, req Request) (out []byte, hide func(streamgate.Event) bool) {
+	if a != OpenAIChat || !req.Stream || req.HasStreamOptions {
+		return body, nil
+	}
+	return withIncludeUsage(body), isUsageOnlyChunk
+}
+
+// withIncludeUsage returns body with "stream_options":{"include_usage":true}
+// added as the last top-level field.
+func withIncludeUsage(body []byte) []byte {
 	end := bytes.LastIndexByte(body, '}')
 	if end < 0 {
 		return body
@@ -206,4 +164,21 @@ func eachTopLevel(body []byte, fn func(key []byte, start, end int) error) error 
 		return ErrMalformed
 	}
 	return nil
+}
+
+// isUsageOnlyChunk reports whether an OpenAI chat stream event carries only
+// usage (an empty or absent choices array), i.e. the extra chunk that
+// stream_options.include_usage adds.
+func isUsageOnlyChunk(ev streamgate.Event) bool {
+	if !bytes.Contains(ev.Data, usageKey) {
+		return false
+	}
+	var c struct {
+		Choices []json.RawMessage `json:"choices"`
+		Usage   json.RawMessage   `json:"usage"`
+	}
+	if json.Unmarshal(ev.Data, &c) != nil {
+		return false
+	}
+	return len(c.Choices) == 0 && len(c.Usage) > 0 && !bytes.Equal(c.Usage, []byte("null"))
 }

@@ -1,0 +1,111 @@
+package provider
+
+import (
+	"net/http"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/jsonscan"
+	"github.com/llmfailover/caddy-llm-failover/streamgate"
+)
+
+// This file holds the Anthropic family's wire format: Messages API events
+// and error shapes.
+
+// anthropicDialect is /v1/messages: typed events, usually named.
+var anthropicDialect = dialect{
+	overflow: func(name string) streamgate.Kind {
+		if name == "message_stop" {
+			return streamgate.Terminal
+		}
+		return streamgate.Content
+	},
+	data: classifyAnthropic,
+}
+
+var anthropicKinds = newKinds(map[string]streamgate.Kind{
+	"message_start":       streamgate.Preamble,
+	"content_block_start": streamgate.Preamble,
+	"message_stop":        streamgate.Terminal,
+	"error":               streamgate.ErrorFrame,
+})
+
+func classifyAnthropic(name string, data []byte) streamgate.Kind {
+	var t top
+	if name == "" {
+		t = scanTop(data)
+		switch {
+		case !t.ok:
+			return streamgate.Content
+		case t.err:
+			return streamgate.ErrorFrame
+		}
+		if string(t.typ) != "message_delta" {
+			return anthropicKinds.ofType(t.typ)
+		}
+	} else if name != "message_delta" {
+		return anthropicKinds.of(name)
+	}
+	// A message_delta decides the stream only when it carries the stop
+	// reason; a usage-only delta says nothing.
+	if t.typ == nil {
+		t = scanTop(data)
+	}
+	if !t.ok {
+		return streamgate.Content
+	}
+	if d, ok := jsonscan.Object(t.delta); ok {
+		for k, more := d.Next(); more; k, more = d.Next() {
+			if string(k) == "stop_reason" && !jsonscan.IsNull(d.Value()) {
+				return streamgate.Content
+			}
+		}
+	}
+	return streamgate.Preamble
+}
+
+// anthropicError is Anthropic's error object, as an HTTP body and as the
+// data of an in-stream "error" event.
+type anthropicError struct {
+	Type  string          `json:"type"`
+	Error anthropicDetail `json:"error"`
+}
+
+type anthropicDetail struct {
+	Type    string `json:"type"`
+	Message string `json:"message"`
+}
+
+func anthropicErrorBody(e Error) []byte {
+	return marshal(anthropicError{Type: "error", Error: anthropicDetail{Type: anthropicType(e.Status), Message: e.Message}})
+}
+
+func anthropicErrorEvent(_, message string) []byte {
+	return sseEvent("error", anthropicError{Type: "error", Error: anthropicDetail{Type: "api_error", Message: message}})
+}
+
+// anthropicType follows Anthropic's documented error types per status.
+func anthropicType(status int) string {
+	switch status {
+	case http.StatusBadRequest, http.StatusUnprocessableEntity:
+		return "invalid_request_error"
+	case http.StatusUnauthorized:
+		return "authentication_error"
+	case http.StatusPaymentRequired:
+		return "billing_error"
+	case http.StatusForbidden:
+		return "permission_error"
+	case http.StatusNotFound:
+		return "not_found_error"
+	case http.StatusRequestEntityTooLarge:
+		return "request_too_large"
+	case http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case http.StatusGatewayTimeout:
+		return "timeout_error"
+	case http.StatusServiceUnavailable, 529:
+		return "overloaded_error"
+	}
+	if status >= 400 && status < 500 {
+		return "invalid_request_error"
+	}
+	return "api_error"
+}

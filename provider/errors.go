@@ -1,0 +1,129 @@
+package provider
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"unicode/utf8"
+)
+
+// Error is an error the gateway itself answers, rendered in the format of
+// the API the client called so that official SDKs raise their usual typed
+// errors (BadRequestError, NotFoundError, RateLimitError...).
+type Error struct {
+	Status  int
+	Message string
+	// Code is the OpenAI "code" (model_not_found, insufficient_quota...);
+	// empty means the default for the status.
+	Code string
+}
+
+// ErrorBody renders e as the HTTP error body of the API.
+func (a API) ErrorBody(e Error) []byte {
+	if a.Anthropic() {
+		return anthropicErrorBody(e)
+	}
+	return openAIErrorBody(e)
+}
+
+// marshal encodes one of this package's error shapes: plain structs of
+// strings, which cannot fail to marshal.
+func marshal(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("provider: marshal %T: %v", v, err))
+	}
+	return b
+}
+
+// sseEvent frames v as one server-sent event, named unless name is "".
+func sseEvent(name string, v any) []byte {
+	body := marshal(v)
+	out := make([]byte, 0, len("event: \ndata: ")+len(name)+len(body)+2)
+	if name != "" {
+		out = append(append(append(out, "event: "...), name...), '\n')
+	}
+	out = append(append(out, "data: "...), body...)
+	return append(out, '\n', '\n')
+}
+
+// nullable renders "" as JSON null.
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// Errors returned by CheckBody.
+var (
+	ErrErrorBody     = errors.New("provider: 2xx body is an error object")
+	ErrMalformedBody = errors.New("provider: 2xx body is not valid JSON")
+)
+
+// CheckBody inspects a complete, non-streaming 2xx JSON body of the API.
+// It returns an error wrapping ErrErrorBody for an error object in disguise
+// (a non-null top-level "error", or "type":"error" as Anthropic sends), one
+// wrapping ErrMalformedBody for invalid or truncated JSON, and nil
+// otherwise. Only the top level is walked, so large bodies cost one
+// validation pass and one skim.
+func (API) CheckBody(body []byte) error {
+	if !json.Valid(body) {
+		return fmt.Errorf("%w (%d bytes)", ErrMalformedBody, len(body))
+	}
+	t := scanTop(body)
+	if !t.ok {
+		return nil // valid JSON but not an object: nothing to unmask
+	}
+	switch {
+	case t.err:
+		return fmt.Errorf("%w: top-level \"error\" member", ErrErrorBody)
+	case string(t.typ) == "error":
+		return fmt.Errorf("%w: \"type\":\"error\"", ErrErrorBody)
+	}
+	return nil
+}
+
+// maxUpstreamMessage caps a quoted upstream message, so that an upstream
+// answering with a huge error cannot flood logs or clients.
+const maxUpstreamMessage = 512
+
+// UpstreamMessage extracts the human-readable message from an upstream's
+// error body or error event data, so the gateway's own error can quote it.
+// Both families' shapes are understood whatever the API: an
+// OpenAI-compatible host may answer an Anthropic path in OpenAI's format.
+// It returns "" when the body is not a recognisable error.
+func (API) UpstreamMessage(body []byte) string {
+	msg := upstreamMessage(body)
+	if len(msg) <= maxUpstreamMessage {
+		return msg
+	}
+	cut := maxUpstreamMessage
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + "…"
+}
+
+func upstreamMessage(body []byte) string {
+	var v struct {
+		Error   json.RawMessage `json:"error"`
+		Message string          `json:"message"`
+	}
+	if json.Unmarshal(body, &v) != nil {
+		return ""
+	}
+	if len(v.Error) > 0 {
+		var d struct {
+			Message string `json:"message"`
+		}
+		if json.Unmarshal(v.Error, &d) == nil && d.Message != "" {
+			return d.Message
+		}
+		var s string
+		if json.Unmarshal(v.Error, &s) == nil && s != "" {
+			return s
+		}
+	}
+	return v.Message
+}

@@ -1,0 +1,204 @@
+package provider
+
+import (
+	"bytes"
+	"encoding/json"
+
+	"github.com/llmfailover/caddy-llm-failover/streamgate"
+)
+
+// Usage is the token usage of one attempt as the upstream reported it.
+// Unreported counts are zero with their Known flag false.
+type Usage struct {
+	Input, Output           int64
+	InputKnown, OutputKnown bool
+}
+
+// Meter extracts token usage from one upstream attempt's response, streamed
+// or not. It keeps only counters, never the payloads, so it can watch a
+// stream of any length. It is not safe for concurrent use.
+type Meter struct {
+	format usageFormat
+	u      Usage
+}
+
+// NewMeter returns a Meter for answers of the API.
+func (a API) NewMeter() *Meter { return &Meter{format: a.wire().usage} }
+
+// usageFormat is where an API reports usage.
+type usageFormat struct {
+	// event reads usage from one event's name (possibly "") and data,
+	// which is known to mention "usage".
+	event func(u *Usage, name string, data []byte)
+	// body reads usage from a whole JSON body known to mention "usage".
+	body func(u *Usage, body []byte)
+	// inputOnly: the API produces no output tokens, so the report is
+	// complete once the input count is known (embeddings).
+	inputOnly bool
+}
+
+var (
+	usageKey  = []byte(`"usage"`)
+	doneEvent = []byte("[DONE]")
+)
+
+// Event feeds one server-sent event; streamgate.Options.Observe takes it.
+func (m *Meter) Event(ev streamgate.Event) {
+	// Most chunks are content deltas; skipping the ones that cannot carry
+	// usage keeps the per-chunk cost to a byte search.
+	if !bytes.Contains(ev.Data, usageKey) || bytes.Equal(bytes.TrimSpace(ev.Data), doneEvent) {
+		return
+	}
+	m.format.event(&m.u, ev.Name, ev.Data)
+}
+
+// Body feeds a complete non-streaming JSON response body.
+func (m *Meter) Body(body []byte) {
+	if bytes.Contains(body, usageKey) {
+		m.format.body(&m.u, body)
+	}
+}
+
+// Usage returns what the upstream reported so far.
+func (m *Meter) Usage() Usage {
+	u := m.u
+	if m.format.inputOnly && u.InputKnown {
+		u.OutputKnown = true
+	}
+	return u
+}
+
+// set takes the counts an upstream reported; nil means not reported.
+func (u *Usage) set(input, output *int64) {
+	if input != nil {
+		u.Input, u.InputKnown = *input, true
+	}
+	if output != nil {
+		u.Output, u.OutputKnown = *output, true
+	}
+}
+
+// OpenAI chat, completions and embeddings.
+
+type openAIUsage struct {
+	PromptTokens     *int64 `json:"prompt_tokens"`
+	CompletionTokens *int64 `json:"completion_tokens"`
+}
+
+// openAIUsageBody reads a chat chunk or a whole body alike: with
+// stream_options.include_usage every chunk carries "usage":null and the
+// last one the totals; some compatible upstreams send running totals on
+// every chunk. Last one wins.
+func openAIUsageBody(u *Usage, data []byte) {
+	var c struct {
+		Usage *openAIUsage `json:"usage"`
+	}
+	if json.Unmarshal(data, &c) == nil && c.Usage != nil {
+		u.set(c.Usage.PromptTokens, c.Usage.CompletionTokens)
+	}
+}
+
+var (
+	openAIUsageFormat = usageFormat{
+		event: func(u *Usage, _ string, data []byte) { openAIUsageBody(u, data) },
+		body:  openAIUsageBody,
+	}
+	embeddingsUsageFormat = usageFormat{event: openAIUsageFormat.event, body: openAIUsageBody, inputOnly: true}
+)
+
+// OpenAI Responses.
+
+type responsesUsage struct {
+	InputTokens  *int64 `json:"input_tokens"`
+	OutputTokens *int64 `json:"output_tokens"`
+}
+
+var responsesUsageFormat = usageFormat{
+	// response.completed, and also response.incomplete and
+	// response.failed, carry the final response with its usage.
+	event: func(u *Usage, _ string, data []byte) {
+		var c struct {
+			Response *struct {
+				Usage *responsesUsage `json:"usage"`
+			} `json:"response"`
+		}
+		if json.Unmarshal(data, &c) == nil && c.Response != nil && c.Response.Usage != nil {
+			u.set(c.Response.Usage.InputTokens, c.Response.Usage.OutputTokens)
+		}
+	},
+	body: func(u *Usage, body []byte) {
+		var c struct {
+			Usage *responsesUsage `json:"usage"`
+		}
+		if json.Unmarshal(body, &c) == nil && c.Usage != nil {
+			u.set(c.Usage.InputTokens, c.Usage.OutputTokens)
+		}
+	},
+}
+
+// Anthropic Messages.
+
+type anthropicUsage struct {
+	InputTokens              *int64 `json:"input_tokens"`
+	CacheCreationInputTokens int64  `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     int64  `json:"cache_read_input_tokens"`
+	OutputTokens             *int64 `json:"output_tokens"`
+}
+
+// setInput counts cached tokens as input: Anthropic reports them separately
+// from input_tokens, yet the model processed them and the upstream bills
+// them.
+func (a *anthropicUsage) setInput(u *Usage) {
+	if a.InputTokens != nil {
+		u.Input, u.InputKnown = *a.InputTokens+a.CacheCreationInputTokens+a.CacheReadInputTokens, true
+	}
+}
+
+var anthropicUsageFormat = usageFormat{
+	event: func(u *Usage, name string, data []byte) {
+		var c struct {
+			Type    string `json:"type"`
+			Message *struct {
+				Usage *anthropicUsage `json:"usage"`
+			} `json:"message"`
+			Usage *anthropicUsage `json:"usage"`
+		}
+		if json.Unmarshal(data, &c) != nil {
+			return
+		}
+		if name == "" {
+			name = c.Type
+		}
+		switch name {
+		case "message_start":
+			if c.Message == nil || c.Message.Usage == nil {
+				return
+			}
+			a := c.Message.Usage
+			a.setInput(u)
+			// message_start's output_tokens is a placeholder (usually 1);
+			// take it as a floor but wait for message_delta to know.
+			if a.OutputTokens != nil && *a.OutputTokens > u.Output {
+				u.Output = *a.OutputTokens
+			}
+		case "message_delta":
+			if c.Usage == nil {
+				return
+			}
+			// output_tokens is cumulative: the last delta is the total.
+			// Newer API versions repeat (cumulative) input counts here,
+			// e.g. after server-side tool use; they supersede the start's.
+			c.Usage.setInput(u)
+			u.set(nil, c.Usage.OutputTokens)
+		}
+	},
+	body: func(u *Usage, body []byte) {
+		var c struct {
+			Usage *anthropicUsage `json:"usage"`
+		}
+		if json.Unmarshal(body, &c) == nil && c.Usage != nil {
+			c.Usage.setInput(u)
+			u.set(nil, c.Usage.OutputTokens)
+		}
+	},
+}
