@@ -23,7 +23,6 @@ func init() {
 //	GET  /llm_failover/chains                  each model's ordered channels
 //	GET  /llm_failover/channels                each channel's breaker state
 //	POST /llm_failover/channels/<name>/reset   close one channel's breaker by hand
-//	...  /llm_failover/wallet/...              wallet administration (see wallet_admin.go)
 //
 // Caddy re-creates admin modules on every config load, so the module holds
 // nothing: it reads the live handlers and the pooled channel state.
@@ -61,8 +60,6 @@ func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		}
 		name := strings.TrimSuffix(strings.TrimPrefix(path, "channels/"), "/reset")
 		return resetChannel(w, name)
-	case path == "wallet" || strings.HasPrefix(path, "wallet/"):
-		return serveWalletAdmin(w, r, strings.TrimPrefix(strings.TrimPrefix(path, "wallet"), "/"))
 	}
 	return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no such llm_failover endpoint: %s", r.URL.Path)}
 }

@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -16,139 +14,35 @@ import (
 	"github.com/llmfailover/caddy-llm-failover/provider"
 	"github.com/llmfailover/caddy-llm-failover/streamgate"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
+	"github.com/llmfailover/caddy-llm-failover/walletapp"
 )
 
-// WalletConfig makes requests prepaid.
+// WalletConfig makes requests prepaid, billed to a wallet of the
+// llm_wallet app.
 type WalletConfig struct {
-	// Store is "sqlite" (default, embedded) or "postgres" (shared by
-	// several Caddy instances).
-	Store string `json:"store,omitempty"`
-	// Path is the SQLite file. Default: llm_failover/wallet.db under
-	// Caddy's data directory.
-	Path string `json:"path,omitempty"`
-	// DSN is the PostgreSQL connection string; it may be a placeholder
-	// such as {env.DATABASE_URL}, resolved when the config loads.
-	DSN string `json:"dsn,omitempty"`
-	// ReservationTTL is how long a reservation may stay unsettled before
-	// the sweeper releases it (after a crash). Default: 15m.
-	ReservationTTL caddy.Duration `json:"reservation_ttl,omitempty"`
+	// Name is the llm_wallet wallet to bill. Default: the only wallet; with
+	// no llm_wallet option, an embedded SQLite wallet under Caddy's data
+	// directory.
+	Name string `json:"name,omitempty"`
 	// OnStoreError is "deny" (default: answer 503 when the store is
-	// unreachable) or "allow" (serve unbilled, and log it).
+	// unreachable or slower than the admission timeout) or "allow" (serve
+	// unbilled, and log it).
 	OnStoreError string `json:"on_store_error,omitempty"`
 	// Account, when set, is a placeholder naming the account to bill
 	// (e.g. {http.auth.user.id}) instead of the gateway's own API keys.
 	Account string `json:"account,omitempty"`
 }
 
-// DefaultReservationTTL bounds how long a crash can lock money.
-const DefaultReservationTTL = 15 * time.Minute
-
-// sweepEvery is how often expired reservations are released.
-const sweepEvery = time.Minute
-
-// walletStores shares one store per database across handlers and config
-// generations, so that a reload neither reopens the database nor closes
-// it under a stream that still has to settle.
-var walletStores = caddy.NewUsagePool()
-
-// storeHolder owns an open store, its sweeper and the requests in flight.
-type storeHolder struct {
-	store    wallet.Store
-	kind     string
-	logger   *zap.Logger
-	inflight sync.WaitGroup
-	stop     chan struct{}
-	done     chan struct{}
-
-	mu        sync.Mutex
-	lastSweep time.Time // heartbeat of the background sweeper
-	lastErr   string
-}
-
-func (s *storeHolder) sweeper() {
-	defer close(s.done)
-	t := time.NewTicker(sweepEvery)
-	defer t.Stop()
-	for {
-		s.sweep()
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-		}
-	}
-}
-
-func (s *storeHolder) sweep() {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	n, err := s.store.Sweep(ctx, time.Now())
-	s.mu.Lock()
-	s.lastSweep = time.Now()
-	s.lastErr = ""
-	if err != nil {
-		s.lastErr = err.Error()
-	}
-	s.mu.Unlock()
-	if err == nil {
-		walletSweepHeartbeat.SetToCurrentTime()
-	}
-	switch {
-	case err != nil:
-		walletTotal.WithLabelValues("sweep", "error").Inc()
-		s.logger.Error("wallet sweep failed", zap.Error(err))
-	case n > 0:
-		walletTotal.WithLabelValues("sweep", "released").Add(float64(n))
-		s.logger.Warn("released expired wallet reservations", zap.Int("count", n))
-	}
-}
-
-// heartbeat reports when the sweeper last ran, for the status endpoint.
-func (s *storeHolder) heartbeat() (time.Time, string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.lastSweep, s.lastErr
-}
-
-// Destruct runs when no config uses the store any more. Caddy calls the
-// old config's Cleanup while its streams are still open, so wait (bounded)
-// for them to settle before closing the database under them.
-//
-// The wait happens in the background: Destruct runs inside Caddy's config
-// change, and a reload must not block on the longest open stream.
-func (s *storeHolder) Destruct() error {
-	close(s.stop)
-	<-s.done
-	go func() {
-		waited := make(chan struct{})
-		go func() { s.inflight.Wait(); close(waited) }()
-		select {
-		case <-waited:
-		case <-time.After(10 * time.Minute):
-			s.logger.Error("closing wallet store with requests still unsettled; their reservations expire and are released by the sweeper")
-		}
-		if err := s.store.Close(); err != nil {
-			s.logger.Error("closing wallet store", zap.Error(err))
-		}
-	}()
-	return nil
-}
-
 // walletRuntime is a provisioned WalletConfig.
 type walletRuntime struct {
-	key     string
-	holder  *storeHolder
-	ttl     time.Duration
+	w       *walletapp.Wallet
 	allow   bool
 	account string
 	logger  *zap.Logger
 }
 
 func (c *WalletConfig) provision(ctx caddy.Context, logger *zap.Logger) (*walletRuntime, error) {
-	rt := &walletRuntime{ttl: time.Duration(c.ReservationTTL), account: c.Account, logger: logger}
-	if rt.ttl == 0 {
-		rt.ttl = DefaultReservationTTL
-	}
+	rt := &walletRuntime{account: c.Account, logger: logger}
 	switch c.OnStoreError {
 	case "", "deny":
 	case "allow":
@@ -156,57 +50,14 @@ func (c *WalletConfig) provision(ctx caddy.Context, logger *zap.Logger) (*wallet
 	default:
 		return nil, fmt.Errorf("on_store_error: want deny or allow, got %q", c.OnStoreError)
 	}
-	repl := caddy.NewReplacer()
-	var open func() (wallet.Store, error)
-	switch c.Store {
-	case "", "sqlite":
-		path := c.Path
-		if path == "" {
-			path = filepath.Join(caddy.AppDataDir(), "llm_failover", "wallet.db")
-		}
-		path, err := filepath.Abs(repl.ReplaceKnown(path, ""))
-		if err != nil {
-			return nil, err
-		}
-		rt.key = "sqlite:" + path
-		open = func() (wallet.Store, error) { return wallet.OpenSQLite(path) }
-	case "postgres":
-		dsn, err := repl.ReplaceOrErr(c.DSN, true, true)
-		if err != nil || dsn == "" {
-			return nil, fmt.Errorf("postgres DSN %q is empty or unresolved", c.DSN)
-		}
-		rt.key = "postgres:" + dsn
-		open = func() (wallet.Store, error) {
-			octx, cancel := context.WithTimeout(ctx, 15*time.Second)
-			defer cancel()
-			return wallet.OpenPostgres(octx, dsn)
-		}
-	default:
-		return nil, fmt.Errorf("unknown store %q (want sqlite or postgres)", c.Store)
-	}
-	v, _, err := walletStores.LoadOrNew(rt.key, func() (caddy.Destructor, error) {
-		st, err := open()
-		if err != nil {
-			return nil, err
-		}
-		h := &storeHolder{store: st, kind: c.Store, logger: logger, stop: make(chan struct{}), done: make(chan struct{})}
-		if h.kind == "" {
-			h.kind = "sqlite"
-		}
-		// Reservations left by a crash are released on start, then
-		// periodically.
-		go h.sweeper()
-		return h, nil
-	})
+	app, err := ctx.App("llm_wallet")
 	if err != nil {
-		return nil, fmt.Errorf("opening %s store: %w", c.Store, err)
+		return nil, err
 	}
-	rt.holder = v.(*storeHolder)
+	if rt.w, err = app.(*walletapp.App).Wallet(c.Name); err != nil {
+		return nil, err
+	}
 	return rt, nil
-}
-
-func (rt *walletRuntime) release() {
-	_, _ = walletStores.Delete(rt.key)
 }
 
 // bill is one request's reservation, from admission to settlement.
@@ -230,7 +81,8 @@ type bill struct {
 // admit finds the account and reserves the largest cost the request can
 // have. A refusal is never a failover case: no channel can refill a wallet.
 func (rt *walletRuntime) admit(x *exchange) (*bill, *provider.Error) {
-	ctx := x.r.Context()
+	ctx, cancel := rt.w.AdmissionContext(x.r.Context())
+	defer cancel()
 	account, keyID := "", ""
 	if rt.account != "" {
 		if x.repl != nil {
@@ -244,7 +96,7 @@ func (rt *walletRuntime) admit(x *exchange) (*bill, *provider.Error) {
 		if secret == "" {
 			return nil, &provider.Error{Status: http.StatusUnauthorized, Message: "missing API key: send it as Authorization: Bearer <key> or x-api-key"}
 		}
-		k, err := rt.holder.store.Authenticate(ctx, secret)
+		k, err := rt.w.Authenticate(ctx, secret)
 		switch {
 		case errors.Is(err, wallet.ErrUnknownKey):
 			walletTotal.WithLabelValues("authenticate", "unknown_key").Inc()
@@ -267,10 +119,10 @@ func (rt *walletRuntime) admit(x *exchange) (*bill, *provider.Error) {
 	b := &bill{rt: rt, x: x, price: m.price, inputBound: inputBound}
 	b.res = wallet.Reservation{
 		ID: requestID(x), Account: account, KeyID: keyID, Model: x.req.Model,
-		Amount: amount, ExpiresAt: time.Now().Add(rt.ttl),
+		Amount: amount, ExpiresAt: time.Now().Add(rt.w.ReservationTTL()),
 	}
 	b.res.RequestID = b.res.ID
-	err := rt.holder.store.Reserve(ctx, b.res)
+	err := rt.w.Reserve(ctx, b.res)
 	switch {
 	case errors.Is(err, wallet.ErrInsufficientFunds):
 		walletTotal.WithLabelValues("reserve", "insufficient").Inc()
@@ -283,7 +135,6 @@ func (rt *walletRuntime) admit(x *exchange) (*bill, *provider.Error) {
 		return rt.storeError(x, "reserve", err)
 	}
 	walletTotal.WithLabelValues("reserve", "ok").Inc()
-	rt.holder.inflight.Add(1)
 	return b, nil
 }
 
@@ -355,7 +206,7 @@ func (b *bill) servedBy(channel string) { b.channel = channel }
 func (b *bill) attemptFailed(channel, reason string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(b.x.r.Context()), 10*time.Second)
 	defer cancel()
-	err := b.rt.holder.store.RecordAttempt(ctx, wallet.Entry{
+	err := b.rt.w.RecordAttempt(ctx, wallet.Entry{
 		Account: b.res.Account, KeyID: b.res.KeyID, Model: b.res.Model, Channel: channel,
 		RequestID: b.res.RequestID, Note: reason,
 	})
@@ -373,7 +224,6 @@ func (b *bill) close() {
 		return
 	}
 	b.closed = true
-	defer b.rt.holder.inflight.Done()
 	e := wallet.Entry{
 		Account: b.res.Account, KeyID: b.res.KeyID, Model: b.res.Model,
 		Channel: b.channel, RequestID: b.res.RequestID,
@@ -385,7 +235,7 @@ func (b *bill) close() {
 	// The client may be gone; the settlement must still happen.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(b.x.r.Context()), 30*time.Second)
 	defer cancel()
-	charged, err := b.rt.holder.store.Settle(ctx, b.res.ID, e)
+	charged, err := b.rt.w.Settle(ctx, b.res.ID, e)
 	if err != nil {
 		walletTotal.WithLabelValues("settle", "error").Inc()
 		b.rt.logger.Error("settling a reservation failed; the sweeper will release it when it expires",

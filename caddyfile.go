@@ -3,6 +3,7 @@ package llmfailover
 import (
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -57,11 +58,14 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			ratio     <min_calls> <failure_ratio>
 //			max_park  <duration>
 //		}
-//		wallet [sqlite [<path>] | postgres <dsn>] {
-//			reservation_ttl <duration>
+//		wallet [<name>] {
 //			on_store_error  deny|allow
 //			account         <placeholder>
 //		}
+//
+// The wallet's store and reservation_ttl are set in the global llm_wallet
+// option (package walletapp).
+//
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume directive name
@@ -337,28 +341,22 @@ func (h *Handler) unmarshalBreaker(d *caddyfile.Dispenser) error {
 func (h *Handler) unmarshalWallet(d *caddyfile.Dispenser) error {
 	w := new(WalletConfig)
 	if d.NextArg() {
-		switch w.Store = d.Val(); w.Store {
-		case "sqlite":
-			if d.NextArg() {
-				w.Path = d.Val()
-			}
-		case "postgres":
-			if !d.NextArg() {
-				return d.Errf("wallet postgres needs a DSN, e.g. {env.DATABASE_URL}")
-			}
-			w.DSN = d.Val()
-		default:
-			return d.Errf("unknown wallet store %q (want sqlite or postgres)", w.Store)
+		switch w.Name = d.Val(); w.Name {
+		case "sqlite", "postgres":
+			return d.Errf("wallet %s: the store moved to the global llm_wallet option: { llm_wallet [<name>] { store %s ... } }, and the handler says wallet [<name>]", w.Name, w.Name)
 		}
 		if d.NextArg() {
 			return d.ArgErr()
 		}
 	}
-	var err error
+	seen := map[string]int{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch d.Val() {
-		case "reservation_ttl":
-			w.ReservationTTL, err = durationArg(d)
+		opt := d.Val()
+		if line, dup := seen[opt]; dup {
+			return d.Errf("wallet: %s specified more than once (first on line %d)", opt, line)
+		}
+		seen[opt] = d.Line()
+		switch opt {
 		case "on_store_error":
 			if !d.NextArg() {
 				return d.ArgErr()
@@ -378,11 +376,10 @@ func (h *Handler) unmarshalWallet(d *caddyfile.Dispenser) error {
 			if d.NextArg() {
 				return d.ArgErr()
 			}
+		case "reservation_ttl":
+			return d.Errf("wallet: reservation_ttl moved to the global llm_wallet option: { llm_wallet [<name>] { reservation_ttl %s } }", strings.Join(d.RemainingArgs(), " "))
 		default:
-			return d.Errf("unrecognized wallet option '%s'", d.Val())
-		}
-		if err != nil {
-			return err
+			return d.Errf("unrecognized wallet option '%s'", opt)
 		}
 	}
 	h.Wallet = w

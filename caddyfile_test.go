@@ -46,8 +46,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			ratio 50 0.25
 			max_park 2m
 		}
-		wallet postgres {env.DATABASE_URL} {
-			reservation_ttl 5m
+		wallet billing {
 			on_store_error allow
 			account {http.auth.user.id}
 		}
@@ -80,8 +79,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		t.Fatalf("breaker: %+v", b)
 	}
 	w := h.Wallet
-	if w.Store != "postgres" || w.DSN != "{env.DATABASE_URL}" || w.ReservationTTL != caddy.Duration(5*time.Minute) ||
-		w.OnStoreError != "allow" || w.Account != "{http.auth.user.id}" {
+	if w.Name != "billing" || w.OnStoreError != "allow" || w.Account != "{http.auth.user.id}" {
 		t.Fatalf("wallet: %+v", w)
 	}
 }
@@ -125,8 +123,11 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		"unknown breaker option":    `llm_failover { breaker { threshold 3 } }`,
 		"breaker bad ratio":         `llm_failover { breaker { ratio 10 1.5 } }`,
 		"breaker ratio missing":     `llm_failover { breaker { ratio 10 } }`,
-		"unknown wallet store":      `llm_failover { wallet redis }`,
-		"postgres without dsn":      `llm_failover { wallet postgres }`,
+		"old wallet sqlite form":    `llm_failover { wallet sqlite /tmp/w.db }`,
+		"old wallet postgres form":  `llm_failover { wallet postgres {env.DATABASE_URL} }`,
+		"wallet with two names":     `llm_failover { wallet a b }`,
+		"reservation_ttl moved":     `llm_failover { wallet { reservation_ttl 5m } }`,
+		"wallet option twice":       "llm_failover { wallet {\naccount a\naccount b\n} }",
 		"bad on_store_error":        `llm_failover { wallet { on_store_error maybe } }`,
 		"unknown wallet option":     `llm_failover { wallet { currency eur } }`,
 	}

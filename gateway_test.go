@@ -51,6 +51,11 @@ func TestMain(m *testing.M) {
 // for the shared in-process Caddy, and one site whose llm_failover block
 // is body, with %s verbs filled by args (typically upstream URLs).
 func gatewayConfig(body string, args ...any) string {
+	return gatewayConfigWith("", body, args...)
+}
+
+// gatewayConfigWith is gatewayConfig with more global options (globals).
+func gatewayConfigWith(globals, body string, args ...any) string {
 	return fmt.Sprintf(`{
 	skip_install_trust
 	admin localhost:%d
@@ -60,6 +65,7 @@ func gatewayConfig(body string, args ...any) string {
 	log {
 		level ERROR
 	}
+%s
 }
 http://localhost:%d {
 	header {
@@ -68,7 +74,7 @@ http://localhost:%d {
 		X-Attempts {http.llm_failover.attempts}
 	}
 	llm_failover {
-`, adminPort, httpPort, 9443+portOffset, httpPort) + fmt.Sprintf(body, args...) + `
+`, adminPort, httpPort, 9443+portOffset, globals, httpPort) + fmt.Sprintf(body, args...) + `
 	}
 }
 `
@@ -78,11 +84,17 @@ http://localhost:%d {
 // failing the test if it does not load.
 func gateway(t testing.TB, body string, args ...any) *caddytest.Tester {
 	t.Helper()
+	return gatewayWith(t, "", body, args...)
+}
+
+// gatewayWith is gateway with more global options (globals).
+func gatewayWith(t testing.TB, globals, body string, args ...any) *caddytest.Tester {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("in-process Caddy tests are skipped with -short")
 	}
 	tc := caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: adminPort})
-	tc.InitServer(gatewayConfig(body, args...), "caddyfile")
+	tc.InitServer(gatewayConfigWith(globals, body, args...), "caddyfile")
 	// A keep-alive connection from before the reload may be closed under
 	// the next request; start every test on fresh connections.
 	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
@@ -94,7 +106,13 @@ func gateway(t testing.TB, body string, args ...any) *caddytest.Tester {
 // would fail the test).
 func tryLoad(t *testing.T, body string, args ...any) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, adminURL+"/load", strings.NewReader(gatewayConfig(body, args...)))
+	return tryLoadWith(t, "", body, args...)
+}
+
+// tryLoadWith is tryLoad with more global options (globals).
+func tryLoadWith(t *testing.T, globals, body string, args ...any) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, adminURL+"/load", strings.NewReader(gatewayConfigWith(globals, body, args...)))
 	if err != nil {
 		t.Fatal(err)
 	}

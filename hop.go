@@ -89,6 +89,11 @@ type attemptResult struct {
 }
 
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
+	if h.wallet != nil {
+		// Counted from entry, before the body is read, so that a reload
+		// never closes the store under this request.
+		defer h.wallet.w.Enter()()
+	}
 	x := &exchange{w: w, r: r, api: provider.APIFromPath(r.URL.Path), start: time.Now()}
 	x.repl, _ = r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 

@@ -37,10 +37,6 @@ var (
 		Namespace: "caddy", Subsystem: "llm_failover", Name: "wallet_operations_total",
 		Help: "Wallet operations by kind and result.",
 	}, []string{"op", "result"})
-	walletSweepHeartbeat = prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: "caddy", Subsystem: "llm_failover", Name: "wallet_sweep_last_success_timestamp_seconds",
-		Help: "When the reservation sweeper last completed; alert when it is older than a few minutes.",
-	})
 	walletCharged = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "llm_failover", Name: "wallet_charged_micros_total",
 		Help: "Money charged, in millionths of a dollar, by model.",
@@ -49,7 +45,7 @@ var (
 
 var collectors = []prometheus.Collector{
 	requestsTotal, attemptsTotal, attemptDuration, channelSkipped,
-	breakerTransitions, breakerStates{}, walletTotal, walletCharged, walletSweepHeartbeat,
+	breakerTransitions, breakerStates{}, walletTotal, walletCharged,
 }
 
 func registerMetrics(reg prometheus.Registerer) error {

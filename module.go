@@ -433,10 +433,6 @@ func (h *Handler) Cleanup() error {
 		_, _ = channelStates.Delete(key)
 	}
 	h.poolKeys = nil
-	if h.wallet != nil {
-		h.wallet.release()
-		h.wallet = nil
-	}
 	if h.defaultRT != nil {
 		return h.defaultRT.Cleanup()
 	}

@@ -15,6 +15,7 @@ import (
 
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
+	"github.com/llmfailover/caddy-llm-failover/walletapp"
 )
 
 // panicWriter panics on the first body write, standing in for any bug
@@ -29,8 +30,7 @@ func TestWalletPanicReleasesReservation(t *testing.T) {
 	up := upstream(t, fu.OKNamed("a").WithUsage(10, 5))
 	db := filepath.Join(t.TempDir(), "w.db")
 	cfg := fmt.Sprintf(`{"channels":[{"name":"a","base_url":%q}],
-		"models":[{"name":"m","price":{"input":"1","output":"1"},"routes":[{"channel":"a"}]}],
-		"wallet":{"path":%q}}`, up.URL, db)
+		"models":[{"name":"m","price":{"input":"1","output":"1"},"routes":[{"channel":"a"}]}]}`, up.URL)
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	defer cancel()
 	mod, err := ctx.LoadModuleByID("http.handlers.llm_failover", json.RawMessage(cfg))
@@ -38,7 +38,23 @@ func TestWalletPanicReleasesReservation(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := mod.(*Handler)
-	st := h.wallet.holder.store
+	// A bare caddy.Context has no config to hold apps: give the handler
+	// its wallet by hand.
+	app := &walletapp.App{Wallets: map[string]*walletapp.Config{"default": {
+		StoreRaw: json.RawMessage(fmt.Sprintf(`{"backend":"sqlite","path":%q}`, db))}}}
+	if err := app.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer app.Cleanup()
+	wal, err := app.Wallet("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.wallet = &walletRuntime{w: wal, logger: h.logger}
+	st, err := wal.Store()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := st.CreateAccount(ctx, "acct"); err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
+	"github.com/llmfailover/caddy-llm-failover/walletapp"
 )
 
 // These tests drive the prepaid wallet the way an operator and a client
@@ -32,7 +33,7 @@ import (
 // the admin API.
 
 // walletChannels serves model m (price 2 8) and claude (price 3 15) from a
-// then b; the last verb is the wallet directive's store arguments.
+// then b, billed to the default wallet (see storeOption).
 const walletChannels = `
 		channel a %s {
 			header Authorization "Bearer upstream-key-a"
@@ -55,7 +56,7 @@ const walletChannels = `
 			price 1000 1000
 			max_output_tokens 100000
 		}
-		wallet %s
+		wallet
 `
 
 var (
@@ -68,8 +69,14 @@ var (
 func walletGateway(t *testing.T, a, b *fu.Server) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "w.db")
-	gateway(t, walletChannels, a.URL, b.URL, "sqlite "+path)
+	gatewayWith(t, storeOption("sqlite "+path), walletChannels, a.URL, b.URL)
 	return path
+}
+
+// storeOption is the global llm_wallet option of the default wallet on
+// store ("sqlite <path>" or "postgres <dsn>").
+func storeOption(store string) string {
+	return "\tllm_wallet {\n\t\tstore " + store + "\n\t}"
 }
 
 // walletCall calls the wallet admin API and decodes the answer into out
@@ -84,7 +91,7 @@ func walletCall(t *testing.T, method, path string, in, out any) int {
 		}
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequest(method, adminURL+"/llm_failover/wallet/"+path, rd)
+	req, err := http.NewRequest(method, adminURL+"/llm_wallet/"+path, rd)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,21 +156,21 @@ func money(t *testing.T, s string) wallet.Micros { t.Helper(); return parseMoney
 // balanceOf reads an account through the admin API.
 func balanceOf(t *testing.T, id string) (balance, reserved wallet.Micros) {
 	t.Helper()
-	var a accountView
+	var a walletapp.AccountView
 	mustWalletCall(t, http.MethodGet, "accounts/"+id, nil, &a)
 	return parseMoney(t, a.Balance), parseMoney(t, a.Reserved)
 }
 
 // ledger reads an account's whole ledger through the admin API, paging,
 // oldest first.
-func ledger(t *testing.T, id string) []entryView {
+func ledger(t *testing.T, id string) []walletapp.EntryView {
 	t.Helper()
-	var all []entryView
+	var all []walletapp.EntryView
 	before := int64(0)
 	for {
 		var page struct {
-			Entries []entryView `json:"entries"`
-			Next    int64       `json:"next_before"`
+			Entries []walletapp.EntryView `json:"entries"`
+			Next    int64                 `json:"next_before"`
 		}
 		mustWalletCall(t, http.MethodGet, fmt.Sprintf("accounts/%s/usage?limit=1000&before=%d", id, before), nil, &page)
 		all = append(all, page.Entries...)
@@ -177,9 +184,9 @@ func ledger(t *testing.T, id string) []entryView {
 }
 
 // requestRows is the ledger without credit rows.
-func requestRows(t *testing.T, id string) []entryView {
+func requestRows(t *testing.T, id string) []walletapp.EntryView {
 	t.Helper()
-	var out []entryView
+	var out []walletapp.EntryView
 	for _, e := range ledger(t, id) {
 		if e.Kind != wallet.KindCredit {
 			out = append(out, e)
@@ -188,7 +195,7 @@ func requestRows(t *testing.T, id string) []entryView {
 	return out
 }
 
-func kinds(rows []entryView) string {
+func kinds(rows []walletapp.EntryView) string {
 	var s []string
 	for _, e := range rows {
 		s = append(s, e.Kind+"/"+e.Channel)
@@ -198,7 +205,7 @@ func kinds(rows []entryView) string {
 
 // settledOnce checks that every request ID in rows has exactly one
 // settlement (charge or release) row, and returns the sum charged.
-func settledOnce(t *testing.T, rows []entryView) wallet.Micros {
+func settledOnce(t *testing.T, rows []walletapp.EntryView) wallet.Micros {
 	t.Helper()
 	settles := map[string]int{}
 	var sum wallet.Micros
@@ -651,12 +658,12 @@ const invariantConfig = `
 			price 0 1
 			max_output_tokens 1000
 		}
-		wallet %s
+		wallet
 `
 
 func runInvariant(t *testing.T, store string) {
 	a := upstream(t, fu.SlowFirstToken(200*time.Millisecond).WithUsage(5, 1000))
-	gateway(t, invariantConfig, a.URL, store)
+	gatewayWith(t, storeOption(store), invariantConfig, a.URL)
 	const perRequest = wallet.Micros(1000)
 	secret, _ := newWalletAccount(t, "acct", (10 * perRequest).String())
 	start, _ := balanceOf(t, "acct")
@@ -895,7 +902,7 @@ const storeErrorConfig = `
 			route a
 			price 2 8
 		}
-		wallet postgres %s {
+		wallet {
 			on_store_error %s
 		}
 `
@@ -909,7 +916,7 @@ func TestWalletStoreDownAtLoad(t *testing.T) {
 	walletGateway(t, a, b)
 	secret, _ := newWalletAccount(t, "acct", "1")
 	for _, mode := range []string{"deny", "allow"} {
-		st, msg := tryLoad(t, storeErrorConfig, a.URL, "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=2", mode)
+		st, msg := tryLoadWith(t, storeOption("postgres postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=2"), storeErrorConfig, a.URL, mode)
 		if st == 200 || !strings.Contains(msg, "opening postgres store") {
 			t.Fatalf("on_store_error %s with a down database: load answered %d %s", mode, st, msg)
 		}
@@ -938,7 +945,7 @@ func TestWalletOnStoreError(t *testing.T) {
 		t.Skipf("cannot rewrite the host of DSN %q", dsn)
 	}
 
-	gateway(t, storeErrorConfig, a.URL, viaProxy, "deny")
+	gatewayWith(t, storeOption("postgres "+viaProxy), storeErrorConfig, a.URL, "deny")
 	secret, _ := newWalletAccount(t, "acct", "1")
 	res, body := postSettled(t, "acct", "/v1/chat/completions", fu.ChatRequest("m", false), bearer(secret)...)
 	if res.StatusCode != 200 {
@@ -963,7 +970,7 @@ func TestWalletOnStoreError(t *testing.T) {
 
 	// Same database, on_store_error allow: the reload shares the open
 	// store, and a request is served unbilled while it is unreachable.
-	gateway(t, storeErrorConfig, a.URL, viaProxy, "allow")
+	gatewayWith(t, storeOption("postgres "+viaProxy), storeErrorConfig, a.URL, "allow")
 	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
 	res, body = post(t, "/v1/chat/completions", fu.ChatRequest("m", false), bearer(secret)...)
 	if res.StatusCode != 200 {
@@ -997,7 +1004,7 @@ func TestWalletAdminAndCLI(t *testing.T) {
 	run := func(args ...string) string {
 		t.Helper()
 		var buf bytes.Buffer
-		if err := runWalletCommand(&buf, admin, args); err != nil {
+		if err := walletapp.RunCommand(&buf, admin, "", args); err != nil {
 			t.Fatalf("llm-wallet %v: %v", args, err)
 		}
 		return buf.String()
@@ -1067,7 +1074,7 @@ func TestWalletAdminAndCLI(t *testing.T) {
 		{"balance", "nobody"}, {"create-account", "acme"}, {"credit", "acme", "1.0000001"},
 		{"credit", "acme", "-5000"}, {"revoke-key", "key_nope"}, {"balance"}, {"frobnicate"},
 	} {
-		if err := runWalletCommand(&buf, admin, args); err == nil {
+		if err := walletapp.RunCommand(&buf, admin, "", args); err == nil {
 			t.Errorf("llm-wallet %v succeeded:\n%s", args, buf.String())
 		}
 	}
@@ -1096,7 +1103,7 @@ func TestWalletAdminAndCLI(t *testing.T) {
 // committed, and checks that the stream finishes whole and is charged.
 // ledgerAfter reads the account's ledger after the stream ended. overlap
 // requires the reload to return while the stream is still running.
-func reloadMidStream(t *testing.T, a *fu.Server, secret string, overlap bool, reload func(), ledgerAfter func() []entryView) {
+func reloadMidStream(t *testing.T, a *fu.Server, secret string, overlap bool, reload func(), ledgerAfter func() []walletapp.EntryView) {
 	t.Helper()
 	type result struct {
 		status int
@@ -1143,7 +1150,7 @@ func reloadMidStream(t *testing.T, a *fu.Server, secret string, overlap bool, re
 		t.Errorf("stream was cut by the reload:\n%s", r.body)
 	}
 	want := priceM.Cost(400, 60)
-	var rows []entryView
+	var rows []walletapp.EntryView
 	eventually(t, 10*time.Second, "the stream's settlement", func() bool {
 		rows = ledgerAfter()
 		return len(rows) > 0
@@ -1167,8 +1174,8 @@ func TestWalletReloadSettlesInFlight(t *testing.T) {
 
 	reloadMidStream(t, a, secret, true, func() {
 		// A change, so that it is a real reload.
-		gateway(t, walletChannels+"\t\tstream_idle_timeout 30s\n", a.URL, b.URL, "sqlite "+path)
-	}, func() []entryView { return requestRows(t, "acct") })
+		gatewayWith(t, storeOption("sqlite "+path), walletChannels+"\t\tstream_idle_timeout 30s\n", a.URL, b.URL)
+	}, func() []walletapp.EntryView { return requestRows(t, "acct") })
 	want := priceM.Cost(400, 60)
 	bal, reserved := balanceOf(t, "acct")
 	if bal != money(t, "1")-want || reserved != 0 {
@@ -1197,8 +1204,8 @@ func TestWalletReloadToOtherStoreSettlesInFlight(t *testing.T) {
 	// The reload itself may wait for the stream: the old store's Destruct
 	// waits (bounded) for its requests in flight before closing.
 	reloadMidStream(t, a, secret, false, func() {
-		gateway(t, walletChannels, a.URL, b.URL, "sqlite "+other)
-	}, func() []entryView {
+		gatewayWith(t, storeOption("sqlite "+other), walletChannels, a.URL, b.URL)
+	}, func() []walletapp.EntryView {
 		// The admin API now shows the other wallet; read the first one's
 		// file directly once the old store has closed it.
 		st, err := wallet.OpenSQLite(path)
@@ -1210,16 +1217,16 @@ func TestWalletReloadToOtherStoreSettlesInFlight(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var out []entryView
+		var out []walletapp.EntryView
 		for _, e := range entries {
 			if e.Kind != wallet.KindCredit {
-				out = append(out, entryView{Kind: e.Kind, Cost: e.Cost.String(), TokensOut: e.TokensOut, Channel: e.Channel})
+				out = append(out, walletapp.EntryView{Kind: e.Kind, Cost: e.Cost.String(), TokensOut: e.TokensOut, Channel: e.Channel})
 			}
 		}
 		return out
 	})
 	// Back on the first wallet: its balance reflects the charge.
-	gateway(t, walletChannels, a.URL, b.URL, "sqlite "+path)
+	gatewayWith(t, storeOption("sqlite "+path), walletChannels, a.URL, b.URL)
 	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
 	bal, reserved := balanceOf(t, "acct")
 	if bal != money(t, "1")-priceM.Cost(400, 60) || reserved != 0 {
@@ -1233,7 +1240,8 @@ func TestWalletAccountPlaceholder(t *testing.T) {
 	a := upstream(t, fu.OKNamed("a").WithUsage(1000, 500))
 	b := upstream(t, fu.OKNamed("b"))
 	path := filepath.Join(t.TempDir(), "w.db")
-	gateway(t, walletChannels, a.URL, b.URL, "sqlite "+path+" {\n\t\t\taccount {http.request.header.X-Account}\n\t\t}")
+	byHeader := strings.Replace(walletChannels, "wallet\n", "wallet {\n\t\t\taccount {http.request.header.X-Account}\n\t\t}\n", 1)
+	gatewayWith(t, storeOption("sqlite "+path), byHeader, a.URL, b.URL)
 	newWalletAccount(t, "acme", "1")
 
 	res, body := postSettled(t, "acme", "/v1/chat/completions", fu.ChatRequest("m", false), "X-Account", "acme", "Authorization", "Bearer whatever-the-client-uses")

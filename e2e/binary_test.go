@@ -27,7 +27,7 @@ func TestBinaryHasModules(t *testing.T) {
 		t.Fatalf("caddy list-modules: %v\n%s", err, out)
 	}
 	mods := strings.Fields(out)
-	for _, want := range []string{"http.handlers.llm_failover", "admin.api.llm_failover"} {
+	for _, want := range []string{"http.handlers.llm_failover", "admin.api.llm_failover", "llm_wallet", "admin.api.llm_wallet", "llm_wallet.stores.sqlite", "llm_wallet.stores.postgres"} {
 		if !slices.Contains(mods, want) {
 			t.Errorf("caddy list-modules does not list %s:\n%s", want, out)
 		}
@@ -37,7 +37,7 @@ func TestBinaryHasModules(t *testing.T) {
 	if err != nil {
 		t.Fatalf("caddy help llm-wallet: %v\n%s", err, out)
 	}
-	for _, want := range []string{"llm-wallet", "create-account", "create-key", "revoke-key", "usage", "--address"} {
+	for _, want := range []string{"llm-wallet", "create-account", "create-key", "revoke-key", "usage", "--address", "--wallet"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("caddy help llm-wallet does not mention %q:\n%s", want, out)
 		}
@@ -75,8 +75,13 @@ func TestBinaryHasModules(t *testing.T) {
 	if ms, _ := h["models"].([]any); len(ms) != 2 {
 		t.Errorf("adapted handler has %d models, want 2: %v", len(ms), h["models"])
 	}
-	if w, _ := h["wallet"].(map[string]any); w == nil || w["store"] != "sqlite" {
-		t.Errorf("adapted handler's wallet = %v, want store sqlite", h["wallet"])
+	if w, _ := h["wallet"].(map[string]any); w == nil || w["on_store_error"] != "deny" {
+		t.Errorf("adapted handler's wallet = %v, want on_store_error deny", h["wallet"])
+	}
+	apps, _ := cfg["apps"].(map[string]any)
+	wallets, _ := apps["llm_wallet"].(map[string]any)
+	if def, _ := wallets["wallets"].(map[string]any)["default"].(map[string]any); def == nil || def["store"].(map[string]any)["backend"] != "sqlite" {
+		t.Errorf("adapted llm_wallet app = %v, want a default wallet on sqlite", apps["llm_wallet"])
 	}
 
 	// validate provisions every module: the {env.*} channel headers must

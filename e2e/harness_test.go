@@ -348,6 +348,12 @@ func globalOptionsGrace(p ports, grace string) string {
 `, p.Admin, p.HTTP, grace)
 }
 
+// withWallet adds a global llm_wallet option (its block's body) to a
+// global options block.
+func withWallet(global, wallet string) string {
+	return strings.TrimSuffix(global, "}\n") + "\tllm_wallet {\n" + wallet + "\n\t}\n}\n"
+}
+
 // site wraps an llm_failover block in a loopback-only site on the
 // instance's HTTP port.
 func site(p ports, body string) string {

@@ -23,15 +23,13 @@ func TestBinarySigtermHonoursGracePeriod(t *testing.T) {
 	stall := fu.New(fu.StallMidStream(60 * time.Second))
 	defer stall.Close()
 	p := portsSigterm
-	in := newInstance(t, "sigterm", p, globalOptionsGrace(p, "2s")+site(p, fmt.Sprintf(`
+	in := newInstance(t, "sigterm", p, withWallet(globalOptionsGrace(p, "2s"), "\t\treservation_ttl 1s")+site(p, fmt.Sprintf(`
 		channel stall %s
 		model gpt-stall {
 			route stall cost 1 2
 			max_output_tokens 1000
 		}
-		wallet sqlite {
-			reservation_ttl 1s
-		}
+		wallet
 `, stall.URL)))
 	secret := in.newAccount("acme", "5")
 	st := openStream(t, in, "gpt-stall", secret)
@@ -75,14 +73,14 @@ func TestBinaryReloadSwitchesWalletStore(t *testing.T) {
 	defer stall.Close()
 	p := portsSwitch
 	config := func(db string) string {
-		return globalOptions(p) + site(p, fmt.Sprintf(`
+		return withWallet(globalOptions(p), "\t\tstore sqlite "+db) + site(p, fmt.Sprintf(`
 		channel stall %s
 		model gpt-stall {
 			route stall cost 1 2
 			max_output_tokens 1000
 		}
-		wallet sqlite %s
-`, stall.URL, db))
+		wallet
+`, stall.URL))
 	}
 	dir := t.TempDir()
 	oldDB, newDB := filepath.Join(dir, "one.db"), filepath.Join(dir, "two.db")
@@ -99,7 +97,7 @@ func TestBinaryReloadSwitchesWalletStore(t *testing.T) {
 	}
 	t.Logf("reload onto a new wallet store took %v while a 6s stall was open", took.Round(time.Millisecond))
 	// The new store is live: it has no accounts yet.
-	in.admin(http.MethodGet, "/llm_failover/wallet/accounts/acme", nil, 404, nil)
+	in.admin(http.MethodGet, "/llm_wallet/accounts/acme", nil, 404, nil)
 	if took > 4*time.Second {
 		t.Errorf("caddy reload took %v: it waited for the open stream", took)
 	}

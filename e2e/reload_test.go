@@ -48,7 +48,7 @@ func TestBinaryReloadKeepsStream(t *testing.T) {
 			cooldown 120s
 		}
 		stream_idle_timeout %s
-		wallet sqlite
+		wallet
 `, slow.URL, flaky.URL, spare.URL, idle)
 	}
 	config := func(idle string) string { return globalOptions(p) + site(p, handler(idle)) }

@@ -48,7 +48,7 @@ type ledgerEntry struct {
 func (in *instance) account(id string) account {
 	in.t.Helper()
 	var a account
-	in.admin(http.MethodGet, "/llm_failover/wallet/accounts/"+url.PathEscape(id), nil, 200, &a)
+	in.admin(http.MethodGet, "/llm_wallet/accounts/"+url.PathEscape(id), nil, 200, &a)
 	return a
 }
 
@@ -58,7 +58,7 @@ func (in *instance) ledger(id string) []ledgerEntry {
 		Entries []ledgerEntry `json:"entries"`
 		Next    int64         `json:"next_before"`
 	}
-	in.admin(http.MethodGet, "/llm_failover/wallet/accounts/"+url.PathEscape(id)+"/usage?limit=1000", nil, 200, &page)
+	in.admin(http.MethodGet, "/llm_wallet/accounts/"+url.PathEscape(id)+"/usage?limit=1000", nil, 200, &page)
 	if page.Next != 0 {
 		in.t.Fatalf("ledger of %s has more than 1000 rows", id)
 	}
@@ -69,13 +69,13 @@ func (in *instance) ledger(id string) []ledgerEntry {
 // and returns the key's secret.
 func (in *instance) newAccount(id, credit string) string {
 	in.t.Helper()
-	in.admin(http.MethodPost, "/llm_failover/wallet/accounts", map[string]string{"id": id}, 201, nil)
-	in.admin(http.MethodPost, "/llm_failover/wallet/accounts/"+id+"/credit", map[string]string{"amount": credit, "note": "e2e"}, 200, nil)
+	in.admin(http.MethodPost, "/llm_wallet/accounts", map[string]string{"id": id}, 201, nil)
+	in.admin(http.MethodPost, "/llm_wallet/accounts/"+id+"/credit", map[string]string{"amount": credit, "note": "e2e"}, 200, nil)
 	var k struct {
 		Key string `json:"key"`
 		ID  string `json:"id"`
 	}
-	in.admin(http.MethodPost, "/llm_failover/wallet/accounts/"+id+"/keys", map[string]string{"label": "e2e"}, 201, &k)
+	in.admin(http.MethodPost, "/llm_wallet/accounts/"+id+"/keys", map[string]string{"label": "e2e"}, 201, &k)
 	if k.Key == "" {
 		in.t.Fatalf("created key has no secret: %+v", k)
 	}
@@ -123,7 +123,7 @@ func TestBinaryWalletCLI(t *testing.T) {
 			route paid cost 1 2
 			max_output_tokens 1000
 		}
-		wallet sqlite
+		wallet
 `, up.URL)))
 	// The default store lives under caddy's data dir, i.e. our XDG_DATA_HOME.
 	if _, err := os.Stat(filepath.Join(in.dir, "data", "caddy", "llm_failover", "wallet.db")); err != nil {
@@ -302,15 +302,13 @@ func TestBinaryKill9SweepsReservation(t *testing.T) {
 	stall := fu.New(fu.StallMidStream(30 * time.Second))
 	defer stall.Close()
 	p := portsKill9
-	in := newInstance(t, "kill9", p, globalOptions(p)+site(p, fmt.Sprintf(`
+	in := newInstance(t, "kill9", p, withWallet(globalOptions(p), "\t\treservation_ttl 2s")+site(p, fmt.Sprintf(`
 		channel stall %s
 		model gpt-stall {
 			route stall cost 1 2
 			max_output_tokens 1000
 		}
-		wallet sqlite {
-			reservation_ttl 2s
-		}
+		wallet
 `, stall.URL)))
 	secret := in.newAccount("acme", "5")
 
@@ -358,7 +356,7 @@ func TestBinaryKill9SweepsReservation(t *testing.T) {
 		Reachable bool      `json:"reachable"`
 		LastSweep time.Time `json:"last_sweep"`
 	}
-	in.admin(http.MethodGet, "/llm_failover/wallet/status", nil, 200, &status)
+	in.admin(http.MethodGet, "/llm_wallet/status", nil, 200, &status)
 	if !status.Reachable || status.Store != "sqlite" || status.LastSweep.Before(restarted) {
 		t.Errorf("wallet status %+v, want a reachable sqlite store swept since the restart at %v", status, restarted)
 	}
@@ -385,10 +383,11 @@ func TestBinaryTwoInstancesSharePostgres(t *testing.T) {
 			price 0 100000
 			max_output_tokens 10
 		}
-		wallet postgres {env.LLMF_E2E_DSN}
+		wallet
 `, up.URL)
-	a := newInstance(t, "pg-a", portsPGA, globalOptions(portsPGA)+site(portsPGA, body), "LLMF_E2E_DSN="+dsn)
-	b := newInstance(t, "pg-b", portsPGB, globalOptions(portsPGB)+site(portsPGB, body), "LLMF_E2E_DSN="+dsn)
+	pg := "\t\tstore postgres {env.LLMF_E2E_DSN}"
+	a := newInstance(t, "pg-a", portsPGA, withWallet(globalOptions(portsPGA), pg)+site(portsPGA, body), "LLMF_E2E_DSN="+dsn)
+	b := newInstance(t, "pg-b", portsPGB, withWallet(globalOptions(portsPGB), pg)+site(portsPGB, body), "LLMF_E2E_DSN="+dsn)
 	secret := a.newAccount("acme", "10")
 	// Instance b sees what a created: the store is shared.
 	if acct := b.account("acme"); acct.Balance != "10" {

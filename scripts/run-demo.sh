@@ -11,7 +11,7 @@ pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null' INT TERM EXIT
 
 for _ in $(seq 100); do
-	curl -fsS -o /dev/null localhost:2019/llm_failover/wallet/status 2>/dev/null && break
+	curl -fsS -o /dev/null localhost:2019/llm_wallet/status 2>/dev/null && break
 	kill -0 $pid 2>/dev/null || exit 1
 	sleep 0.1
 done

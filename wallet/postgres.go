@@ -75,11 +75,23 @@ var postgresSchema = []string{
 // account row, and concurrent migrations on an advisory lock. The schema is
 // created in the connection's search_path, so one database can hold several
 // wallets (add search_path=NAME to the DSN).
-func OpenPostgres(ctx context.Context, dsn string) (Store, error) {
+//
+// Every statement runs with a short lock_timeout (see lockTimeout) and,
+// when o.StatementTimeout is set, that statement_timeout. At most one
+// Options may be given.
+func OpenPostgres(ctx context.Context, dsn string, opts ...Options) (Store, error) {
+	o := oneOptions(opts)
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		// The DSN may hold a password, so it is not repeated here.
 		return nil, fmt.Errorf("opening PostgreSQL wallet: parsing DSN: %w", err)
+	}
+	params := cfg.ConnConfig.RuntimeParams
+	if _, set := params["lock_timeout"]; !set {
+		params["lock_timeout"] = fmt.Sprint(lockTimeout.Milliseconds())
+	}
+	if o.StatementTimeout > 0 {
+		params["statement_timeout"] = fmt.Sprint(o.StatementTimeout.Milliseconds())
 	}
 	// Half the pool writes (see writer.go), each writer goroutine holding
 	// one connection; the rest is left for reads (Authenticate, listings),
@@ -95,11 +107,13 @@ func OpenPostgres(ctx context.Context, dsn string) (Store, error) {
 		// implementation of every query.
 		db: stdlib.OpenDBFromPool(pool),
 		d: dialect{
-			name:        "postgres",
-			dollar:      true,
-			skipLocked:  " FOR UPDATE SKIP LOCKED",
-			migrateLock: fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", int64(migrationLockKey)),
-			schema:      postgresSchema,
+			name:       "postgres",
+			dollar:     true,
+			skipLocked: " FOR UPDATE SKIP LOCKED",
+			// A migration waits as long as another instance's takes, not
+			// lockTimeout.
+			migratePrelude: []string{"SET LOCAL lock_timeout = 0", fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", int64(migrationLockKey))},
+			schema:         postgresSchema,
 			// No savepoints: a failed statement aborts the whole
 			// transaction, and two more statements per op would cost two
 			// round trips each. See writer.go.
@@ -121,10 +135,11 @@ func OpenPostgres(ctx context.Context, dsn string) (Store, error) {
 	return s, nil
 }
 
-// pgRetryable: after deadlock_detected or serialization_failure the
-// transaction is rolled back and can simply be run again (see writer.go for
-// how group commit can deadlock with another instance's batch).
+// pgRetryable: after deadlock_detected, serialization_failure or
+// lock_not_available (lock_timeout) the transaction is rolled back and can
+// simply be run again (see writer.go for how group commit can deadlock
+// with another instance's batch).
 func pgRetryable(err error) bool {
 	var pe *pgconn.PgError
-	return errors.As(err, &pe) && (pe.Code == "40P01" || pe.Code == "40001")
+	return errors.As(err, &pe) && (pe.Code == "40P01" || pe.Code == "40001" || pe.Code == "55P03")
 }

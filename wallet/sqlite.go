@@ -79,7 +79,10 @@ var sqliteSchema = []string{
 // OpenSQLite opens (creating if needed) the wallet database at path and
 // migrates its schema. SQLite suits a single gateway instance; several
 // processes may share the file on one host, but not over a network share.
-func OpenSQLite(path string) (Store, error) {
+//
+// At most one Options may be given.
+func OpenSQLite(path string, opts ...Options) (Store, error) {
+	o := oneOptions(opts)
 	if path == "" {
 		return nil, fmt.Errorf("opening SQLite wallet: %w: empty path", ErrInvalid)
 	}
@@ -98,7 +101,11 @@ func OpenSQLite(path string) (Store, error) {
 	// default in SQLite and must be asked for on every connection.
 	q := url.Values{}
 	q.Set("_txlock", "immediate")
-	q.Add("_pragma", "busy_timeout(10000)")
+	busy := 10 * time.Second
+	if o.StatementTimeout > 0 {
+		busy = o.StatementTimeout
+	}
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busy.Milliseconds()))
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous(NORMAL)")
 	q.Add("_pragma", "foreign_keys(1)")

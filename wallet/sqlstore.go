@@ -22,9 +22,9 @@ type dialect struct {
 	// sweepers on other instances neither block on nor deadlock with each
 	// other or with in-flight settlements.
 	skipLocked string
-	// migrateLock, when set, runs first in the migration transaction.
-	migrateLock string
-	schema      []string
+	// migratePrelude runs first in the migration transaction.
+	migratePrelude []string
+	schema         []string
 	// savepoints isolates the ops of a group-committed batch with SAVEPOINT
 	// (see writer.go).
 	savepoints bool
@@ -166,13 +166,13 @@ func (s *sqlStore) writeTx(ctx context.Context, what string, fn func(tx *sql.Tx)
 // once, so it must not depend on state it changed in an earlier run; and
 // when it returns one of this package's errors it must have written nothing.
 func (s *sqlStore) write(ctx context.Context, what, account string, fn func(t *stx) error) error {
-	return s.w.do(ctx, what, account, fn)
+	return s.w.do(ctx, what, account, fn, nil)
 }
 
 func (s *sqlStore) migrate(ctx context.Context) error {
 	return s.writeTx(ctx, "migrating "+s.d.name+" schema", func(tx *sql.Tx) error {
-		if s.d.migrateLock != "" {
-			if _, err := tx.ExecContext(ctx, s.d.migrateLock); err != nil {
+		for _, q := range s.d.migratePrelude {
+			if _, err := tx.ExecContext(ctx, q); err != nil {
 				return fmt.Errorf("taking migration lock: %w", err)
 			}
 		}
@@ -220,7 +220,16 @@ func (s *sqlStore) Reserve(ctx context.Context, r Reservation) error {
 		exp = now.Add(DefaultReservationTTL)
 	}
 	what := fmt.Sprintf("reserving %s for account %q", r.Amount, r.Account)
-	return s.write(ctx, what, r.Account, func(t *stx) error {
+	// A caller whose context ends while its reservation is being written
+	// gets ctx.Err() at once; should the reservation commit after all, it
+	// is released, so that nothing stays reserved that the caller believes
+	// failed.
+	undo := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), lateReleaseTimeout)
+		defer cancel()
+		_, _ = s.Settle(ctx, r.ID, Entry{Note: "released: the caller gave up before the reservation committed"})
+	}
+	return s.w.do(ctx, what, r.Account, func(t *stx) error {
 		// The no-overdraft rule: see stmts.reserve.
 		res, err := t.exec(s.st.reserve, int64(r.Amount), r.Account, int64(r.Amount))
 		if err != nil {
@@ -233,7 +242,7 @@ func (s *sqlStore) Reserve(ctx context.Context, r Reservation) error {
 		}
 		_, err = t.exec(s.st.insertReservation, r.ID, r.Account, r.KeyID, r.Model, r.RequestID, int64(r.Amount), toDB(exp), toDB(now))
 		return err
-	})
+	}, undo)
 }
 
 func (s *sqlStore) insertEntry(t *stx, e Entry) error {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Group commit.
@@ -66,8 +67,19 @@ import (
 // the writer has started an op, its statements run to completion
 // regardless of the context (cancelling a statement would abort the whole
 // batch: on SQLite an interrupt rolls back the transaction, on PostgreSQL
-// pgx drops the connection), and the op commits, or fails, with its batch;
-// its caller waits for that outcome even if its context ends meanwhile.
+// pgx drops the connection), and the op commits, or fails, with its batch.
+// Statements are bounded instead by the store's statement and lock
+// timeouts. An op with an undo (Reserve) returns ctx.Err() to its caller
+// at once, and should it commit after all, undo runs in the background;
+// any other op's caller waits for the outcome, so that a credit the caller
+// was told failed never lands.
+//
+// A lock timeout (PostgreSQL lock_timeout, see lockTimeout) fails the op
+// that waited, which re-runs its batch one op per transaction: the other
+// ops commit, and the locked one is retried alone while its caller waits.
+//
+// A panic in a batch fails that batch's unfinished ops with an error; the
+// writer goes on with the next batch.
 //
 // Close stops accepting ops (they fail with errStoreClosed), lets the writer
 // finish everything already queued, and waits for it to exit.
@@ -77,8 +89,12 @@ import (
 const maxBatch = 64
 
 // maxAttempts bounds the runs of a single-op transaction that fails with a
-// retryable error.
-const maxAttempts = 5
+// retryable error; retries also stop when the op's caller has gone.
+const maxAttempts = 25
+
+// lateReleaseTimeout bounds the background release of a reservation that
+// committed after its caller gave up.
+const lateReleaseTimeout = 30 * time.Second
 
 // errStoreClosed is returned for writes submitted after Close.
 var errStoreClosed = errors.New("wallet store is closed")
@@ -95,9 +111,12 @@ type writeOp struct {
 	ctx   context.Context
 	key   string // the account the op locks, if known: orders the batch
 	fn    func(t *stx) error
+	undo  func() // runs if the op commits after its caller gave up
 	state atomic.Int32
-	err   error         // set by the writer before done is closed
-	done  chan struct{} // closed when err is final
+	// finished is set by finish; only the writer goroutine reads it.
+	finished bool
+	err      error         // set by the writer before done is closed
+	done     chan struct{} // closed when err is final
 }
 
 // stx is one op's view of the writer's transaction. Statements prepared on
@@ -179,12 +198,13 @@ func newWriter(db *sql.DB, st *stmts, savepoints bool, retryable func(error) boo
 	return w
 }
 
-// do submits fn and waits for its result, wrapped with what.
-func (w *writer) do(ctx context.Context, what, key string, fn func(t *stx) error) error {
+// do submits fn and waits for its result, wrapped with what. With an undo,
+// do returns when ctx ends even if fn has started (see above).
+func (w *writer) do(ctx context.Context, what, key string, fn func(t *stx) error, undo func()) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
-	op := &writeOp{ctx: ctx, key: key, fn: fn, done: make(chan struct{})}
+	op := &writeOp{ctx: ctx, key: key, fn: fn, undo: undo, done: make(chan struct{})}
 	w.mu.RLock()
 	if w.closed {
 		w.mu.RUnlock()
@@ -205,7 +225,17 @@ func (w *writer) do(ctx context.Context, what, key string, fn func(t *stx) error
 			return fmt.Errorf("%s: %w", what, ctx.Err())
 		}
 		// Already running: its outcome is the batch's.
-		<-op.done
+		if op.undo == nil {
+			<-op.done
+			break
+		}
+		go func() {
+			<-op.done
+			if op.err == nil {
+				op.undo()
+			}
+		}()
+		return fmt.Errorf("%s: %w", what, ctx.Err())
 	}
 	if op.err != nil {
 		return fmt.Errorf("%s: %w", what, op.err)
@@ -248,7 +278,7 @@ func (w *worker) loop() {
 				break fill
 			}
 		}
-		w.run(batch)
+		w.runRecovering(batch)
 		clear(batch)
 	}
 	w.dropConn()
@@ -256,7 +286,26 @@ func (w *worker) loop() {
 
 func finish(op *writeOp, err error) {
 	op.err = err
+	op.finished = true
 	close(op.done)
+}
+
+// runRecovering runs a batch; should it panic, the batch's transaction is
+// dropped with its connection and every op not yet answered fails.
+func (w *worker) runRecovering(batch []*writeOp) {
+	defer func() {
+		if r := recover(); r != nil {
+			w.dropConn()
+			clear(w.live)
+			w.live = w.live[:0]
+			for _, op := range batch {
+				if op.state.Load() == opStarted && !op.finished {
+					finish(op, fmt.Errorf("wallet writer panicked: %v", r))
+				}
+			}
+		}
+	}()
+	w.run(batch)
 }
 
 func (w *worker) run(batch []*writeOp) {
@@ -318,7 +367,7 @@ func isClean(err error) bool {
 func (w *worker) runAlone(op *writeOp) {
 	for attempt := 1; ; attempt++ {
 		w.runTx([]*writeOp{op})
-		if op.err == nil || w.retryable == nil || !w.retryable(op.err) || attempt == maxAttempts {
+		if op.err == nil || w.retryable == nil || !w.retryable(op.err) || attempt == maxAttempts || op.ctx.Err() != nil {
 			break
 		}
 	}

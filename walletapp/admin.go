@@ -1,4 +1,4 @@
-package llmfailover
+package walletapp
 
 import (
 	"encoding/json"
@@ -14,7 +14,17 @@ import (
 	"github.com/llmfailover/caddy-llm-failover/wallet"
 )
 
-// serveWalletAdmin serves /llm_failover/wallet/...:
+func init() {
+	caddy.RegisterModule(adminAPI{})
+}
+
+// adminAPI serves the wallets of the running config on Caddy's admin
+// endpoint, addressed by name:
+//
+//	/llm_wallet/<name>/<endpoint>   a named wallet
+//	/llm_wallet/<endpoint>          the only wallet (an error when there are several)
+//
+// Endpoints:
 //
 //	GET  status                               store kind, reachability, sweeper heartbeat
 //	GET  accounts                             every account's balance
@@ -25,12 +35,62 @@ import (
 //	POST accounts/<id>/keys  {"label"}        create a key; the secret is in this answer only
 //	GET  accounts/<id>/usage?before=&limit=   ledger, newest first, paged
 //	POST keys/<key_id>/revoke                 revoke a key
-func serveWalletAdmin(w http.ResponseWriter, r *http.Request, path string) error {
-	holder := activeWallet()
-	if holder == nil {
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: errors.New("no llm_failover handler has a wallet configured")}
+//
+// Caddy re-creates admin modules on every config load, so the module holds
+// nothing: it reads the active config's llm_wallet app per request.
+type adminAPI struct{}
+
+// CaddyModule returns the Caddy module information.
+func (adminAPI) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.llm_wallet",
+		New: func() caddy.Module { return new(adminAPI) },
 	}
-	st := holder.store
+}
+
+// Routes returns the admin routes.
+func (a *adminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{{Pattern: "/llm_wallet/", Handler: caddy.AdminHandlerFunc(serveAdmin)}}
+}
+
+// endpoints are the first path segments of the short form.
+var endpoints = map[string]bool{"status": true, "accounts": true, "keys": true}
+
+// activeWallet finds the wallet a request addresses and the rest of its
+// path, in the active config.
+func activeWallet(path string) (*Wallet, string, error) {
+	v, err := caddy.ActiveContext().AppIfConfigured("llm_wallet")
+	if err != nil {
+		return nil, "", caddy.APIError{HTTPStatus: http.StatusNotFound, Err: errors.New("no wallet is configured")}
+	}
+	app := v.(*App)
+	first, rest, _ := strings.Cut(path, "/")
+	if w, ok := app.wallets[first]; ok {
+		return w, rest, nil
+	}
+	if !endpoints[first] {
+		return nil, "", caddy.APIError{HTTPStatus: http.StatusNotFound,
+			Err: fmt.Errorf("no wallet named %q (configured: %s)", first, strings.Join(app.Names(), ", "))}
+	}
+	w, err := app.Wallet("")
+	if err != nil || len(app.wallets) == 0 {
+		if err == nil {
+			err = errors.New("no wallet is configured")
+		}
+		return nil, "", caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+	}
+	return w, path, nil
+}
+
+func serveAdmin(w http.ResponseWriter, r *http.Request) error {
+	wal, path, err := activeWallet(strings.Trim(strings.TrimPrefix(r.URL.Path, "/llm_wallet/"), "/"))
+	if err != nil {
+		return err
+	}
+	st, err := wal.Store()
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: err}
+	}
 	ctx := r.Context()
 	parts := strings.Split(path, "/")
 	switch {
@@ -38,8 +98,8 @@ func serveWalletAdmin(w http.ResponseWriter, r *http.Request, path string) error
 		if err := onlyMethod(r, http.MethodGet); err != nil {
 			return err
 		}
-		last, sweepErr := holder.heartbeat()
-		status := map[string]any{"store": holder.kind, "reachable": true, "last_sweep": last, "sweep_every": sweepEvery.String()}
+		last, sweepErr := wal.Heartbeat()
+		status := map[string]any{"wallet": wal.Name(), "store": wal.Kind(), "reachable": true, "last_sweep": last, "sweep_every": SweepEvery.String()}
 		if sweepErr != "" {
 			status["last_sweep_error"] = sweepErr
 		}
@@ -55,7 +115,7 @@ func serveWalletAdmin(w http.ResponseWriter, r *http.Request, path string) error
 			if err != nil {
 				return walletAPIError(err)
 			}
-			out := make([]accountView, 0, len(accts))
+			out := make([]AccountView, 0, len(accts))
 			for _, a := range accts {
 				out = append(out, viewAccount(a))
 			}
@@ -149,11 +209,11 @@ func serveWalletAdmin(w http.ResponseWriter, r *http.Request, path string) error
 			return walletAPIError(err)
 		}
 		out := struct {
-			Entries []entryView `json:"entries"`
+			Entries []EntryView `json:"entries"`
 			Next    int64       `json:"next_before,omitempty"`
-		}{Entries: make([]entryView, 0, len(rows))}
+		}{Entries: make([]EntryView, 0, len(rows))}
 		for _, e := range rows {
-			out.Entries = append(out.Entries, entryView{ID: e.ID, Kind: e.Kind, KeyID: e.KeyID, Model: e.Model, Channel: e.Channel,
+			out.Entries = append(out.Entries, EntryView{ID: e.ID, Kind: e.Kind, KeyID: e.KeyID, Model: e.Model, Channel: e.Channel,
 				RequestID: e.RequestID, TokensIn: e.TokensIn, TokensOut: e.TokensOut, Cost: e.Cost.String(), Note: e.Note, Time: e.Time})
 		}
 		if len(rows) == limit {
@@ -172,7 +232,8 @@ func serveWalletAdmin(w http.ResponseWriter, r *http.Request, path string) error
 	return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no such wallet endpoint: %s", r.URL.Path)}
 }
 
-type accountView struct {
+// AccountView is an account as the admin API shows it.
+type AccountView struct {
 	ID        string    `json:"id"`
 	Balance   string    `json:"balance"`
 	Reserved  string    `json:"reserved"`
@@ -180,11 +241,12 @@ type accountView struct {
 	CreatedAt time.Time `json:"created_at"`
 }
 
-func viewAccount(a wallet.Account) accountView {
-	return accountView{ID: a.ID, Balance: a.Balance.String(), Reserved: a.Reserved.String(), Available: a.Available().String(), CreatedAt: a.CreatedAt}
+func viewAccount(a wallet.Account) AccountView {
+	return AccountView{ID: a.ID, Balance: a.Balance.String(), Reserved: a.Reserved.String(), Available: a.Available().String(), CreatedAt: a.CreatedAt}
 }
 
-type entryView struct {
+// EntryView is a ledger row as the admin API shows it.
+type EntryView struct {
 	ID        int64     `json:"id"`
 	Kind      string    `json:"kind"`
 	KeyID     string    `json:"key_id,omitempty"`
@@ -196,16 +258,6 @@ type entryView struct {
 	Cost      string    `json:"cost"`
 	Note      string    `json:"note,omitempty"`
 	Time      time.Time `json:"time"`
-}
-
-// activeWallet is the store of the first live handler with a wallet.
-func activeWallet() *storeHolder {
-	for _, h := range live.list() {
-		if h.wallet != nil {
-			return h.wallet.holder
-		}
-	}
-	return nil
 }
 
 func walletAPIError(err error) error {
@@ -229,3 +281,20 @@ func decodeJSON(r *http.Request, v any) error {
 	}
 	return nil
 }
+
+func onlyMethod(r *http.Request, method string) error {
+	if r.Method != method {
+		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed; use %s", r.Method, method)}
+	}
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// Interface guard
+var _ caddy.AdminRouter = (*adminAPI)(nil)

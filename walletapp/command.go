@@ -1,4 +1,4 @@
-package llmfailover
+package walletapp
 
 import (
 	"bytes"
@@ -18,11 +18,12 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "llm-wallet",
-		Usage: "[--address <admin>] <status|accounts|create-account|balance|credit|keys|create-key|revoke-key|usage> [args]",
-		Short: "Administers the llm_failover wallet through Caddy's admin API",
+		Usage: "[--address <admin>] [--wallet <name>] <status|accounts|create-account|balance|credit|keys|create-key|revoke-key|usage> [args]",
+		Short: "Administers the llm_wallet wallets through Caddy's admin API",
 		Long: `
-Administers the prepaid wallet of a running Caddy with llm_failover, without
-touching the database: every subcommand calls the admin API.
+Administers a prepaid wallet of a running Caddy (the llm_wallet app),
+without touching the database: every subcommand calls the admin API.
+--wallet names the wallet; it may be left out when there is only one.
 
   caddy llm-wallet status
   caddy llm-wallet accounts
@@ -36,6 +37,7 @@ touching the database: every subcommand calls the admin API.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
 			cmd.Flags().StringP("address", "a", "", "The address of Caddy's admin API (default: from the config, else localhost:2019)")
+			cmd.Flags().StringP("wallet", "w", "", "The wallet's name (needed when several are configured)")
 			cmd.Flags().StringP("config", "c", "", "Configuration file, to find the admin address")
 			cmd.Flags().StringP("adapter", "", "", "Name of config adapter")
 			cmd.Args = cobra.MinimumNArgs(1)
@@ -46,23 +48,33 @@ touching the database: every subcommand calls the admin API.
 			cmd.RunE = func(cmd *cobra.Command, args []string) error {
 				for _, a := range args[1:] {
 					if isFlagArg(a) {
-						return fmt.Errorf("%s: flags go before the subcommand: caddy llm-wallet [--address <admin>] %s ...", a, args[0])
+						return fmt.Errorf("%s: flags go before the subcommand: caddy llm-wallet [--address <admin>] [--wallet <name>] %s ...", a, args[0])
 					}
 				}
 				addr, _ := cmd.Flags().GetString("address")
+				name, _ := cmd.Flags().GetString("wallet")
 				cfg, _ := cmd.Flags().GetString("config")
 				adapter, _ := cmd.Flags().GetString("adapter")
 				admin, err := caddycmd.DetermineAdminAPIAddress(addr, nil, cfg, adapter)
 				if err != nil {
 					return fmt.Errorf("finding the admin API: %w", err)
 				}
-				return runWalletCommand(cmd.OutOrStdout(), admin, args)
+				return RunCommand(cmd.OutOrStdout(), admin, name, args)
 			}
 		},
 	})
 }
 
-func runWalletCommand(out io.Writer, admin string, args []string) error {
+// RunCommand runs one `caddy llm-wallet` subcommand against the wallet called name
+// (empty: the only one).
+func RunCommand(out io.Writer, admin, name string, args []string) error {
+	prefix := "/llm_wallet/"
+	if name != "" {
+		prefix += url.PathEscape(name) + "/"
+	}
+	adminCall := func(method, path string, body, out any) error {
+		return adminRequest(admin, method, prefix+path, body, out)
+	}
 	need := func(n int) error {
 		if len(args) < n+1 {
 			return fmt.Errorf("%s needs %d argument(s); see caddy help llm-wallet", args[0], n)
@@ -74,13 +86,13 @@ func runWalletCommand(out io.Writer, admin string, args []string) error {
 	switch args[0] {
 	case "status":
 		var st map[string]any
-		if err := adminCall(admin, http.MethodGet, "status", nil, &st); err != nil {
+		if err := adminCall(http.MethodGet, "status", nil, &st); err != nil {
 			return err
 		}
 		return json.NewEncoder(out).Encode(st)
 	case "accounts":
-		var accts []accountView
-		if err := adminCall(admin, http.MethodGet, "accounts", nil, &accts); err != nil {
+		var accts []AccountView
+		if err := adminCall(http.MethodGet, "accounts", nil, &accts); err != nil {
 			return err
 		}
 		fmt.Fprintln(tw, "ACCOUNT\tBALANCE\tRESERVED\tAVAILABLE")
@@ -92,12 +104,12 @@ func runWalletCommand(out io.Writer, admin string, args []string) error {
 		if err := need(1); err != nil {
 			return err
 		}
-		var a accountView
+		var a AccountView
 		var err error
 		if args[0] == "create-account" {
-			err = adminCall(admin, http.MethodPost, "accounts", map[string]string{"id": args[1]}, &a)
+			err = adminCall(http.MethodPost, "accounts", map[string]string{"id": args[1]}, &a)
 		} else {
-			err = adminCall(admin, http.MethodGet, "accounts/"+url.PathEscape(args[1]), nil, &a)
+			err = adminCall(http.MethodGet, "accounts/"+url.PathEscape(args[1]), nil, &a)
 		}
 		if err != nil {
 			return err
@@ -112,8 +124,8 @@ func runWalletCommand(out io.Writer, admin string, args []string) error {
 		if len(args) > 3 {
 			body["note"] = args[3]
 		}
-		var a accountView
-		if err := adminCall(admin, http.MethodPost, "accounts/"+url.PathEscape(args[1])+"/credit", body, &a); err != nil {
+		var a AccountView
+		if err := adminCall(http.MethodPost, "accounts/"+url.PathEscape(args[1])+"/credit", body, &a); err != nil {
 			return err
 		}
 		fmt.Fprintf(tw, "account\t%s\nbalance\t%s\navailable\t%s\n", a.ID, human(a.Balance), human(a.Available))
@@ -123,7 +135,7 @@ func runWalletCommand(out io.Writer, admin string, args []string) error {
 			return err
 		}
 		var keys []wallet.Key
-		if err := adminCall(admin, http.MethodGet, "accounts/"+url.PathEscape(args[1])+"/keys", nil, &keys); err != nil {
+		if err := adminCall(http.MethodGet, "accounts/"+url.PathEscape(args[1])+"/keys", nil, &keys); err != nil {
 			return err
 		}
 		fmt.Fprintln(tw, "KEY ID\tPREFIX\tLABEL\tCREATED\tREVOKED")
@@ -144,7 +156,7 @@ func runWalletCommand(out io.Writer, admin string, args []string) error {
 			body["label"] = args[2]
 		}
 		var k map[string]any
-		if err := adminCall(admin, http.MethodPost, "accounts/"+url.PathEscape(args[1])+"/keys", body, &k); err != nil {
+		if err := adminCall(http.MethodPost, "accounts/"+url.PathEscape(args[1])+"/keys", body, &k); err != nil {
 			return err
 		}
 		fmt.Fprintf(tw, "key\t%v\nid\t%v\naccount\t%v\n", k["key"], k["id"], k["account"])
@@ -154,7 +166,7 @@ func runWalletCommand(out io.Writer, admin string, args []string) error {
 		if err := need(1); err != nil {
 			return err
 		}
-		if err := adminCall(admin, http.MethodPost, "keys/"+url.PathEscape(args[1])+"/revoke", map[string]string{}, nil); err != nil {
+		if err := adminCall(http.MethodPost, "keys/"+url.PathEscape(args[1])+"/revoke", map[string]string{}, nil); err != nil {
 			return err
 		}
 		fmt.Fprintf(tw, "revoked\t%s\n", args[1])
@@ -168,9 +180,9 @@ func runWalletCommand(out io.Writer, admin string, args []string) error {
 			q = "?limit=" + url.QueryEscape(args[2])
 		}
 		var page struct {
-			Entries []entryView `json:"entries"`
+			Entries []EntryView `json:"entries"`
 		}
-		if err := adminCall(admin, http.MethodGet, "accounts/"+url.PathEscape(args[1])+"/usage"+q, nil, &page); err != nil {
+		if err := adminCall(http.MethodGet, "accounts/"+url.PathEscape(args[1])+"/usage"+q, nil, &page); err != nil {
 			return err
 		}
 		fmt.Fprintln(tw, "TIME\tKIND\tMODEL\tCHANNEL\tIN\tOUT\tCOST\tNOTE")
@@ -208,7 +220,7 @@ func boolInt(b bool) int {
 	return 0
 }
 
-func adminCall(admin, method, path string, body, out any) error {
+func adminRequest(admin, method, path string, body, out any) error {
 	var rd io.Reader
 	hdr := http.Header{}
 	if body != nil {
@@ -219,7 +231,7 @@ func adminCall(admin, method, path string, body, out any) error {
 		rd = bytes.NewReader(b)
 		hdr.Set("Content-Type", "application/json")
 	}
-	resp, err := caddycmd.AdminAPIRequest(admin, method, "/llm_failover/wallet/"+path, hdr, rd)
+	resp, err := caddycmd.AdminAPIRequest(admin, method, path, hdr, rd)
 	if err != nil {
 		return err
 	}

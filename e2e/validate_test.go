@@ -1,0 +1,29 @@
+package e2e
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// `caddy validate` provisions and cleans up, but never starts: it must
+// leave no wallet database behind.
+func TestBinaryValidateCreatesNoWallet(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "wallets", "w.db")
+	cfg := filepath.Join(dir, "Caddyfile")
+	config := "{\n\tadmin off\n\tllm_wallet {\n\t\tstore sqlite " + db + "\n\t}\n}\n" +
+		"http://:1 {\n\tllm_failover {\n\t\tchannel a http://127.0.0.1:1\n\t\tmodel m {\n\t\t\troute a\n\t\t}\n\t\twallet\n\t}\n}\n"
+	if err := os.WriteFile(cfg, []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runCaddy(t, baseEnv(dir), "validate", "--config", cfg, "--adapter", "caddyfile")
+	if err != nil {
+		t.Fatalf("validate: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Dir(db)); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("validate created %s (stat: %v)", filepath.Dir(db), err)
+	}
+}

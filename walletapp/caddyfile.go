@@ -1,0 +1,124 @@
+package walletapp
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+)
+
+func init() {
+	httpcaddyfile.RegisterGlobalOption("llm_wallet", parseGlobalOption)
+}
+
+// parseGlobalOption sets up one named wallet; the option repeats, one
+// block per name. Syntax:
+//
+//	llm_wallet [<name>] {
+//		store sqlite [<path>] | store postgres <dsn>
+//		reservation_ttl   <duration>
+//		admission_timeout <duration>
+//		statement_timeout <duration>
+//	}
+func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
+	app := new(App)
+	if prev, ok := existing.(httpcaddyfile.App); ok {
+		if err := json.Unmarshal(prev.Value, app); err != nil {
+			return nil, fmt.Errorf("merging llm_wallet options: %w", err)
+		}
+	}
+	if app.Wallets == nil {
+		app.Wallets = map[string]*Config{}
+	}
+	d.Next() // consume option name
+	name := DefaultName
+	if d.NextArg() {
+		name = d.Val()
+	}
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	if _, dup := app.Wallets[name]; dup {
+		return nil, d.Errf("llm_wallet %q is defined twice", name)
+	}
+	c, err := unmarshalConfig(d)
+	if err != nil {
+		return nil, err
+	}
+	app.Wallets[name] = c
+	return httpcaddyfile.App{Name: "llm_wallet", Value: caddyconfig.JSON(app, nil)}, nil
+}
+
+func unmarshalConfig(d *caddyfile.Dispenser) (*Config, error) {
+	c := new(Config)
+	seen := map[string]int{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if line, dup := seen[opt]; dup {
+			return nil, d.Errf("llm_wallet: %s specified more than once (first on line %d)", opt, line)
+		}
+		seen[opt] = d.Line()
+		var err error
+		switch opt {
+		case "store":
+			c.StoreRaw, err = unmarshalStore(d)
+		case "reservation_ttl":
+			c.ReservationTTL, err = durationArg(d)
+		case "admission_timeout":
+			c.AdmissionTimeout, err = durationArg(d)
+		case "statement_timeout":
+			c.StatementTimeout, err = durationArg(d)
+		default:
+			return nil, d.Errf("unrecognized llm_wallet option '%s'", opt)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+func unmarshalStore(d *caddyfile.Dispenser) (json.RawMessage, error) {
+	if !d.NextArg() {
+		return nil, d.Errf("store needs sqlite [<path>] or postgres <dsn>")
+	}
+	var mod caddy.Module
+	backend := d.Val()
+	switch backend {
+	case "sqlite":
+		s := new(SQLite)
+		if d.NextArg() {
+			s.Path = d.Val()
+		}
+		mod = s
+	case "postgres":
+		if !d.NextArg() {
+			return nil, d.Errf("store postgres needs a DSN, e.g. {env.DATABASE_URL}")
+		}
+		mod = &Postgres{DSN: d.Val()}
+	default:
+		return nil, d.Errf("unknown store %q (want sqlite or postgres)", backend)
+	}
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	return caddyconfig.JSONModuleObject(mod, "backend", backend, nil), nil
+}
+
+func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
+	opt := d.Val()
+	if !d.NextArg() {
+		return 0, d.ArgErr()
+	}
+	dur, err := caddy.ParseDuration(d.Val())
+	if err != nil || dur < 0 {
+		return 0, d.Errf("%s: bad duration %q", opt, d.Val())
+	}
+	if d.NextArg() {
+		return 0, d.ArgErr()
+	}
+	return caddy.Duration(dur), nil
+}

@@ -1,0 +1,267 @@
+package walletapp
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/llmfailover/caddy-llm-failover/wallet"
+)
+
+// SweepEvery is how often expired reservations are released.
+const SweepEvery = time.Minute
+
+// drainLimit bounds how long a store no config uses waits for the
+// requests that entered it before it closes.
+const drainLimit = 10 * time.Minute
+
+// stores shares one open store per database across wallets and config
+// generations.
+var stores = caddy.NewUsagePool()
+
+// Wallet is one named wallet of a config. Handlers keep it for the life of
+// their config; nothing here changes what an in-flight request reads.
+type Wallet struct {
+	name             string
+	backend          Backend
+	ttl              time.Duration
+	admissionTimeout time.Duration
+	statementTimeout time.Duration
+	logger           *zap.Logger
+
+	once    sync.Once
+	holder  *storeHolder // set by once; nil when opening failed
+	openErr error
+
+	releaseOnce sync.Once
+}
+
+// Name is the wallet's name.
+func (w *Wallet) Name() string { return w.name }
+
+// Kind is the store's backend, "sqlite" or "postgres".
+func (w *Wallet) Kind() string { return w.backend.Kind() }
+
+// ReservationTTL is how long a reservation may stay unsettled.
+func (w *Wallet) ReservationTTL() time.Duration { return w.ttl }
+
+// AdmissionContext bounds a request's admission (Authenticate and
+// Reserve) by the wallet's admission timeout.
+func (w *Wallet) AdmissionContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, w.admissionTimeout)
+}
+
+// Store opens the wallet's store, once, or shares the one already open on
+// the same database.
+func (w *Wallet) Store() (wallet.Store, error) {
+	h, err := w.open()
+	if err != nil {
+		return nil, err
+	}
+	return h.store, nil
+}
+
+func (w *Wallet) open() (*storeHolder, error) {
+	w.once.Do(func() {
+		key := w.backend.PoolKey()
+		v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
+			st, err := w.backend.Open(wallet.Options{StatementTimeout: w.statementTimeout})
+			if err != nil {
+				return nil, err
+			}
+			h := &storeHolder{store: st, kind: w.backend.Kind(), logger: w.logger,
+				stop: make(chan struct{}), done: make(chan struct{}), drained: make(chan struct{})}
+			go h.sweeper()
+			return h, nil
+		})
+		if err != nil {
+			w.openErr = fmt.Errorf("opening %s store: %w", w.backend.Kind(), err)
+			return
+		}
+		w.holder = v.(*storeHolder)
+	})
+	return w.holder, w.openErr
+}
+
+// release gives the pooled store back; once is spent so that a request
+// arriving after Cleanup cannot open it again.
+func (w *Wallet) release() {
+	w.releaseOnce.Do(func() {
+		w.once.Do(func() { w.openErr = fmt.Errorf("wallet %q: config unloaded", w.name) })
+		if w.holder != nil {
+			_, _ = stores.Delete(w.backend.PoolKey())
+		}
+	})
+}
+
+// Enter counts a request in flight on the wallet's store, from the moment
+// it reaches the handler, so that the store is never closed under it. The
+// request must call exit when it has settled. A store that cannot be
+// opened counts nothing; the admission that follows reports the error.
+func (w *Wallet) Enter() (exit func()) {
+	h, err := w.open()
+	if err != nil {
+		return func() {}
+	}
+	h.enter()
+	return h.exit
+}
+
+// Authenticate finds the key a client presented.
+func (w *Wallet) Authenticate(ctx context.Context, secret string) (wallet.Key, error) {
+	st, err := w.Store()
+	if err != nil {
+		return wallet.Key{}, err
+	}
+	return st.Authenticate(ctx, secret)
+}
+
+// Reserve holds back the request's largest cost.
+func (w *Wallet) Reserve(ctx context.Context, r wallet.Reservation) error {
+	st, err := w.Store()
+	if err != nil {
+		return err
+	}
+	return st.Reserve(ctx, r)
+}
+
+// Settle charges a reservation's usage and releases the rest.
+func (w *Wallet) Settle(ctx context.Context, reservationID string, e wallet.Entry) (wallet.Micros, error) {
+	st, err := w.Store()
+	if err != nil {
+		return 0, err
+	}
+	return st.Settle(ctx, reservationID, e)
+}
+
+// RecordAttempt writes a zero-charge row for a failed upstream attempt.
+func (w *Wallet) RecordAttempt(ctx context.Context, e wallet.Entry) error {
+	st, err := w.Store()
+	if err != nil {
+		return err
+	}
+	return st.RecordAttempt(ctx, e)
+}
+
+// Heartbeat reports when the sweeper last ran and its last error.
+func (w *Wallet) Heartbeat() (time.Time, string) {
+	h, err := w.open()
+	if err != nil {
+		return time.Time{}, err.Error()
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lastSweep, h.lastErr
+}
+
+// storeHolder owns an open store, its sweeper and the requests in flight.
+type storeHolder struct {
+	store  wallet.Store
+	kind   string
+	logger *zap.Logger
+	stop   chan struct{}
+	done   chan struct{}
+
+	mu        sync.Mutex
+	inflight  int
+	draining  bool
+	drained   chan struct{} // closed when draining and nothing is in flight
+	lastSweep time.Time     // heartbeat of the background sweeper
+	lastErr   string
+}
+
+func (h *storeHolder) enter() {
+	h.mu.Lock()
+	h.inflight++
+	h.mu.Unlock()
+}
+
+func (h *storeHolder) exit() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.inflight--
+	if h.inflight == 0 && h.draining {
+		close(h.drained)
+	}
+}
+
+// sweeper releases expired reservations on start and then every
+// SweepEvery. A panic in a sweep is logged and the sweeper goes on.
+func (h *storeHolder) sweeper() {
+	defer close(h.done)
+	t := time.NewTicker(SweepEvery)
+	defer t.Stop()
+	for {
+		h.sweepRecovering()
+		select {
+		case <-h.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (h *storeHolder) sweepRecovering() {
+	defer func() {
+		if r := recover(); r != nil {
+			h.logger.Error("wallet sweeper panicked; it runs again at the next tick",
+				zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+		}
+	}()
+	h.sweep()
+}
+
+func (h *storeHolder) sweep() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	n, err := h.store.Sweep(ctx, time.Now())
+	h.mu.Lock()
+	h.lastSweep = time.Now()
+	h.lastErr = ""
+	if err != nil {
+		h.lastErr = err.Error()
+	}
+	h.mu.Unlock()
+	switch {
+	case err != nil:
+		sweepTotal.WithLabelValues("error").Inc()
+		h.logger.Error("wallet sweep failed", zap.Error(err))
+	case n > 0:
+		sweepTotal.WithLabelValues("released").Add(float64(n))
+		h.logger.Warn("released expired wallet reservations", zap.Int("count", n))
+	}
+	if err == nil {
+		sweepHeartbeat.SetToCurrentTime()
+	}
+}
+
+// Destruct runs when no config uses the store any more. Caddy cleans the
+// old config up while its requests may still run, so the store closes
+// only once every request that entered has exited (bounded), and in the
+// background: a reload must not block on the longest open stream.
+func (h *storeHolder) Destruct() error {
+	close(h.stop)
+	<-h.done
+	h.mu.Lock()
+	h.draining = true
+	if h.inflight == 0 {
+		close(h.drained)
+	}
+	h.mu.Unlock()
+	go func() {
+		select {
+		case <-h.drained:
+		case <-time.After(drainLimit):
+			h.logger.Error("closing wallet store with requests still unsettled; their reservations expire and are released by the sweeper")
+		}
+		if err := h.store.Close(); err != nil {
+			h.logger.Error("closing wallet store", zap.Error(err))
+		}
+	}()
+	return nil
+}
