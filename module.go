@@ -103,6 +103,7 @@ type Handler struct {
 	modelList   []string
 	retry       [600]bool
 	wallet      *walletRuntime
+	app         *App
 	logger      *zap.Logger
 	defaultRT   *reverseproxy.HTTPTransport
 	poolKeys    []string
@@ -190,6 +191,9 @@ type BreakerConfig struct {
 	// MaxPark caps how long a 429's Retry-After parks a channel.
 	// Default: 5m.
 	MaxPark caddy.Duration `json:"max_park,omitempty"`
+	// HalfOpenTrials is how many requests a recovering channel is sent at
+	// once; the others go to the next channel. Default: 1.
+	HalfOpenTrials int `json:"half_open_trials,omitempty"`
 }
 
 func (c *BreakerConfig) config() breaker.Config {
@@ -203,6 +207,7 @@ func (c *BreakerConfig) config() breaker.Config {
 		MinCalls:     c.MinCalls,
 		FailureRatio: c.FailureRatio,
 		MaxPark:      time.Duration(c.MaxPark),
+		Trials:       c.HalfOpenTrials,
 	}.WithDefaults()
 }
 
@@ -305,8 +310,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			}
 			ch.rt = h.defaultRT
 		}
-		key := c.Name + " " + base.String()
-		st, err := loadChannelState(key, c.Name, breakerCfg)
+		key := channelIdentity(c.Name, base, ch.headers)
+		st, err := loadChannelState(key, c.Name, base.Redacted(), breakerCfg)
 		if err != nil {
 			return fmt.Errorf("channel %q: %w", c.Name, err)
 		}
@@ -383,12 +388,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return err
 	}
-	// Surviving breakers take the new settings only now that nothing
-	// above can fail (a no-op for breakers this config created).
-	for _, ch := range h.channels {
-		ch.state.breaker.SetConfig(breakerCfg)
+	app, err := ctx.App("llm_failover")
+	if err != nil {
+		return fmt.Errorf("loading channel registry: %w", err)
 	}
-	live.add(h)
+	h.app = app.(*App)
+	h.app.register(h, breakerCfg)
 	return nil
 }
 
@@ -410,7 +415,6 @@ func (h *Handler) Validate() error {
 // failed to provision too, and on the old config during a reload while its
 // streams may still be open: nothing here may cut an in-flight request.
 func (h *Handler) Cleanup() error {
-	live.remove(h)
 	for _, key := range h.poolKeys {
 		_, _ = channelStates.Delete(key)
 	}

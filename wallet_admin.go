@@ -198,12 +198,11 @@ type entryView struct {
 	Time      time.Time `json:"time"`
 }
 
-// activeWallet is the store of the first live handler with a wallet.
+// activeWallet is the store of the running config's first handler with a
+// wallet.
 func activeWallet() *storeHolder {
-	for _, h := range live.list() {
-		if h.wallet != nil {
-			return h.wallet.holder
-		}
+	if reg := activeRegistry(); reg != nil {
+		return reg.walletStore()
 	}
 	return nil
 }
