@@ -1,8 +1,11 @@
 package llmfailover
 
 import (
+	"context"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"github.com/llmfailover/caddy-llm-failover/breaker"
 	"github.com/llmfailover/caddy-llm-failover/chain"
@@ -40,4 +43,16 @@ func TestProbeSkipsOpenChannelThatIsAlsoParked(t *testing.T) {
 	if len(plan.Candidates) != 0 || len(plan.Probes) != 0 || plan.RetryAt.IsZero() {
 		t.Fatalf("candidates %v probes %v retry at %v, want none and a Retry-After", plan.Candidates, plan.Probes, plan.RetryAt)
 	}
+}
+
+// provisionContext is a caddy.Context for loading a handler outside a
+// running Caddy: it has a config, which handlers need to get the channel
+// registry app (a bare caddy.NewContext has none).
+func provisionContext(t testing.TB) (caddy.Context, context.CancelFunc) {
+	t.Helper()
+	base, err := caddy.ProvisionContext(&caddy.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return caddy.NewContext(base)
 }
