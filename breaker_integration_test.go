@@ -136,6 +136,23 @@ func brkMetric(t *testing.T, series string) (float64, bool) {
 	return 0, false
 }
 
+// brkRefusedInBothFormats checks an untried refusal: openAIBody (already
+// received) says why, and an Anthropic request gets the same 503 with a
+// Retry-After, in Anthropic's format.
+func brkRefusedInBothFormats(t *testing.T, openAIBody []byte, why string) {
+	t.Helper()
+	if msg, typ, _ := openAIError(t, openAIBody); !strings.Contains(msg, why) || typ == "" {
+		t.Errorf("error %q (%s), want it to say %q", msg, typ, why)
+	}
+	res, body := post(t, "/v1/messages", fu.MessagesRequest("claude", false), "anthropic-version", "2023-06-01")
+	if res.StatusCode != 503 || res.Header.Get("Retry-After") == "" {
+		t.Fatalf("anthropic: status %d, Retry-After %q: %s", res.StatusCode, res.Header.Get("Retry-After"), body)
+	}
+	if _, typ := anthropicError(t, body); typ != "overloaded_error" {
+		t.Errorf("anthropic error type %q", typ)
+	}
+}
+
 func brkBlock(lines ...string) string {
 	return "breaker {\n\t\t\t" + strings.Join(lines, "\n\t\t\t") + "\n\t\t}"
 }
@@ -360,17 +377,7 @@ func TestBreakerRetryAfterParks(t *testing.T) {
 	if ra, err := strconv.Atoi(res.Header.Get("Retry-After")); err != nil || ra < 1 || ra > 2 {
 		t.Errorf("Retry-After = %q, want 1 or 2", res.Header.Get("Retry-After"))
 	}
-	msg, typ, _ := openAIError(t, body)
-	if !strings.Contains(msg, "rate limited") || typ == "" {
-		t.Errorf("error %q (%s)", msg, typ)
-	}
-	res, body = post(t, "/v1/messages", fu.MessagesRequest("claude", false), "anthropic-version", "2023-06-01")
-	if res.StatusCode != 503 || res.Header.Get("Retry-After") == "" {
-		t.Fatalf("anthropic, all parked: status %d, Retry-After %q: %s", res.StatusCode, res.Header.Get("Retry-After"), body)
-	}
-	if _, typ := anthropicError(t, body); typ != "overloaded_error" {
-		t.Errorf("anthropic error type %q", typ)
-	}
+	brkRefusedInBothFormats(t, body, "rate limited")
 	hits(t, a, 1)
 	hits(t, b, 4)
 	chs := brkChannels(t)

@@ -146,16 +146,7 @@ func TestRegistryAllOpenFastRetryAfter(t *testing.T) {
 	if _, err := strconv.Atoi(res.Header.Get("X-Attempts")); res.StatusCode != 503 || res.Header.Get("Retry-After") == "" || err == nil {
 		t.Fatalf("all probed: status %d, Retry-After %q, attempts %q", res.StatusCode, res.Header.Get("Retry-After"), res.Header.Get("X-Attempts"))
 	}
-	if msg, typ, _ := openAIError(t, body); !strings.Contains(msg, "open after failures") || typ == "" {
-		t.Errorf("error %q (%s)", msg, typ)
-	}
-	res, body = post(t, "/v1/messages", fu.MessagesRequest("claude", false), "anthropic-version", "2023-06-01")
-	if res.StatusCode != 503 || res.Header.Get("Retry-After") == "" {
-		t.Fatalf("anthropic: status %d, Retry-After %q: %s", res.StatusCode, res.Header.Get("Retry-After"), body)
-	}
-	if _, typ := anthropicError(t, body); typ != "overloaded_error" {
-		t.Errorf("anthropic error type %q", typ)
-	}
+	brkRefusedInBothFormats(t, body, "open after failures")
 	if n := a.Hits() + b.Hits(); n > 8 {
 		t.Errorf("upstreams were sent %d requests, want at most 8", n)
 	}

@@ -1,6 +1,7 @@
 package chain
 
 import (
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -501,6 +502,20 @@ func TestPlanAllocs(t *testing.T) {
 		})
 		if n != 0 {
 			t.Errorf("%v: Plan allocates %v times per call, want 0", policy, n)
+		}
+	}
+}
+
+// Score is the one weighted-policy formula, shared by the planner and the
+// admin API's weights.
+func TestScore(t *testing.T) {
+	for _, c := range []struct {
+		weight int
+		rate   float64
+		want   float64
+	}{{100, 1, 100}, {100, 0.7, 49}, {80, 1, 80}, {1, 0, 0}} {
+		if got := Score(c.weight, c.rate); math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("Score(%d, %v) = %v, want %v", c.weight, c.rate, got, c.want)
 		}
 	}
 }
