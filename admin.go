@@ -4,13 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"sort"
 	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"go.uber.org/zap"
 
+	"github.com/llmfailover/caddy-llm-failover/chain"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
 )
 
@@ -25,7 +24,8 @@ func init() {
 //	POST /llm_failover/channels/<name>/reset   close one channel's breaker by hand
 //
 // Caddy re-creates admin modules on every config load, so the module holds
-// nothing: it reads the live handlers and the pooled channel state.
+// nothing: it reads the running config's channel registry (App) at request
+// time.
 type adminAPI struct{}
 
 // CaddyModule returns the Caddy module information.
@@ -48,20 +48,29 @@ func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		if err := onlyMethod(r, http.MethodGet); err != nil {
 			return err
 		}
-		return writeJSON(w, chainsView())
+		return writeJSON(w, chainsView(registrySnapshot()))
 	case path == "channels":
 		if err := onlyMethod(r, http.MethodGet); err != nil {
 			return err
 		}
-		return writeJSON(w, channelsView(time.Now()))
+		return writeJSON(w, channelsView(registrySnapshot()))
 	case strings.HasPrefix(path, "channels/") && strings.HasSuffix(path, "/reset"):
 		if err := onlyMethod(r, http.MethodPost); err != nil {
 			return err
 		}
 		name := strings.TrimSuffix(strings.TrimPrefix(path, "channels/"), "/reset")
-		return resetChannel(w, name)
+		return resetChannel(w, activeRegistry(), name)
 	}
 	return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no such llm_failover endpoint: %s", r.URL.Path)}
+}
+
+// registrySnapshot reads the running config's registry; empty when no
+// config has an llm_failover handler.
+func registrySnapshot() Snapshot {
+	if reg := activeRegistry(); reg != nil {
+		return reg.Snapshot(time.Now())
+	}
+	return Snapshot{}
 }
 
 type chainView struct {
@@ -84,99 +93,62 @@ type routeView struct {
 // chainsView lists every model's chain in the order the cost policy tries
 // it; under the weighted policy the live order also depends on the
 // success rates shown next to each channel.
-func chainsView() []chainView {
-	now := time.Now()
-	var out []chainView
-	for _, h := range live.list() {
-		for _, name := range h.modelList {
-			m := h.models[name]
-			cv := chainView{Model: name, Policy: m.chain.Policy.String(), MaxHops: m.chain.MaxHops}
-			for _, r := range m.chain.Routes {
-				b := h.channels[r.Channel].state.breaker
-				rate, _ := b.SuccessRate()
-				rv := routeView{
-					Channel: r.Name, InputCost: wallet.Micros(r.InputCost).String(), OutputCost: wallet.Micros(r.OutputCost).String(),
-					UpstreamModel: r.UpstreamModel, SuccessRate: rate, State: b.State(now).String(),
-				}
-				if m.chain.Policy.String() == "weighted" {
-					rv.Weight = r.Weight
-				}
-				cv.Channels = append(cv.Channels, rv)
+func chainsView(snap Snapshot) []chainView {
+	out := make([]chainView, 0, len(snap.Models))
+	for _, m := range snap.Models {
+		cv := chainView{Model: m.Name, Policy: m.Policy.String(), MaxHops: m.MaxHops}
+		for _, r := range m.Routes {
+			rv := routeView{
+				Channel: r.Route.Name, InputCost: wallet.Micros(r.Route.InputCost).String(), OutputCost: wallet.Micros(r.Route.OutputCost).String(),
+				UpstreamModel: r.Route.UpstreamModel, SuccessRate: r.Health.SuccessRate, State: r.Health.State.String(),
 			}
-			out = append(out, cv)
+			if m.Policy == chain.Weighted {
+				rv.Weight = r.Route.Weight
+			}
+			cv.Channels = append(cv.Channels, rv)
 		}
+		out = append(out, cv)
 	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].Model < out[j].Model })
 	return out
 }
 
 type channelView struct {
-	Name          string    `json:"name"`
-	BaseURL       string    `json:"base_url"`
-	State         string    `json:"state"`
-	Failures      int       `json:"failures_in_window"`
-	OpenUntil     time.Time `json:"open_until,omitzero"`
-	ParkedUntil   time.Time `json:"parked_until,omitzero"`
-	RetryIn       string    `json:"retry_in,omitempty"`
-	SuccessRate   float64   `json:"success_rate"`
-	Calls         int       `json:"calls"`
-	TimesOpened   uint64    `json:"times_opened"`
-	CurrentWeight []string  `json:"weights,omitempty"`
+	Name           string    `json:"name"`
+	BaseURL        string    `json:"base_url"`
+	State          string    `json:"state"`
+	Failures       int       `json:"failures_in_window"`
+	OpenUntil      time.Time `json:"open_until,omitzero"`
+	ParkedUntil    time.Time `json:"parked_until,omitzero"`
+	RetryIn        string    `json:"retry_in,omitempty"`
+	TrialsInFlight int       `json:"trials_in_flight"`
+	SuccessRate    float64   `json:"success_rate"`
+	Calls          int       `json:"calls"`
+	TimesOpened    uint64    `json:"times_opened"`
+	CurrentWeight  []string  `json:"weights,omitempty"`
 }
 
-func channelsView(now time.Time) []channelView {
-	seen := make(map[*channelState]bool)
-	var out []channelView
-	for _, h := range live.list() {
-		for _, ch := range h.channels {
-			if seen[ch.state] {
-				continue
-			}
-			seen[ch.state] = true
-			s := ch.state.breaker.Snapshot(now)
-			cv := channelView{
-				Name: ch.name, BaseURL: ch.base.Redacted(), State: s.State.String(), Failures: s.FailuresInWindow,
-				OpenUntil: s.OpenUntil, ParkedUntil: s.ParkedUntil, SuccessRate: s.SuccessRate,
-				Calls: s.Calls, TimesOpened: s.Opened,
-			}
-			if s.RetryIn > 0 {
-				cv.RetryIn = s.RetryIn.Round(time.Millisecond).String()
-			}
-			// The weight a channel has right now, per weighted model.
-			for _, name := range h.modelList {
-				m := h.models[name]
-				if m.chain.Policy.String() != "weighted" {
-					continue
-				}
-				for _, r := range m.chain.Routes {
-					if r.Name == ch.name {
-						cv.CurrentWeight = append(cv.CurrentWeight, fmt.Sprintf("%s=%.2f", name, float64(r.Weight)*s.SuccessRate*s.SuccessRate))
-					}
-				}
-			}
-			out = append(out, cv)
+func channelsView(snap Snapshot) []channelView {
+	out := make([]channelView, 0, len(snap.Channels))
+	for _, c := range snap.Channels {
+		s := c.Health
+		cv := channelView{
+			Name: c.Name, BaseURL: c.BaseURL, State: s.State.String(), Failures: s.FailuresInWindow,
+			OpenUntil: s.OpenUntil, ParkedUntil: s.ParkedUntil, TrialsInFlight: s.TrialsInFlight,
+			SuccessRate: s.SuccessRate, Calls: s.Calls, TimesOpened: s.Opened,
 		}
+		if s.RetryIn > 0 {
+			cv.RetryIn = s.RetryIn.Round(time.Millisecond).String()
+		}
+		for _, w := range c.Weights {
+			cv.CurrentWeight = append(cv.CurrentWeight, fmt.Sprintf("%s=%.2f", w.Model, w.Score))
+		}
+		out = append(out, cv)
 	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }
 
-func resetChannel(w http.ResponseWriter, name string) error {
-	now := time.Now()
-	found := false
-	for _, h := range live.list() {
-		for _, ch := range h.channels {
-			if ch.name != name {
-				continue
-			}
-			found = true
-			if tr := ch.state.breaker.Reset(now); tr.Changed() {
-				breakerTransitions.WithLabelValues(ch.name, tr.To.String()).Inc()
-				h.logger.Warn("breaker reset by hand", zap.String("channel", ch.name), zap.String("from", tr.From.String()))
-			}
-		}
-	}
-	if !found {
+func resetChannel(w http.ResponseWriter, reg *App, name string) error {
+	if reg == nil || !reg.reset(name, time.Now()) {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no channel named %q", name)}
 	}
 	return writeJSON(w, map[string]string{"channel": name, "state": "closed"})

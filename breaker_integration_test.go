@@ -136,6 +136,23 @@ func brkMetric(t *testing.T, series string) (float64, bool) {
 	return 0, false
 }
 
+// brkRefusedInBothFormats checks an untried refusal: openAIBody (already
+// received) says why, and an Anthropic request gets the same 503 with a
+// Retry-After, in Anthropic's format.
+func brkRefusedInBothFormats(t *testing.T, openAIBody []byte, why string) {
+	t.Helper()
+	if msg, typ, _ := openAIError(t, openAIBody); !strings.Contains(msg, why) || typ == "" {
+		t.Errorf("error %q (%s), want it to say %q", msg, typ, why)
+	}
+	res, body := post(t, "/v1/messages", fu.MessagesRequest("claude", false), "anthropic-version", "2023-06-01")
+	if res.StatusCode != 503 || res.Header.Get("Retry-After") == "" {
+		t.Fatalf("anthropic: status %d, Retry-After %q: %s", res.StatusCode, res.Header.Get("Retry-After"), body)
+	}
+	if _, typ := anthropicError(t, body); typ != "overloaded_error" {
+		t.Errorf("anthropic error type %q", typ)
+	}
+}
+
 func brkBlock(lines ...string) string {
 	return "breaker {\n\t\t\t" + strings.Join(lines, "\n\t\t\t") + "\n\t\t}"
 }
@@ -250,7 +267,8 @@ func TestBreakerWindowForgets(t *testing.T) {
 }
 
 // 5. Every channel open: the one whose cooldown ends first is probed, and
-// the client gets that channel's own error rather than an untried refusal.
+// the client gets that channel's own error rather than an untried refusal;
+// each channel is probed at most once per cooldown.
 // Channel b is opened first (through model r, which tries b before a), so
 // the probe must pick b although model m lists a first.
 func TestBreakerAllOpenProbesFirstToRecover(t *testing.T) {
@@ -305,18 +323,19 @@ func TestBreakerAllOpenProbesFirstToRecover(t *testing.T) {
 	hits(t, a, 3)
 	hits(t, b, 4)
 
-	// A probe that succeeds is served.
-	b.Set(fu.OKNamed("backup"))
+	// b had its one probe of this cooldown: the next request probes a,
+	// and a probe that succeeds is served.
+	a.Set(fu.OKNamed("primary"))
 	res, body = brkChat(t)
-	if res.StatusCode != 200 || res.Header.Get("X-Served-By") != "b" {
-		t.Fatalf("probe of a recovered b: status %d by %q: %s", res.StatusCode, res.Header.Get("X-Served-By"), body)
+	if res.StatusCode != 200 || res.Header.Get("X-Served-By") != "a" {
+		t.Fatalf("probe of a recovered a: status %d by %q: %s", res.StatusCode, res.Header.Get("X-Served-By"), body)
 	}
-	hits(t, a, 3)
-	hits(t, b, 5)
+	hits(t, a, 4)
+	hits(t, b, 4)
 	// A channel that proved itself is closed at once, not at the end of
 	// its cooldown.
-	if st := brkState(t, "b"); st.State != "closed" {
-		t.Errorf("after a successful probe b is %q, want closed", st.State)
+	if st := brkState(t, "a"); st.State != "closed" {
+		t.Errorf("after a successful probe a is %q, want closed", st.State)
 	}
 }
 
@@ -358,17 +377,7 @@ func TestBreakerRetryAfterParks(t *testing.T) {
 	if ra, err := strconv.Atoi(res.Header.Get("Retry-After")); err != nil || ra < 1 || ra > 2 {
 		t.Errorf("Retry-After = %q, want 1 or 2", res.Header.Get("Retry-After"))
 	}
-	msg, typ, _ := openAIError(t, body)
-	if !strings.Contains(msg, "rate limited") || typ == "" {
-		t.Errorf("error %q (%s)", msg, typ)
-	}
-	res, body = post(t, "/v1/messages", fu.MessagesRequest("claude", false), "anthropic-version", "2023-06-01")
-	if res.StatusCode != 503 || res.Header.Get("Retry-After") == "" {
-		t.Fatalf("anthropic, all parked: status %d, Retry-After %q: %s", res.StatusCode, res.Header.Get("Retry-After"), body)
-	}
-	if _, typ := anthropicError(t, body); typ != "overloaded_error" {
-		t.Errorf("anthropic error type %q", typ)
-	}
+	brkRefusedInBothFormats(t, body, "rate limited")
 	hits(t, a, 1)
 	hits(t, b, 4)
 	chs := brkChannels(t)

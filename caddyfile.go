@@ -57,6 +57,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			cooldown  <duration>
 //			ratio     <min_calls> <failure_ratio>
 //			max_park  <duration>
+//			trials    <n>
 //		}
 //		wallet [<name>] {
 //			on_store_error  deny|allow
@@ -314,6 +315,8 @@ func (h *Handler) unmarshalBreaker(d *caddyfile.Dispenser) error {
 			b.Cooldown, err = durationArg(d)
 		case "max_park":
 			b.MaxPark, err = durationArg(d)
+		case "trials":
+			b.HalfOpenTrials, err = intArg(d, 1)
 		case "ratio":
 			if b.MinCalls, err = intArg(d, 1); err != nil {
 				return err

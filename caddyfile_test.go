@@ -165,7 +165,7 @@ func TestProvisionErrors(t *testing.T) {
 	}
 	for name, cfg := range cases {
 		t.Run(name, func(t *testing.T) {
-			ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
+			ctx, cancel := provisionContext(t)
 			defer cancel()
 			_, err := ctx.LoadModuleByID("http.handlers.llm_failover", json.RawMessage(cfg))
 			if err == nil {

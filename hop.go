@@ -58,6 +58,13 @@ type failure struct {
 	timeout    bool
 }
 
+// channelFault reports whether the failure says something about the
+// channel's health. An answer over max_response_body is the request's
+// doing (it asked for that much), so it fails over without counting.
+func (f *failure) channelFault() bool {
+	return f.reason != reasonTooLarge
+}
+
 func (f *failure) String() string {
 	if f.status != 0 {
 		return fmt.Sprintf("%s %d", f.reason, f.status)
@@ -122,7 +129,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 		return h.refuse(x, provider.Error{Status: http.StatusNotFound, Code: "model_not_found",
 			Message: fmt.Sprintf("The model %q does not exist or is not served by this gateway", x.req.Model)})
 	}
-	if !h.served(x) {
+	if x.model.byAPI[x.api] == nil {
 		return h.refuse(x, provider.Error{Status: http.StatusBadRequest,
 			Message: fmt.Sprintf("model %q is not served over the %s API by any of its channels", x.req.Model, x.api)})
 	}
@@ -140,44 +147,31 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 	var scratch chain.Scratch
 	// A pointer into the handler, not the slice itself: converting a
 	// slice to the Health interface would allocate on every request.
-	plan := x.model.chain.Plan((*health)(&h.channels), x.start, &scratch)
-	for _, r := range plan.Skipped {
-		if plan.Probe && r == plan.Candidates[0] {
-			continue // Skipped lists every unavailable route; this one is probed
+	plan := x.model.byAPI[x.api].Plan((*health)(&h.channels), x.start, &scratch)
+	candidates := plan.Candidates
+	var probe breaker.Ticket
+	if len(candidates) == 0 {
+		// Every channel is open or parked. At most one request per
+		// channel per cooldown probes; every other is refused at once.
+		var route *chain.Route
+		if route, probe = h.admitProbe(plan.Probes, x.start); route == nil {
+			return h.refuseUnavailable(x, plan.Skipped, plan.RetryAt, len(plan.Probes) == 0)
 		}
-		channelSkipped.WithLabelValues(r.Name).Inc()
-		if c := h.logger.Check(zapcore.DebugLevel, "channel skipped: breaker open"); c != nil {
-			c.Write(zap.String("model", x.req.Model), zap.String("channel", r.Name),
-				zap.String("state", h.channels[r.Channel].state.breaker.State(x.start).String()))
-		}
-	}
-	plan.Candidates = h.servingCandidates(x, plan.Candidates)
-	if len(plan.Candidates) == 0 && plan.AllParkedUntil.IsZero() {
-		// The routes left were those of other APIs; the channels that
-		// serve this one are all unavailable.
-		requestsTotal.WithLabelValues(x.req.Model, "exhausted").Inc()
-		return h.refuse(x, provider.Error{Status: http.StatusServiceUnavailable,
-			Message: fmt.Sprintf("every channel serving model %q over the %s API is unavailable", x.req.Model, x.api)})
-	}
-	if len(plan.Candidates) == 0 {
-		wait := time.Until(plan.AllParkedUntil)
-		h.logger.Warn("every channel is rate limited; refusing without sending",
-			zap.String("model", x.req.Model), zap.Duration("retry_after", wait))
-		requestsTotal.WithLabelValues(x.req.Model, "rate_limited").Inc()
-		setRetryAfter(w.Header(), wait)
-		return h.refuse(x, provider.Error{Status: http.StatusServiceUnavailable,
-			Message: fmt.Sprintf("every channel serving model %q is rate limited; retry after %s", x.req.Model, wait.Round(time.Second))})
-	}
-	if plan.Probe {
 		x.probe = true
+		candidates = []*chain.Route{route}
 		h.logger.Warn("every channel is open; probing the one whose cooldown ends first",
-			zap.String("model", x.req.Model), zap.String("channel", plan.Candidates[0].Name))
+			zap.String("model", x.req.Model), zap.String("channel", route.Name))
+	}
+	for _, r := range plan.Skipped {
+		if !x.probe || r != candidates[0] {
+			h.skipped(x, r)
+		}
 	}
 
 	x.deadline = x.start.Add(time.Duration(h.Deadline))
 	var last *failure
 	var retryAfter time.Duration
-	for i, route := range plan.Candidates {
+	for i, route := range candidates {
 		if r.Context().Err() != nil {
 			break
 		}
@@ -185,19 +179,21 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 		if remaining <= 0 {
 			break
 		}
+		ticket, ok := probe, x.probe
+		if !x.probe {
+			// A half-open channel admits a bounded number of trials;
+			// when they are taken the request moves on at once.
+			if ticket, ok = h.channels[route.Channel].state.breaker.Admit(time.Now()); !ok {
+				h.skipped(x, route)
+				continue
+			}
+		}
 		// An equal share of what is left, so that a silent channel cannot
 		// take the time its backups need.
-		budget := remaining / time.Duration(len(plan.Candidates)-i)
+		budget := remaining / time.Duration(len(candidates)-i)
 		x.attempts++
 		x.setVar("http.llm_failover.attempts", strconv.Itoa(x.attempts))
-		began := time.Now()
-		if h.channels[route.Channel].state.breaker.TrialStarted(began) {
-			breakerTransitions.WithLabelValues(route.Name, breaker.HalfOpen.String()).Inc()
-			h.logger.Warn("breaker state changed", zap.String("channel", route.Name),
-				zap.String("from", breaker.Open.String()), zap.String("to", breaker.HalfOpen.String()))
-		}
-		res := h.attempt(x, route, budget)
-		h.record(x, route, res, time.Since(began))
+		res := h.try(x, route, ticket, budget)
 		if res.done {
 			return nil
 		}
@@ -206,8 +202,8 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 			retryAfter = res.fail.retryAfter
 		}
 		next := ""
-		if i+1 < len(plan.Candidates) {
-			next = plan.Candidates[i+1].Name
+		if i+1 < len(candidates) {
+			next = candidates[i+1].Name
 		}
 		h.logger.Warn("failover",
 			zap.String("model", x.req.Model),
@@ -228,6 +224,10 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 			zap.String("model", x.req.Model), zap.Int("attempts", x.attempts), zap.Duration("elapsed", time.Since(x.start)))
 		return nil
 	}
+	if x.attempts == 0 && time.Now().Before(x.deadline) {
+		// Every candidate's trial slots filled up after planning.
+		return h.refuseUnavailable(x, nil, time.Now(), false)
+	}
 	requestsTotal.WithLabelValues(x.req.Model, "exhausted").Inc()
 	e := exhausted(x, last)
 	h.logger.Error("all channels failed",
@@ -235,6 +235,62 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 		zap.Int("status", e.Status), zap.Duration("elapsed", time.Since(x.start)))
 	setRetryAfter(w.Header(), retryAfter)
 	return h.refuse(x, e)
+}
+
+// admitProbe lets one of the open channels, soonest to recover first, be
+// probed, if its breaker allows a probe now.
+func (h *Handler) admitProbe(probes []*chain.Route, now time.Time) (*chain.Route, breaker.Ticket) {
+	for _, r := range probes {
+		if t, ok := h.channels[r.Channel].state.breaker.AdmitProbe(now); ok {
+			return r, t
+		}
+	}
+	return nil, breaker.Ticket{}
+}
+
+// refuseUnavailable answers a request no channel may be sent: 503 with a
+// Retry-After of the soonest recovery (at least a second). It logs nothing
+// per request: the state changes that led here were logged once each.
+func (h *Handler) refuseUnavailable(x *exchange, skipped []*chain.Route, retryAt time.Time, allParked bool) error {
+	for _, r := range skipped {
+		h.skipped(x, r)
+	}
+	wait := max(time.Until(retryAt), time.Second)
+	setRetryAfter(x.w.Header(), wait)
+	why := "open after failures"
+	if allParked {
+		why = "rate limited"
+	}
+	requestsTotal.WithLabelValues(x.req.Model, "unavailable").Inc()
+	if c := h.logger.Check(zapcore.DebugLevel, "every channel is unavailable; refusing without sending"); c != nil {
+		c.Write(zap.String("model", x.req.Model), zap.Bool("all_parked", allParked), zap.Duration("retry_after", wait))
+	}
+	return h.refuse(x, provider.Error{Status: http.StatusServiceUnavailable,
+		Message: fmt.Sprintf("every channel serving model %q is %s; retry after %s", x.req.Model, why, wait.Round(time.Second))})
+}
+
+// skipped counts a channel left out of a request because of its breaker.
+func (h *Handler) skipped(x *exchange, r *chain.Route) {
+	channelSkipped.WithLabelValues(r.Name).Inc()
+	if c := h.logger.Check(zapcore.DebugLevel, "channel skipped: breaker open"); c != nil {
+		c.Write(zap.String("model", x.req.Model), zap.String("channel", r.Name),
+			zap.String("state", h.channels[r.Channel].state.breaker.State(x.start).String()))
+	}
+}
+
+// try sends one attempt and records its outcome. The ticket's trial slot
+// is freed however the attempt ends, panics included: a leaked slot would
+// keep a recovering channel refused for good.
+func (h *Handler) try(x *exchange, route *chain.Route, ticket breaker.Ticket, budget time.Duration) attemptResult {
+	defer ticket.Done()
+	if ticket.HalfOpened {
+		h.app.stateChanged(h.logger, h.channels[route.Channel].state,
+			breaker.Transition{From: breaker.Open, To: breaker.HalfOpen}, "cooldown_elapsed")
+	}
+	began := time.Now()
+	res := h.attempt(x, route, budget)
+	h.record(x, route, res, time.Since(began))
+	return res
 }
 
 // exhausted builds the error a client gets when no channel answered.
@@ -442,11 +498,14 @@ func (h *Handler) passThrough(x *exchange, ch *channel, res *http.Response, src 
 	}
 }
 
-// record feeds an attempt's outcome to the breaker and the metrics.
+// record feeds an attempt's outcome to the breaker, the metrics and the
+// events. Only failures the channel caused count against it.
 func (h *Handler) record(x *exchange, route *chain.Route, res attemptResult, took time.Duration) {
 	ch := h.channels[route.Channel]
 	now := time.Now()
 	outcome := "ok"
+	status := 0
+	reason := "" // what caused a state change, when it is not the outcome
 	var tr breaker.Transition
 	switch {
 	case res.fail == nil && res.clientGone:
@@ -458,17 +517,22 @@ func (h *Handler) record(x *exchange, route *chain.Route, res attemptResult, too
 			// close it now rather than at the end of its cooldown.
 			if reset := ch.state.breaker.Reset(now); reset.Changed() {
 				tr = breaker.Transition{From: tr.From, To: reset.To}
+				reason = "probe_succeeded"
 			}
 		}
 	case res.fail.status == http.StatusTooManyRequests && res.fail.retryAfter > 0:
 		// A rate limit is not an outage: park the channel for as long as
 		// it asked, without counting a failure.
-		outcome = "rate_limited"
+		outcome, status = "rate_limited", res.fail.status
 		var until time.Time
 		until, tr = ch.state.breaker.Park(now, res.fail.retryAfter)
-		h.logger.Info("channel parked by Retry-After", zap.String("channel", ch.name), zap.Time("until", until))
+		if tr.Changed() {
+			h.logger.Info("channel parked by Retry-After", zap.String("channel", ch.name), zap.Time("until", until))
+		}
+	case !res.fail.channelFault():
+		outcome, status = res.fail.reason, res.fail.status
 	default:
-		outcome = res.fail.reason
+		outcome, status = res.fail.reason, res.fail.status
 		tr = ch.state.breaker.RecordFailure(now)
 	}
 	if x.bill != nil && res.fail != nil && !res.done {
@@ -479,10 +543,12 @@ func (h *Handler) record(x *exchange, route *chain.Route, res attemptResult, too
 	}
 	attemptsTotal.WithLabelValues(x.req.Model, ch.name, outcome).Inc()
 	attemptDuration.WithLabelValues(ch.name).Observe(took.Seconds())
+	h.app.attempted(x.req.Model, ch.name, x.attempts, outcome, status, took)
 	if tr.Changed() {
-		breakerTransitions.WithLabelValues(ch.name, tr.To.String()).Inc()
-		h.logger.Warn("breaker state changed", zap.String("channel", ch.name),
-			zap.String("from", tr.From.String()), zap.String("to", tr.To.String()))
+		if reason == "" {
+			reason = outcome
+		}
+		h.app.stateChanged(h.logger, ch.state, tr, reason)
 	}
 }
 
@@ -597,32 +663,4 @@ func setRetryAfter(h http.Header, d time.Duration) {
 	if d > 0 {
 		h.Set("Retry-After", strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10))
 	}
-}
-
-// served reports whether any of the model's channels serves the request's
-// API.
-func (h *Handler) served(x *exchange) bool {
-	for _, r := range x.model.chain.Routes {
-		if h.channels[r.Channel].adapter.Serves(x.api) {
-			return true
-		}
-	}
-	return false
-}
-
-// servingCandidates drops, in place, the candidates whose channel cannot
-// answer the request's API: a route to an Anthropic channel is no use to a
-// chat completion.
-func (h *Handler) servingCandidates(x *exchange, cands []*chain.Route) []*chain.Route {
-	kept := cands[:0]
-	for _, r := range cands {
-		if h.channels[r.Channel].adapter.Serves(x.api) {
-			kept = append(kept, r)
-			continue
-		}
-		if c := h.logger.Check(zapcore.DebugLevel, "channel skipped: its provider does not serve the API"); c != nil {
-			c.Write(zap.String("model", x.req.Model), zap.String("channel", r.Name), zap.Stringer("api", x.api))
-		}
-	}
-	return kept
 }

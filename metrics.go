@@ -3,7 +3,6 @@ package llmfailover
 import (
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -67,21 +66,27 @@ var breakerStateDesc = prometheus.NewDesc("caddy_llm_failover_breaker_state",
 	"Current breaker state per channel: 0 closed, 1 half_open, 2 open, 3 parked.",
 	[]string{"channel"}, nil)
 
-// breakerStates reads every channel's breaker at scrape time: an open
-// breaker closes by the clock, not by an event a gauge could be set on.
+// breakerStates reads the running config's registry at scrape time: an
+// open breaker closes by the clock, not by an event a gauge could be set
+// on. Channels sharing a name (two sites with different keys) report the
+// highest state value among them.
 type breakerStates struct{}
 
 func (breakerStates) Describe(ch chan<- *prometheus.Desc) { ch <- breakerStateDesc }
 
 func (breakerStates) Collect(ch chan<- prometheus.Metric) {
-	now := time.Now()
-	seen := make(map[string]bool)
-	channelStates.Range(func(_, v any) bool {
-		st := v.(*channelState)
-		if !seen[st.name] {
-			seen[st.name] = true
-			ch <- prometheus.MustNewConstMetric(breakerStateDesc, prometheus.GaugeValue, float64(st.breaker.State(now)), st.name)
+	snap := registrySnapshot()
+	for i, c := range snap.Channels {
+		if i > 0 && snap.Channels[i-1].Name == c.Name {
+			continue
 		}
-		return true
-	})
+		state := c.Health.State
+		for _, same := range snap.Channels[i+1:] {
+			if same.Name != c.Name {
+				break
+			}
+			state = max(state, same.Health.State)
+		}
+		ch <- prometheus.MustNewConstMetric(breakerStateDesc, prometheus.GaugeValue, float64(state), c.Name)
+	}
 }

@@ -103,6 +103,7 @@ type Handler struct {
 	modelList   []string
 	retry       [600]bool
 	wallet      *walletRuntime
+	app         *App
 	logger      *zap.Logger
 	defaultRT   *reverseproxy.HTTPTransport
 	poolKeys    []string
@@ -195,6 +196,9 @@ type BreakerConfig struct {
 	// MaxPark caps how long a 429's Retry-After parks a channel.
 	// Default: 5m.
 	MaxPark caddy.Duration `json:"max_park,omitempty"`
+	// HalfOpenTrials is how many requests a recovering channel is sent at
+	// once; the others go to the next channel. Default: 1.
+	HalfOpenTrials int `json:"half_open_trials,omitempty"`
 }
 
 func (c *BreakerConfig) config() breaker.Config {
@@ -208,6 +212,7 @@ func (c *BreakerConfig) config() breaker.Config {
 		MinCalls:     c.MinCalls,
 		FailureRatio: c.FailureRatio,
 		MaxPark:      time.Duration(c.MaxPark),
+		Trials:       c.HalfOpenTrials,
 	}.WithDefaults()
 }
 
@@ -223,7 +228,11 @@ type channel struct {
 
 // model is a provisioned Model.
 type model struct {
+	// chain holds every route, for status views; byAPI holds, per client
+	// API, the routes whose provider serves it (nil when none does), so
+	// that planning never spends a hop on a channel that cannot answer.
 	chain     *chain.Model
+	byAPI     [provider.NumAPIs]*chain.Model
 	price     wallet.Price
 	maxOutput int64
 }
@@ -323,8 +332,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			}
 			ch.rt = h.defaultRT
 		}
-		key := c.Name + " " + base.String()
-		st, err := loadChannelState(key, c.Name, breakerCfg)
+		key := channelIdentity(c.Name, base, ch.headers)
+		st, err := loadChannelState(key, c.Name, base.Redacted(), breakerCfg)
 		if err != nil {
 			return fmt.Errorf("channel %q: %w", c.Name, err)
 		}
@@ -387,6 +396,17 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if pm.chain, err = chain.New(m.Name, policy, h.MaxHops, routes); err != nil {
 			return err
 		}
+		for api := range pm.byAPI {
+			var serving []chain.Route
+			for _, r := range routes {
+				if h.channels[r.Channel].adapter.Serves(provider.API(api)) {
+					serving = append(serving, r)
+				}
+			}
+			if len(serving) > 0 {
+				pm.byAPI[api], _ = chain.New(m.Name, policy, h.MaxHops, serving)
+			}
+		}
 		h.models[m.Name] = pm
 		h.modelList = append(h.modelList, m.Name)
 	}
@@ -401,12 +421,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return err
 	}
-	// Surviving breakers take the new settings only now that nothing
-	// above can fail (a no-op for breakers this config created).
-	for _, ch := range h.channels {
-		ch.state.breaker.SetConfig(breakerCfg)
+	app, err := ctx.App("llm_failover")
+	if err != nil {
+		return fmt.Errorf("loading channel registry: %w", err)
 	}
-	live.add(h)
+	h.app = app.(*App)
+	h.app.register(h, breakerCfg)
 	return nil
 }
 
@@ -428,7 +448,6 @@ func (h *Handler) Validate() error {
 // failed to provision too, and on the old config during a reload while its
 // streams may still be open: nothing here may cut an in-flight request.
 func (h *Handler) Cleanup() error {
-	live.remove(h)
 	for _, key := range h.poolKeys {
 		_, _ = channelStates.Delete(key)
 	}

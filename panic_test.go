@@ -1,7 +1,6 @@
 package llmfailover
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -31,7 +30,7 @@ func TestWalletPanicReleasesReservation(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "w.db")
 	cfg := fmt.Sprintf(`{"channels":[{"name":"a","base_url":%q}],
 		"models":[{"name":"m","price":{"input":"1","output":"1"},"routes":[{"channel":"a"}]}]}`, up.URL)
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	ctx, cancel := provisionContext(t)
 	defer cancel()
 	mod, err := ctx.LoadModuleByID("http.handlers.llm_failover", json.RawMessage(cfg))
 	if err != nil {

@@ -1,7 +1,12 @@
 package llmfailover
 
 import (
-	"sync"
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -10,30 +15,52 @@ import (
 )
 
 // channelStates holds what must outlive a config reload: each channel's
-// breaker, keyed by channel name and base URL, so that `caddy reload` does
-// not forget that a channel is failing.
+// breaker (with its trial accounting), keyed by the channel's identity, so
+// that `caddy reload` does not forget that a channel is failing.
 var channelStates = caddy.NewUsagePool()
 
 // channelState is one channel's health, shared by every handler (and every
 // config generation) that declares the same channel.
 type channelState struct {
 	name    string
+	baseURL string // redacted, for views and events
 	breaker *breaker.Breaker
 }
 
 // Destruct implements caddy.Destructor.
 func (*channelState) Destruct() error { return nil }
 
-func loadChannelState(key, name string, cfg breaker.Config) (*channelState, error) {
+// channelIdentity is the pool key of a channel: its name, its base URL and
+// a fingerprint of its credentials, so that two sites declaring the same
+// name and URL with different keys (two accounts at one provider) get two
+// breakers, while a reload that keeps the channel keeps its health.
+func channelIdentity(name string, base *url.URL, headers http.Header) string {
+	return name + " " + base.String() + " " + credentialFingerprint(headers)
+}
+
+// credentialFingerprint hashes the channel's resolved static header values,
+// sorted so that the order they were written in does not matter. The key
+// holds only the hash, never a secret.
+func credentialFingerprint(headers http.Header) string {
+	fields := make([]string, 0, len(headers))
+	for k, vs := range headers {
+		fields = append(fields, k+":"+strings.Join(vs, "\x00"))
+	}
+	slices.Sort(fields)
+	sum := sha256.Sum256([]byte(strings.Join(fields, "\n")))
+	return hex.EncodeToString(sum[:8])
+}
+
+func loadChannelState(key, name, baseURL string, cfg breaker.Config) (*channelState, error) {
 	v, _, err := channelStates.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return &channelState{name: name, breaker: breaker.New(cfg)}, nil
+		return &channelState{name: name, baseURL: baseURL, breaker: breaker.New(cfg)}, nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	// A reload keeps the state; Provision applies the new settings to it
-	// once the whole handler has provisioned, so that a config that fails
-	// to load cannot change the running breakers.
+	// A reload keeps the state; the registry applies the new settings to
+	// it once the whole config has provisioned (App.Start), so that a
+	// config that fails to load cannot change the running breakers.
 	return v.(*channelState), nil
 }
 
@@ -55,36 +82,4 @@ func (hs health) ReadyAt(i int, now time.Time) (time.Time, bool) {
 func (hs health) SuccessRate(i int) float64 {
 	rate, _ := hs[i].state.breaker.SuccessRate()
 	return rate
-}
-
-// live is the set of provisioned handlers, which the admin API reads: admin
-// modules are separate instances, re-created on every config load, so they
-// cannot hold a pointer to a handler.
-var live = &liveHandlers{m: make(map[*Handler]struct{})}
-
-type liveHandlers struct {
-	mu sync.Mutex
-	m  map[*Handler]struct{}
-}
-
-func (l *liveHandlers) add(h *Handler) {
-	l.mu.Lock()
-	l.m[h] = struct{}{}
-	l.mu.Unlock()
-}
-
-func (l *liveHandlers) remove(h *Handler) {
-	l.mu.Lock()
-	delete(l.m, h)
-	l.mu.Unlock()
-}
-
-func (l *liveHandlers) list() []*Handler {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := make([]*Handler, 0, len(l.m))
-	for h := range l.m {
-		out = append(out, h)
-	}
-	return out
 }

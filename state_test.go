@@ -1,8 +1,11 @@
 package llmfailover
 
 import (
+	"context"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"github.com/llmfailover/caddy-llm-failover/breaker"
 	"github.com/llmfailover/caddy-llm-failover/chain"
@@ -30,14 +33,26 @@ func TestProbeSkipsOpenChannelThatIsAlsoParked(t *testing.T) {
 	}
 	var s chain.Scratch
 	plan := m.Plan((*health)(&chs), now.Add(time.Second), &s)
-	if !plan.Probe || len(plan.Candidates) != 1 || plan.Candidates[0].Name != "b" {
-		t.Fatalf("probe %v candidates %v, want a probe of b", plan.Probe, plan.Candidates)
+	if len(plan.Candidates) != 0 || len(plan.Probes) != 1 || plan.Probes[0].Name != "b" {
+		t.Fatalf("candidates %v probes %v, want none and a probe of b", plan.Candidates, plan.Probes)
 	}
 
 	// With b parked too, nothing is probed: the client gets a Retry-After.
 	chs[1].state.breaker.Park(now, time.Minute)
 	plan = m.Plan((*health)(&chs), now.Add(time.Second), &s)
-	if len(plan.Candidates) != 0 || plan.AllParkedUntil.IsZero() {
-		t.Fatalf("candidates %v parked until %v, want none and a Retry-After", plan.Candidates, plan.AllParkedUntil)
+	if len(plan.Candidates) != 0 || len(plan.Probes) != 0 || plan.RetryAt.IsZero() {
+		t.Fatalf("candidates %v probes %v retry at %v, want none and a Retry-After", plan.Candidates, plan.Probes, plan.RetryAt)
 	}
+}
+
+// provisionContext is a caddy.Context for loading a handler outside a
+// running Caddy: it has a config, which handlers need to get the channel
+// registry app (a bare caddy.NewContext has none).
+func provisionContext(t testing.TB) (caddy.Context, context.CancelFunc) {
+	t.Helper()
+	base, err := caddy.ProvisionContext(&caddy.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return caddy.NewContext(base)
 }

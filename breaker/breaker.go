@@ -73,10 +73,9 @@ type Breaker struct {
 	// blockedUntil is max(openUntil, parkedUntil), published so Available
 	// can answer without the mutex on every dispatch.
 	blockedUntil atomic.Int64
-	// trialUnannounced is set when the breaker trips and cleared by the
-	// first TrialStarted after the cooldown, so that the clock-driven
-	// open → half_open change is reported exactly once per trip.
-	trialUnannounced atomic.Bool
+	// recovering mirrors tripped so that Admit and Available can tell a
+	// healthy channel (the common case) without the mutex.
+	recovering atomic.Bool
 
 	mu  sync.Mutex
 	cfg Config
@@ -93,6 +92,14 @@ type Breaker struct {
 	// half-open (a trial is running) from closed.
 	tripped bool
 	opened  uint64
+	// unannounced is set when the breaker trips and cleared by the first
+	// admission after the cooldown, so that the clock-driven open →
+	// half_open change is reported exactly once per trip.
+	unannounced bool
+	// probed is set by the one probe AdmitProbe lets through per trip.
+	probed bool
+	// inFlight counts admitted trials (half-open or probe) not yet Done.
+	inFlight int
 
 	parkedUntil int64
 	parkedAt    int64
@@ -143,10 +150,95 @@ func (b *Breaker) State(now time.Time) State {
 	return b.stateLocked(n)
 }
 
-// Available reports whether a request may be dispatched at now: true when
-// Closed or HalfOpen.
+// Available reports whether Admit would let a request through at now:
+// true when Closed, or HalfOpen with a trial slot free. It admits nothing;
+// planners use it to leave out channels that would refuse.
 func (b *Breaker) Available(now time.Time) bool {
-	return now.UnixNano() >= b.blockedUntil.Load()
+	n := now.UnixNano()
+	if n < b.blockedUntil.Load() {
+		return false
+	}
+	if !b.recovering.Load() {
+		return true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.stateLocked(n) != HalfOpen || b.inFlight < b.cfg.Trials
+}
+
+// Ticket is a request the breaker let through. A trial ticket holds one
+// of the channel's Trials slots until Done; other tickets hold nothing.
+// The zero Ticket is a valid non-trial ticket.
+type Ticket struct {
+	b     *Breaker
+	trial bool
+	// HalfOpened is set on the first admission after a trip's cooldown:
+	// the clock moved the breaker from open to half_open, a change no
+	// call returned, and this caller is the one to report it.
+	HalfOpened bool
+}
+
+// Trial reports whether the ticket is a trial of a recovering channel (a
+// half-open trial or a probe of an open channel).
+func (t Ticket) Trial() bool { return t.trial }
+
+// Done frees the ticket's trial slot. Call it exactly once per admitted
+// ticket, after the outcome was recorded (or not recorded, when it says
+// nothing about the channel, such as a client going away).
+func (t Ticket) Done() {
+	if !t.trial {
+		return
+	}
+	t.b.mu.Lock()
+	t.b.inFlight--
+	t.b.mu.Unlock()
+}
+
+// Admit decides whether a request may be sent at now. A closed channel
+// admits everyone; a half-open one admits up to Trials concurrent trials,
+// so that a channel which is still broken (or now hangs) holds back only
+// those few requests while every other goes elsewhere at once; an open or
+// parked channel admits nobody (see AdmitProbe).
+func (b *Breaker) Admit(now time.Time) (Ticket, bool) {
+	n := now.UnixNano()
+	if n < b.blockedUntil.Load() {
+		return Ticket{}, false
+	}
+	if !b.recovering.Load() {
+		return Ticket{}, true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.settleLocked(n)
+	if b.stateLocked(n) != HalfOpen {
+		return Ticket{}, true
+	}
+	if b.inFlight >= b.cfg.Trials {
+		return Ticket{}, false
+	}
+	b.inFlight++
+	t := Ticket{b: b, trial: true, HalfOpened: b.unannounced}
+	b.unannounced = false
+	return t, true
+}
+
+// AdmitProbe lets one request through to an open channel per trip, for
+// when every channel of a chain is open: failing such requests untried
+// would turn the breaker into an outage of its own, while letting each of
+// them probe would send the whole load to a broken channel. It refuses a
+// channel that is not open (use Admit), is parked (the upstream asked for
+// nothing until then), was already probed since it tripped, or has its
+// trial slots taken. A probe holds a trial slot like a half-open trial.
+func (b *Breaker) AdmitProbe(now time.Time) (Ticket, bool) {
+	n := now.UnixNano()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if n >= b.openUntil || n < b.parkedUntil || b.probed || b.inFlight >= b.cfg.Trials {
+		return Ticket{}, false
+	}
+	b.probed = true
+	b.inFlight++
+	return Ticket{b: b, trial: true}, true
 }
 
 // ReadyAt returns when the channel becomes available: now if it already is,
@@ -171,7 +263,7 @@ func (b *Breaker) RecordSuccess(now time.Time) Transition {
 	from := b.stateLocked(n)
 	b.outcomes.add(false)
 	if b.halfOpenLocked(n) {
-		b.tripped = false
+		b.setTrippedLocked(false)
 		b.failN, b.failPos = 0, 0
 	}
 	return Transition{From: from, To: b.stateLocked(n)}
@@ -238,8 +330,8 @@ func (b *Breaker) Reset(now time.Time) Transition {
 	defer b.mu.Unlock()
 	from := b.stateLocked(n)
 	b.failN, b.failPos = 0, 0
-	b.tripped = false
-	b.trialUnannounced.Store(false)
+	b.setTrippedLocked(false)
+	b.unannounced, b.probed = false, false
 	b.openUntil, b.openedAt = 0, 0
 	b.parkedUntil, b.parkedAt = 0, 0
 	b.publishLocked()
@@ -265,6 +357,7 @@ type Snapshot struct {
 	SuccessRate      float64       `json:"success_rate"`
 	Calls            int           `json:"calls"`
 	Opened           uint64        `json:"times_opened"`
+	TrialsInFlight   int           `json:"trials_in_flight"`
 }
 
 // Snapshot returns the breaker's status at now.
@@ -276,6 +369,7 @@ func (b *Breaker) Snapshot(now time.Time) Snapshot {
 		State:            b.stateLocked(n),
 		FailuresInWindow: b.failuresInWindowLocked(n),
 		Opened:           b.opened,
+		TrialsInFlight:   b.inFlight,
 	}
 	if n < b.openUntil {
 		s.OpenUntil = time.Unix(0, b.openUntil).In(now.Location())
@@ -313,7 +407,7 @@ func (b *Breaker) halfOpenLocked(n int64) bool {
 // ratio mode deliberately ignored look like a failed trial.
 func (b *Breaker) settleLocked(n int64) {
 	if b.tripped && n >= b.openUntil && b.failuresInWindowLocked(n) < b.cfg.Failures {
-		b.tripped = false
+		b.setTrippedLocked(false)
 	}
 }
 
@@ -352,28 +446,15 @@ func (b *Breaker) tripLocked(n int64) {
 	// now+Cooldown always extends it; a re-trip never inherits the old one.
 	b.openUntil = n + int64(b.cfg.Cooldown)
 	b.openedAt = n
-	b.tripped = true
+	b.setTrippedLocked(true)
 	b.opened++
-	b.trialUnannounced.Store(true)
+	b.unannounced, b.probed = true, false
 	b.publishLocked()
 }
 
-// TrialStarted reports true to the first caller, once per trip, that finds
-// the cooldown over and the breaker half-open: that change happens by the
-// clock, with no call of its own to return a Transition. It costs one
-// atomic load when there is nothing to report.
-func (b *Breaker) TrialStarted(now time.Time) bool {
-	if !b.trialUnannounced.Load() {
-		return false
-	}
-	n := now.UnixNano()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.trialUnannounced.Load() && b.stateLocked(n) == HalfOpen {
-		b.trialUnannounced.Store(false)
-		return true
-	}
-	return false
+func (b *Breaker) setTrippedLocked(v bool) {
+	b.tripped = v
+	b.recovering.Store(v)
 }
 
 func (b *Breaker) publishLocked() {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -41,7 +42,7 @@ func TestStateString(t *testing.T) {
 
 func TestConfigDefaultsAndValidate(t *testing.T) {
 	d := Config{}.WithDefaults()
-	want := Config{Window: 5 * time.Minute, Failures: 3, Cooldown: 60 * time.Second, MaxPark: 5 * time.Minute}
+	want := Config{Window: 5 * time.Minute, Failures: 3, Cooldown: 60 * time.Second, MaxPark: 5 * time.Minute, Trials: 1}
 	if d != want {
 		t.Fatalf("WithDefaults = %+v, want %+v", d, want)
 	}
@@ -64,6 +65,8 @@ func TestConfigDefaultsAndValidate(t *testing.T) {
 		{"negative window", Config{Window: -time.Second}, false},
 		{"negative cooldown", Config{Cooldown: -time.Second}, false},
 		{"negative max park", Config{MaxPark: -time.Second}, false},
+		{"negative trials", Config{Trials: -1}, false},
+		{"several trials", Config{Trials: 4}, true},
 		{"min calls over ring", Config{MinCalls: 101, FailureRatio: 0.5}, false},
 		{"negative min calls", Config{MinCalls: -1}, false},
 		{"ratio zero", Config{MinCalls: 10}, false},
@@ -620,31 +623,153 @@ func TestHotPathDoesNotAllocate(t *testing.T) {
 	}
 }
 
-func TestTrialStartedOncePerTrip(t *testing.T) {
+func TestHalfOpenedReportedOncePerTrip(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
-	b := New(Config{Cooldown: time.Minute})
-	if b.TrialStarted(now) {
-		t.Fatal("a closed breaker reported a trial")
+	b := New(Config{Cooldown: time.Minute, Trials: 5})
+	if tk, ok := b.Admit(now); !ok || tk.HalfOpened || tk.Trial() {
+		t.Fatalf("closed breaker: admitted %v, ticket %+v", ok, tk)
 	}
 	for range 3 {
 		b.RecordFailure(now)
 	}
-	if b.TrialStarted(now.Add(30 * time.Second)) {
-		t.Fatal("trial reported during the cooldown")
+	if _, ok := b.Admit(now.Add(30 * time.Second)); ok {
+		t.Fatal("admitted during the cooldown")
 	}
 	after := now.Add(61 * time.Second)
-	if !b.TrialStarted(after) {
-		t.Fatal("no trial reported after the cooldown")
+	first, ok := b.Admit(after)
+	if !ok || !first.HalfOpened || !first.Trial() {
+		t.Fatalf("first admission after the cooldown: %v %+v", ok, first)
 	}
-	if b.TrialStarted(after) {
-		t.Fatal("trial reported twice for one trip")
+	second, ok := b.Admit(after)
+	if !ok || second.HalfOpened {
+		t.Fatalf("second trial: admitted %v, half-opened reported again %v", ok, second.HalfOpened)
 	}
-	// A re-trip announces its own trial.
+	first.Done()
+	second.Done()
+	// A re-trip announces its own half-open change.
 	b.RecordFailure(after)
 	if b.State(after) != Open {
 		t.Fatalf("state %s after a failed trial", b.State(after))
 	}
-	if !b.TrialStarted(after.Add(61 * time.Second)) {
-		t.Fatal("no trial reported after the second cooldown")
+	if tk, ok := b.Admit(after.Add(61 * time.Second)); !ok || !tk.HalfOpened {
+		t.Fatal("no half-open change reported after the second cooldown")
+	}
+}
+
+// Half-open admits at most Trials requests at once, however many arrive
+// together; a finished trial frees its slot.
+func TestHalfOpenAdmitsBoundedTrials(t *testing.T) {
+	for _, trials := range []int{1, 3} {
+		b := New(Config{Cooldown: time.Minute, Trials: trials})
+		failN(b, t0, 3)
+		now := at(time.Minute)
+		var admitted atomic.Int64
+		tickets := make(chan Ticket, 1000)
+		var wg sync.WaitGroup
+		for range 1000 {
+			wg.Go(func() {
+				if tk, ok := b.Admit(now); ok {
+					admitted.Add(1)
+					tickets <- tk
+				}
+			})
+		}
+		wg.Wait()
+		close(tickets)
+		if got := admitted.Load(); got != int64(trials) {
+			t.Fatalf("trials %d: %d of 1000 concurrent requests admitted", trials, got)
+		}
+		if b.Available(now) {
+			t.Fatalf("trials %d: Available with every trial slot taken", trials)
+		}
+		if s := b.Snapshot(now); s.State != HalfOpen || s.TrialsInFlight != trials {
+			t.Fatalf("trials %d: snapshot %+v", trials, s)
+		}
+		tk := <-tickets
+		tk.Done()
+		if _, ok := b.Admit(now); !ok {
+			t.Fatalf("trials %d: a freed slot was not reused", trials)
+		}
+	}
+}
+
+// A trial that ends without an outcome (client gone) frees its slot and
+// leaves the breaker half-open; one that succeeds closes it for everyone.
+func TestTrialOutcomes(t *testing.T) {
+	b := New(Config{Cooldown: time.Minute})
+	failN(b, t0, 3)
+	now := at(time.Minute)
+	tk, ok := b.Admit(now)
+	if !ok {
+		t.Fatal("no trial admitted")
+	}
+	tk.Done()
+	wantState(t, b, now, HalfOpen)
+	tk, _ = b.Admit(now)
+	b.RecordSuccess(now)
+	tk.Done()
+	wantState(t, b, now, Closed)
+	for range 10 {
+		if tk, ok := b.Admit(now); !ok || tk.Trial() {
+			t.Fatalf("closed breaker: admitted %v, trial %v", ok, tk.Trial())
+		}
+	}
+}
+
+// An open channel lets exactly one probe through per trip: not a second
+// one while it runs, not after it failed, and not while parked. A re-trip
+// allows the next.
+func TestAdmitProbeOncePerTrip(t *testing.T) {
+	b := New(Config{Cooldown: time.Minute})
+	if _, ok := b.AdmitProbe(t0); ok {
+		t.Fatal("probe of a closed channel admitted")
+	}
+	failN(b, t0, 3)
+	var admitted atomic.Int64
+	probes := make(chan Ticket, 100)
+	var wg sync.WaitGroup
+	for range 100 {
+		wg.Go(func() {
+			if tk, ok := b.AdmitProbe(at(time.Second)); ok {
+				admitted.Add(1)
+				probes <- tk
+			}
+		})
+	}
+	wg.Wait()
+	if admitted.Load() != 1 {
+		t.Fatalf("%d probes admitted, want 1", admitted.Load())
+	}
+	if s := b.Snapshot(at(time.Second)); s.TrialsInFlight != 1 {
+		t.Fatalf("probe in flight not counted: %+v", s)
+	}
+	// The probe failed: same outage, same deadline, no second probe.
+	b.RecordFailure(at(2 * time.Second))
+	(<-probes).Done()
+	if _, ok := b.AdmitProbe(at(3 * time.Second)); ok {
+		t.Fatal("second probe admitted in one cooldown")
+	}
+	if s := b.Snapshot(at(3 * time.Second)); !s.OpenUntil.Equal(at(time.Minute)) || s.TrialsInFlight != 0 {
+		t.Fatalf("after a failed probe: %+v", s)
+	}
+
+	// After the cooldown a failed trial re-trips: the new trip may be
+	// probed once more.
+	now := at(time.Minute)
+	tk, ok := b.Admit(now)
+	if !ok || !tk.Trial() {
+		t.Fatal("no trial after the cooldown")
+	}
+	b.RecordFailure(now)
+	tk.Done()
+	if _, ok := b.AdmitProbe(now.Add(time.Second)); !ok {
+		t.Fatal("no probe admitted for a new trip")
+	}
+
+	p := New(Config{Cooldown: time.Minute})
+	failN(p, t0, 3)
+	p.Park(t0, 2*time.Minute)
+	if _, ok := p.AdmitProbe(at(time.Second)); ok {
+		t.Fatal("probe of a parked channel admitted")
 	}
 }

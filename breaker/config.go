@@ -12,6 +12,7 @@ const (
 	DefaultFailures = 3
 	DefaultCooldown = 60 * time.Second
 	DefaultMaxPark  = 5 * time.Minute
+	DefaultTrials   = 1
 )
 
 // MaxFailures bounds Config.Failures: the failure timestamps live in a
@@ -46,6 +47,10 @@ type Config struct {
 
 	// MaxPark caps how long a Retry-After can park the channel.
 	MaxPark time.Duration
+	// Trials is how many requests a half-open channel (or a probe of an
+	// open one) may have in flight at once; every other request is
+	// refused until one of them ends.
+	Trials int
 }
 
 // WithDefaults returns c with every zero field set to its default. Negative
@@ -62,6 +67,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxPark == 0 {
 		c.MaxPark = DefaultMaxPark
+	}
+	if c.Trials == 0 {
+		c.Trials = DefaultTrials
 	}
 	return c
 }
@@ -85,6 +93,9 @@ func (c Config) Validate() error {
 	}
 	if d.MaxPark < 0 {
 		bad("max_park must be positive, got %s", d.MaxPark)
+	}
+	if d.Trials < 1 {
+		bad("trials must be at least 1, got %d", d.Trials)
 	}
 	if d.MinCalls < 0 || d.MinCalls > ringSize {
 		bad("min_calls must be between 0 and %d, got %d", ringSize, d.MinCalls)
@@ -111,6 +122,7 @@ func (c Config) sanitize() Config {
 		c.MaxPark = DefaultMaxPark
 	}
 	c.Failures = min(max(c.Failures, 1), MaxFailures)
+	c.Trials = max(c.Trials, 1)
 	c.MinCalls = min(max(c.MinCalls, 0), ringSize)
 	if c.MinCalls > 0 && !(c.FailureRatio > 0 && c.FailureRatio <= 1) {
 		// A broken ratio must not silently turn into "never open".

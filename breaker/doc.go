@@ -1,12 +1,14 @@
 // Package breaker is a per-process, per-channel circuit breaker for LLM API
 // failover.
 //
-// Each upstream channel owns one Breaker. The dispatcher asks Available
-// before sending a request and skips channels that are Open or Parked; the
-// response path reports the outcome with RecordSuccess, RecordFailure or
-// Park. All methods take the current time as an argument so the caller owns
-// the clock: tests drive it by hand and the package never reads the wall
-// clock itself.
+// Each upstream channel owns one Breaker. A planner asks Available to
+// leave out channels that would refuse; the dispatcher asks Admit right
+// before sending and gets a Ticket, reports the outcome with RecordSuccess,
+// RecordFailure or Park, then calls Ticket.Done. All methods take the
+// current time as an argument so the caller owns the clock: tests drive it
+// by hand and the package never reads the wall clock itself. The package
+// knows nothing of HTTP, Caddy or which failures count: the caller records
+// only the failures the channel caused.
 //
 // # States
 //
@@ -14,9 +16,11 @@
 //   - Open: too many outage failures; the channel is skipped until the
 //     cooldown deadline.
 //   - HalfOpen: the cooldown has passed but the failures that tripped the
-//     breaker are still inside the window. Traffic flows again, the first
-//     success forgets the old failures (Closed), and the first failure
-//     re-opens it at once.
+//     breaker are still inside the window. Admit lets through at most
+//     Config.Trials concurrent trials (default 1) and refuses every other
+//     request at once, so a channel that is still broken, or now hangs,
+//     holds back only its trials. The first success forgets the old
+//     failures (Closed), the first failure re-opens it at once.
 //   - Parked: the upstream rate limited us and said when to come back.
 //
 // Open and Parked can hold together; State reports Open first because it is
@@ -52,6 +56,17 @@
 // ratio never gathers MinCalls outcomes quickly, so a dead low-traffic
 // channel would keep receiving requests.
 //
+// # Every channel open
+//
+// When every channel a request could use is open, refusing all of them
+// untried would make the breakers an outage of their own, and letting each
+// request probe would send the whole load to a broken channel. AdmitProbe
+// lets exactly one request through per channel per trip (that is, per
+// cooldown: a failed probe keeps the deadline, a failed trial re-trips with
+// a fresh one); the caller refuses the rest with a Retry-After from
+// ReadyAt. A probe holds a trial slot like a half-open trial. A parked
+// channel is never probed.
+//
 // # Parking versus failures
 //
 // A 429 is the upstream working as designed, not an outage. Park takes the
@@ -71,7 +86,8 @@
 //
 // # Cost
 //
-// Available is a single atomic load and comparison. The record methods take
+// Available and Admit are two atomic loads for a healthy channel; only a
+// recovering one takes the mutex. The record methods take
 // a mutex and do a bounded amount of work on fixed-size arrays; nothing on
 // the hot path allocates.
 package breaker

@@ -120,12 +120,16 @@ type Plan struct {
 	Candidates []*Route
 	// Skipped are routes left out because their channel was unavailable.
 	Skipped []*Route
-	// Probe is set when every channel was unavailable and the one whose
-	// cooldown ends first is tried anyway rather than failing untried.
-	Probe bool
-	// AllParkedUntil is set when every channel is parked by a rate limit:
-	// the request must be refused until then, without being sent.
-	AllParkedUntil time.Time
+	// Probes are set only when no candidate is left: the open channels
+	// that are not parked, the one whose cooldown ends first first.
+	// Failing every request untried would turn the breakers into an
+	// outage of their own, so the caller may probe one of them (the
+	// breaker decides whether it may); rate limits, which the upstream
+	// asked us to honour, are never probed.
+	Probes []*Route
+	// RetryAt is set only when no candidate is left: when the first of
+	// the skipped channels becomes available, for a Retry-After.
+	RetryAt time.Time
 }
 
 // MaxRoutes is the most routes one model may have.
@@ -134,7 +138,8 @@ const MaxRoutes = 16
 // Scratch is the memory one Plan uses; a caller keeps it on its stack so
 // that planning allocates nothing.
 type Scratch struct {
-	order, cands, skipped [MaxRoutes]*Route
+	order, cands, skipped, probes [MaxRoutes]*Route
+	probeAt                       [MaxRoutes]time.Time
 }
 
 // Plan orders the routes for one request. The Plan's slices point into s.
@@ -160,36 +165,34 @@ func (m *Model) Plan(h Health, now time.Time, s *Scratch) Plan {
 	if len(p.Candidates) > 0 {
 		return p
 	}
-	// Every channel is unavailable. Failing untried would turn a breaker
-	// into an outage of its own, so probe the open channel whose cooldown
-	// ends first. Only rate limits, which the upstream asked us to honour,
-	// justify refusing without a try.
-	var probe *Route
-	var probeAt, parkedAt time.Time
+	p.Probes = s.probes[:0]
 	for _, r := range p.Skipped {
 		at, parked := h.ReadyAt(r.Channel, now)
+		if p.RetryAt.IsZero() || at.Before(p.RetryAt) {
+			p.RetryAt = at
+		}
 		if parked {
-			if parkedAt.IsZero() || at.Before(parkedAt) {
-				parkedAt = at
-			}
 			continue
 		}
-		if probe == nil || at.Before(probeAt) {
-			probe, probeAt = r, at
+		// Insertion by readiness; ties keep the chain's order.
+		i := len(p.Probes)
+		p.Probes = append(p.Probes, r)
+		for ; i > 0 && at.Before(s.probeAt[i-1]); i-- {
+			p.Probes[i], s.probeAt[i] = p.Probes[i-1], s.probeAt[i-1]
 		}
+		p.Probes[i], s.probeAt[i] = r, at
 	}
-	if probe != nil {
-		p.Candidates = append(p.Candidates, probe)
-		p.Probe = true
-		return p
-	}
-	p.AllParkedUntil = parkedAt
 	return p
 }
 
-// weigh sorts routes by weight × success rate², highest first. Squaring
-// makes a channel failing 30% of its calls (0.49) sink below an equally
-// weighted healthy backup at once. With probability Explore a random
+// Score is a route's rank under the weighted policy: its weight times its
+// channel's success rate squared. Squaring makes a channel failing 30% of
+// its calls (0.49) sink below an equally weighted healthy backup at once.
+func Score(weight int, successRate float64) float64 {
+	return float64(weight) * successRate * successRate
+}
+
+// weigh sorts routes by Score, highest first. With probability Explore a random
 // lower-ranked route is moved to the front so that a sunk channel keeps
 // getting a trickle of traffic and can climb back; the others keep their
 // order behind it, so the best route stays the next hop and MaxHops cannot
@@ -197,8 +200,7 @@ func (m *Model) Plan(h Health, now time.Time, s *Scratch) Plan {
 func (m *Model) weigh(order []*Route, h Health) {
 	var scores [MaxRoutes]float64
 	for i, r := range order {
-		rate := h.SuccessRate(r.Channel)
-		scores[i] = float64(r.Weight) * rate * rate
+		scores[i] = Score(r.Weight, h.SuccessRate(r.Channel))
 	}
 	// Insertion sort: chains are a handful of routes and this allocates
 	// nothing, unlike sort.Slice.

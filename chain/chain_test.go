@@ -1,6 +1,7 @@
 package chain
 
 import (
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -165,7 +166,7 @@ func TestPlanCostOrder(t *testing.T) {
 	if got := names(p.Candidates); got != "a,b,c,d" {
 		t.Errorf("candidates = %s, want a,b,c,d", got)
 	}
-	if len(p.Skipped) != 0 || p.Probe || !p.AllParkedUntil.IsZero() {
+	if len(p.Skipped) != 0 || len(p.Probes) != 0 || !p.RetryAt.IsZero() {
 		t.Errorf("plan = %+v", p)
 	}
 	// The same chain every time under the cost policy.
@@ -197,8 +198,8 @@ func TestPlanMaxHops(t *testing.T) {
 	if got := names(p.Skipped); got != "a" {
 		t.Errorf("skipped = %s, want a", got)
 	}
-	if p.Probe {
-		t.Errorf("probe set with available candidates")
+	if len(p.Probes) != 0 || !p.RetryAt.IsZero() {
+		t.Errorf("probes %s, retry at %v with available candidates", names(p.Probes), p.RetryAt)
 	}
 
 	// Two down in the middle: only two remain.
@@ -231,20 +232,20 @@ func TestPlanProbe(t *testing.T) {
 	h.down[13] = downState{readyAt: t0.Add(5 * time.Second), parked: true} // c, parked, soonest overall
 	h.down[10] = downState{readyAt: t0.Add(20 * time.Second)}              // d, open
 	p := m.Plan(h, t0, &s)
-	if !p.Probe || names(p.Candidates) != "b" {
-		t.Errorf("probe = %v, candidates = %s; want probe of b", p.Probe, names(p.Candidates))
+	if len(p.Candidates) != 0 || names(p.Probes) != "b,d,a" {
+		t.Errorf("candidates = %s, probes = %s; want none and b,d,a (soonest first, parked c left out)", names(p.Candidates), names(p.Probes))
 	}
 	if got := names(p.Skipped); got != "a,b,c,d" {
 		t.Errorf("skipped = %s, want a,b,c,d", got)
 	}
-	if !p.AllParkedUntil.IsZero() {
-		t.Errorf("AllParkedUntil = %v with an open channel", p.AllParkedUntil)
+	if want := t0.Add(5 * time.Second); !p.RetryAt.Equal(want) {
+		t.Errorf("RetryAt = %v, want %v (the parked c is the first back)", p.RetryAt, want)
 	}
 
 	// Ties on ReadyAt keep the cost order.
 	h.down[12] = downState{readyAt: t0.Add(10 * time.Second)}
-	if p = m.Plan(h, t0, &s); names(p.Candidates) != "a" {
-		t.Errorf("tie: candidates = %s, want a", names(p.Candidates))
+	if p = m.Plan(h, t0, &s); names(p.Probes) != "a,b,d" {
+		t.Errorf("tie: probes = %s, want a,b,d", names(p.Probes))
 	}
 }
 
@@ -257,8 +258,8 @@ func TestPlanMixedParkedProbesOpen(t *testing.T) {
 	h.down[13] = downState{readyAt: t0.Add(time.Hour)} // the only open one, far off
 	h.down[10] = downState{readyAt: t0.Add(3 * time.Second), parked: true}
 	p := m.Plan(h, t0, &s)
-	if !p.Probe || names(p.Candidates) != "c" || !p.AllParkedUntil.IsZero() {
-		t.Errorf("plan = probe %v, candidates %s, parked until %v; want probe of c", p.Probe, names(p.Candidates), p.AllParkedUntil)
+	if names(p.Probes) != "c" || len(p.Candidates) != 0 || !p.RetryAt.Equal(t0.Add(time.Second)) {
+		t.Errorf("plan = probes %s, candidates %s, retry at %v; want a probe of c, retry at +1s", names(p.Probes), names(p.Candidates), p.RetryAt)
 	}
 }
 
@@ -271,11 +272,11 @@ func TestPlanAllParked(t *testing.T) {
 	h.down[13] = downState{readyAt: t0.Add(25 * time.Second), parked: true}
 	h.down[10] = downState{readyAt: t0.Add(20 * time.Second), parked: true}
 	p := m.Plan(h, t0, &s)
-	if len(p.Candidates) != 0 || p.Probe {
-		t.Errorf("candidates = %s, probe = %v; want none", names(p.Candidates), p.Probe)
+	if len(p.Candidates) != 0 || len(p.Probes) != 0 {
+		t.Errorf("candidates = %s, probes = %s; want none", names(p.Candidates), names(p.Probes))
 	}
-	if want := t0.Add(15 * time.Second); !p.AllParkedUntil.Equal(want) {
-		t.Errorf("AllParkedUntil = %v, want %v", p.AllParkedUntil, want)
+	if want := t0.Add(15 * time.Second); !p.RetryAt.Equal(want) {
+		t.Errorf("RetryAt = %v, want %v", p.RetryAt, want)
 	}
 	if got := names(p.Skipped); got != "a,b,c,d" {
 		t.Errorf("skipped = %s, want a,b,c,d", got)
@@ -501,6 +502,20 @@ func TestPlanAllocs(t *testing.T) {
 		})
 		if n != 0 {
 			t.Errorf("%v: Plan allocates %v times per call, want 0", policy, n)
+		}
+	}
+}
+
+// Score is the one weighted-policy formula, shared by the planner and the
+// admin API's weights.
+func TestScore(t *testing.T) {
+	for _, c := range []struct {
+		weight int
+		rate   float64
+		want   float64
+	}{{100, 1, 100}, {100, 0.7, 49}, {80, 1, 80}, {1, 0, 0}} {
+		if got := Score(c.weight, c.rate); math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("Score(%d, %v) = %v, want %v", c.weight, c.rate, got, c.want)
 		}
 	}
 }

@@ -38,7 +38,7 @@ func TestCheckBaseURL(t *testing.T) {
 }
 
 func TestServes(t *testing.T) {
-	for api := Unknown; api < numAPIs; api++ {
+	for api := Unknown; api < NumAPIs; api++ {
 		if !(OpenAI{}).Serves(api) {
 			t.Errorf("openai does not serve %v", api)
 		}

@@ -34,7 +34,8 @@ const (
 	OpenAIModels
 	AnthropicMessages
 	AnthropicCountTokens
-	numAPIs
+	// NumAPIs counts the API values, for tables indexed by API.
+	NumAPIs
 )
 
 // wire is one API's format. Every per-API difference lives in the apis
@@ -54,7 +55,7 @@ type wire struct {
 	usage usageFormat
 }
 
-var apis = [numAPIs]wire{
+var apis = [NumAPIs]wire{
 	Unknown:              {name: "unknown", stream: genericDialect, endsAtEOF: true, inStreamError: openAIErrorEvent, usage: openAIUsageFormat},
 	OpenAIChat:           {name: "openai_chat", stream: chatDialect, inStreamError: openAIErrorEvent, usage: openAIUsageFormat},
 	OpenAIResponses:      {name: "openai_responses", stream: responsesDialect, inStreamError: responsesErrorEvent, usage: responsesUsageFormat},
@@ -66,7 +67,7 @@ var apis = [numAPIs]wire{
 }
 
 func (a API) wire() *wire {
-	if a < numAPIs {
+	if a < NumAPIs {
 		return &apis[a]
 	}
 	return &apis[Unknown]
