@@ -42,14 +42,8 @@ type walletRuntime struct {
 }
 
 func (c *WalletConfig) provision(ctx caddy.Context, logger *zap.Logger) (*walletRuntime, error) {
-	rt := &walletRuntime{account: c.Account, logger: logger}
-	switch c.OnStoreError {
-	case "", "deny":
-	case "allow":
-		rt.allow = true
-	default:
-		return nil, fmt.Errorf("on_store_error: want deny or allow, got %q", c.OnStoreError)
-	}
+	// check has vetted OnStoreError.
+	rt := &walletRuntime{account: c.Account, allow: c.OnStoreError == "allow", logger: logger}
 	app, err := ctx.App("llm_wallet")
 	if err != nil {
 		return nil, err

@@ -1,6 +1,8 @@
 package llmfailover
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -68,28 +70,33 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // option (package walletapp).
 //
 //	}
+//
+// The parser checks syntax; what the values mean is checked once, by the
+// same code that checks JSON configs, and a mistake found there is reported
+// at the line of the element it is about.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume directive name
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	seen := map[string]bool{}
+	start := position(d)
+	at := map[string]string{}
 	for d.NextBlock(0) {
 		opt := d.Val()
 		switch opt {
 		case "channel", "model":
 		default:
-			if seen[opt] {
-				return d.Errf("%s specified more than once", opt)
+			if first, dup := at[optionKey(opt)]; dup {
+				return d.Errf("%s specified more than once (first at %s)", opt, first)
 			}
-			seen[opt] = true
+			at[optionKey(opt)] = position(d)
 		}
 		var err error
 		switch opt {
 		case "channel":
-			err = h.unmarshalChannel(d)
+			err = h.unmarshalChannel(d, at)
 		case "model":
-			err = h.unmarshalModel(d)
+			err = h.unmarshalModel(d, at)
 		case "max_hops":
 			h.MaxHops, err = intArg(d, 1)
 		case "header_timeout":
@@ -110,7 +117,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.RetryStatus = []int{}
 			for _, a := range args {
 				code, cerr := strconv.Atoi(a)
-				if cerr != nil || code < 100 || code > 599 {
+				if cerr != nil {
 					return d.Errf("retry_status: %q is not an HTTP status code", a)
 				}
 				h.RetryStatus = append(h.RetryStatus, code)
@@ -138,19 +145,31 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return err
 		}
 	}
+	if err := h.check(); err != nil {
+		where := start
+		var ce *configError
+		if errors.As(err, &ce) && at[ce.at] != "" {
+			where = at[ce.at]
+		}
+		return fmt.Errorf("%w, at %s", err, where)
+	}
 	return nil
 }
 
-func (h *Handler) unmarshalChannel(d *caddyfile.Dispenser) error {
+// position is where the dispenser's current token was written, as
+// caddyfile.Dispenser.Errf reports it.
+func position(d *caddyfile.Dispenser) string {
+	return fmt.Sprintf("%s:%d", d.File(), d.Line())
+}
+
+func (h *Handler) unmarshalChannel(d *caddyfile.Dispenser, at map[string]string) error {
 	args := d.RemainingArgs()
 	if len(args) < 1 || len(args) > 2 {
 		return d.Errf("channel needs a name and, unless its provider has a default, a base URL")
 	}
-	for _, c := range h.Channels {
-		if c.Name == args[0] {
-			return d.Errf("channel %q is defined twice", args[0])
-		}
-	}
+	// The last definition wins: of two with one name, the second is the
+	// mistake.
+	at[channelKey(args[0])] = position(d)
 	c := &Channel{Name: args[0]}
 	if len(args) == 2 {
 		c.BaseURL = args[1]
@@ -206,7 +225,7 @@ func (h *Handler) unmarshalChannel(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-func (h *Handler) unmarshalModel(d *caddyfile.Dispenser) error {
+func (h *Handler) unmarshalModel(d *caddyfile.Dispenser, at map[string]string) error {
 	if !d.NextArg() {
 		return d.Errf("model needs a name")
 	}
@@ -214,35 +233,36 @@ func (h *Handler) unmarshalModel(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	for _, m := range h.Models {
-		if m.Name == name {
-			return d.Errf("model %q is defined twice", name)
-		}
-	}
+	// The last definition wins: of two with one name, the second is the
+	// mistake.
+	at[modelKey(name)] = position(d)
 	m := &Model{Name: name}
+	seen := map[string]string{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if opt := d.Val(); opt != "route" {
+			if first, dup := seen[opt]; dup {
+				return d.Errf("model %q: %s specified more than once (first at %s)", name, opt, first)
+			}
+			seen[opt] = position(d)
+		}
 		switch d.Val() {
 		case "policy":
 			if !d.NextArg() {
 				return d.ArgErr()
-			}
-			if v := d.Val(); v != "cost" && v != "weighted" {
-				return d.Errf("unknown policy %q (want cost or weighted)", v)
 			}
 			m.Policy = d.Val()
 			if d.NextArg() {
 				return d.ArgErr()
 			}
 		case "route":
+			where := position(d)
 			r, err := unmarshalRoute(d)
 			if err != nil {
 				return err
 			}
-			for _, other := range m.Routes {
-				if other.Channel == r.Channel {
-					return d.Errf("model %q routes channel %q twice", name, r.Channel)
-				}
-			}
+			// The last route to a channel wins: when a channel is routed
+			// twice, the second route is the mistake.
+			at[routeKey(name, r.Channel)] = where
 			m.Routes = append(m.Routes, r)
 		case "price":
 			p, err := priceArgs(d)
@@ -259,9 +279,6 @@ func (h *Handler) unmarshalModel(d *caddyfile.Dispenser) error {
 		default:
 			return d.Errf("unrecognized model option '%s'", d.Val())
 		}
-	}
-	if len(m.Routes) == 0 {
-		return d.Errf("model %q has no routes", name)
 	}
 	h.Models = append(h.Models, m)
 	return nil
@@ -305,8 +322,14 @@ func (h *Handler) unmarshalBreaker(d *caddyfile.Dispenser) error {
 	}
 	b := new(BreakerConfig)
 	var err error
+	seen := map[string]string{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch d.Val() {
+		opt := d.Val()
+		if first, dup := seen[opt]; dup {
+			return d.Errf("breaker: %s specified more than once (first at %s)", opt, first)
+		}
+		seen[opt] = position(d)
+		switch opt {
 		case "window":
 			b.Window, err = durationArg(d)
 		case "failures":
@@ -352,20 +375,17 @@ func (h *Handler) unmarshalWallet(d *caddyfile.Dispenser) error {
 			return d.ArgErr()
 		}
 	}
-	seen := map[string]int{}
+	seen := map[string]string{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
-		if line, dup := seen[opt]; dup {
-			return d.Errf("wallet: %s specified more than once (first on line %d)", opt, line)
+		if first, dup := seen[opt]; dup {
+			return d.Errf("wallet: %s specified more than once (first at %s)", opt, first)
 		}
-		seen[opt] = d.Line()
+		seen[opt] = position(d)
 		switch opt {
 		case "on_store_error":
 			if !d.NextArg() {
 				return d.ArgErr()
-			}
-			if v := d.Val(); v != "deny" && v != "allow" {
-				return d.Errf("on_store_error: want deny or allow, got %q", v)
 			}
 			w.OnStoreError = d.Val()
 			if d.NextArg() {
@@ -389,19 +409,18 @@ func (h *Handler) unmarshalWallet(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// priceArgs reads "<input_per_mtok> <output_per_mtok>" as exact decimals.
+// priceArgs reads "<input_per_mtok> <output_per_mtok>"; the option (price
+// or cost) names itself in the error.
 func priceArgs(d *caddyfile.Dispenser) (*Price, error) {
+	opt := d.Val()
 	if !d.NextArg() {
-		return nil, d.Errf("%s needs <input_per_mtok> <output_per_mtok>", d.Val())
+		return nil, d.Errf("%s needs <input_per_mtok> <output_per_mtok>", opt)
 	}
 	p := &Price{Input: d.Val()}
 	if !d.NextArg() {
-		return nil, d.Errf("price needs <input_per_mtok> <output_per_mtok>")
+		return nil, d.Errf("%s needs <input_per_mtok> <output_per_mtok>", opt)
 	}
 	p.Output = d.Val()
-	if _, err := p.parse(); err != nil {
-		return nil, d.Errf("bad price: %v", err)
-	}
 	return p, nil
 }
 

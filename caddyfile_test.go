@@ -16,7 +16,7 @@ import (
 
 func TestUnmarshalCaddyfile(t *testing.T) {
 	d := caddyfile.NewTestDispenser(`llm_failover {
-		channel a https://api.example.com/v1 {
+		channel a https://api.example.com {
 			header Authorization "Bearer {env.KEY}"
 			transport http {
 				dial_timeout 2s
@@ -147,8 +147,8 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 	}
 }
 
-// TestProvisionErrors covers what only Provision can check: references
-// between channels and models, URLs, placeholders.
+// TestProvisionErrors covers JSON configs, which no Caddyfile parser has
+// checked: Provision runs the same checks.
 func TestProvisionErrors(t *testing.T) {
 	cases := map[string]string{
 		"route to unknown channel": `{"channels":[{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m","routes":[{"channel":"b"}]}]}`,
@@ -160,6 +160,11 @@ func TestProvisionErrors(t *testing.T) {
 		"unknown policy":           `{"channels":[{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m","policy":"random","routes":[{"channel":"a"}]}]}`,
 		"bad price":                `{"channels":[{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m","price":{"input":"x","output":"1"},"routes":[{"channel":"a"}]}]}`,
 		"unknown json field":       `{"chanels":[]}`,
+		"negative deadline":        `{"deadline":-1,"channels":[{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
+		"negative response cap":    `{"max_response_body":-5,"channels":[{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
+		"negative weight":          `{"channels":[{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m","routes":[{"channel":"a","weight":-1}]}]}`,
+		"doubled /v1":              `{"channels":[{"name":"a","base_url":"http://x:1/v1"}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
+		"model without routes":     `{"channels":[{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m"}]}`,
 		"openai without base url":  `{"channels":[{"name":"a"}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
 		"unknown provider":         `{"channels":[{"name":"a","base_url":"http://x:1","provider":{"name":"gemini"}}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
 	}
@@ -170,6 +175,92 @@ func TestProvisionErrors(t *testing.T) {
 			_, err := ctx.LoadModuleByID("http.handlers.llm_failover", json.RawMessage(cfg))
 			if err == nil {
 				t.Fatalf("config loaded: %s", cfg)
+			}
+		})
+	}
+}
+
+// TestCaddyfileMistakesNameTheLine: a mistake found when the Caddyfile is
+// parsed names the option the user wrote and the line they wrote it on.
+func TestCaddyfileMistakesNameTheLine(t *testing.T) {
+	const good = `
+		channel a http://127.0.0.1:9000
+		model m {
+			route a
+		}`
+	cases := []struct{ name, body, want string }{
+		{"route to unknown channel", `
+		channel a http://127.0.0.1:9000
+		model m {
+			route a
+			route nosuch cost 1 2
+		}`, `model "m": route to unknown channel "nosuch", at Testfile:5`},
+		{"model without routes", `
+		channel a http://127.0.0.1:9000
+		model m {
+			price 1 2
+		}`, `model "m" has no routes, at Testfile:3`},
+		{"channel routed twice", `
+		channel a http://127.0.0.1:9000
+		model m {
+			route a
+			route a cost 1 2
+		}`, `model "m" routes channel "a" twice, at Testfile:5`},
+		{"channel defined twice", good + `
+		channel a http://127.0.0.1:9001`, `channel "a" is defined twice, at Testfile:6`},
+		{"repeated breaker option", good + `
+		breaker {
+			failures 3
+			failures 4
+		}`, `breaker: failures specified more than once (first at Testfile:7), at Testfile:8`},
+		{"repeated wallet option", good + `
+		wallet {
+			account {http.auth.user.id}
+			account {http.auth.user.id}
+		}`, `wallet: account specified more than once (first at Testfile:7), at Testfile:8`},
+		{"repeated model option", `
+		channel a http://127.0.0.1:9000
+		model m {
+			route a
+			price 1 2
+			price 1 3
+		}`, `model "m": price specified more than once (first at Testfile:5), at Testfile:6`},
+		{"cost names itself", `
+		channel a http://127.0.0.1:9000
+		model m {
+			route a cost 0.15
+		}`, `cost needs <input_per_mtok> <output_per_mtok>, at Testfile:4`},
+		{"bad cost names the route", `
+		channel a http://127.0.0.1:9000
+		model m {
+			route a cost 0.15 x
+		}`, `model "m": route a: cost: output price`},
+		{"base URL doubling /v1", `
+		channel a http://127.0.0.1:9000/api/v1
+		model m {
+			route a
+		}`, `channel "a": base URL "http://127.0.0.1:9000/api/v1": its path ends in /v1, which client paths such as /v1/chat/completions already begin with: drop the /v1, at Testfile:2`},
+		{"negative duration", good + `
+		deadline -5s`, `deadline`},
+		{"bad retry status", good + `
+		retry_status 429 700`, `retry_status: 700 is not an HTTP status code, at Testfile:6`},
+		{"bad on_store_error", good + `
+		wallet {
+			on_store_error maybe
+		}`, `wallet: on_store_error: want deny or allow, got "maybe", at Testfile:6`},
+		{"unknown policy", `
+		channel a http://127.0.0.1:9000
+		model m {
+			policy random
+			route a
+		}`, `unknown policy "random"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d := caddyfile.NewTestDispenser("llm_failover {" + tc.body + "\n}")
+			err := new(Handler).UnmarshalCaddyfile(d)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("want error containing %q, got %v", tc.want, err)
 			}
 		})
 	}

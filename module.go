@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -37,6 +36,9 @@ const (
 	DefaultDeadline        = 540 * time.Second
 	DefaultMaxRequestBody  = 10 << 20
 	DefaultMaxResponseBody = 64 << 20
+	// DefaultMaxOutputTokens bounds, for the wallet, the output of a request
+	// that sets no limit of its own.
+	DefaultMaxOutputTokens = 16384
 )
 
 // DefaultRetryStatus are the statuses that walk the chain: timeouts, rate
@@ -248,6 +250,9 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Provision sets up the handler.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
+	if err := h.check(); err != nil {
+		return err
+	}
 	if h.MaxHops == 0 {
 		h.MaxHops = DefaultMaxHops
 	}
@@ -273,25 +278,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.StreamIdleTimeout = caddy.Duration(streamgate.DefaultIdleTimeout)
 	}
 	for _, s := range h.RetryStatus {
-		if s < 100 || s >= len(h.retry) {
-			return fmt.Errorf("retry_status: %d is not an HTTP status", s)
-		}
 		h.retry[s] = true
 	}
 	breakerCfg := h.Breaker.config()
-	if err := breakerCfg.Validate(); err != nil {
-		return fmt.Errorf("breaker: %w", err)
-	}
 
 	repl := caddy.NewReplacer()
 	h.channelByID = make(map[string]int, len(h.Channels))
 	for i, c := range h.Channels {
-		if c.Name == "" {
-			return fmt.Errorf("channel %d has no name", i)
-		}
-		if _, dup := h.channelByID[c.Name]; dup {
-			return fmt.Errorf("channel %q is defined twice", c.Name)
-		}
 		adapter := provider.Adapter(new(provider.OpenAI))
 		if c.ProviderRaw != nil {
 			mod, err := ctx.LoadModule(c, "ProviderRaw")
@@ -300,15 +293,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			}
 			adapter = mod.(provider.Adapter)
 		}
-		baseURL := c.BaseURL
-		if baseURL == "" {
-			baseURL = adapter.DefaultBaseURL()
+		base, err := channelBase(c, adapter)
+		if err != nil {
+			return fmt.Errorf("channel %q: %w", c.Name, err)
 		}
-		base, err := url.Parse(baseURL)
-		if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
-			return fmt.Errorf("channel %q: base_url %q must be an absolute http(s) URL", c.Name, baseURL)
-		}
-		base.Path = strings.TrimSuffix(base.Path, "/")
 		ch := &channel{name: c.Name, base: base, adapter: adapter, headers: make(http.Header, len(c.Headers))}
 		for k, v := range c.Headers {
 			val, err := repl.ReplaceOrErr(v, true, true)
@@ -345,54 +333,30 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 	h.models = make(map[string]*model, len(h.Models))
 	for _, m := range h.Models {
-		if m.Name == "" {
-			return fmt.Errorf("a model has no name")
-		}
-		if _, dup := h.models[m.Name]; dup {
-			return fmt.Errorf("model %q is defined twice", m.Name)
-		}
-		policy, err := chain.ParsePolicy(m.Policy)
-		if err != nil {
-			return fmt.Errorf("model %q: %w", m.Name, err)
-		}
+		// check has vetted every value below; only the parsing remains.
+		policy, _ := chain.ParsePolicy(m.Policy)
 		pm := &model{maxOutput: m.MaxOutputTokens}
 		if pm.maxOutput == 0 {
-			pm.maxOutput = 16384
+			pm.maxOutput = DefaultMaxOutputTokens
 		}
 		routes := make([]chain.Route, 0, len(m.Routes))
-		seen := make(map[string]bool, len(m.Routes))
 		for _, r := range m.Routes {
-			idx, ok := h.channelByID[r.Channel]
-			if !ok {
-				return fmt.Errorf("model %q: route to unknown channel %q", m.Name, r.Channel)
-			}
-			if seen[r.Channel] {
-				return fmt.Errorf("model %q: channel %q is routed twice", m.Name, r.Channel)
-			}
-			seen[r.Channel] = true
-			cost, err := r.Cost.parse()
-			if err != nil {
-				return fmt.Errorf("model %q: route %q: cost: %w", m.Name, r.Channel, err)
-			}
-			if r.Weight < 0 {
-				return fmt.Errorf("model %q: route %q: weight must not be negative", m.Name, r.Channel)
-			}
+			cost, _ := r.Cost.parse()
 			// The wallet never charges less than the dearest channel
 			// could cost, unless the operator says otherwise.
 			if cost.Input+cost.Output > pm.price.Input+pm.price.Output {
 				pm.price = cost
 			}
 			routes = append(routes, chain.Route{
-				Channel: idx, Name: r.Channel,
+				Channel: h.channelByID[r.Channel], Name: r.Channel,
 				InputCost: int64(cost.Input), OutputCost: int64(cost.Output),
 				UpstreamModel: r.UpstreamModel, Weight: r.Weight,
 			})
 		}
 		if m.Price != nil {
-			if pm.price, err = m.Price.parse(); err != nil {
-				return fmt.Errorf("model %q: price: %w", m.Name, err)
-			}
+			pm.price, _ = m.Price.parse()
 		}
+		var err error
 		if pm.chain, err = chain.New(m.Name, policy, h.MaxHops, routes); err != nil {
 			return err
 		}
@@ -430,20 +394,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// Validate checks the handler's configuration.
-func (h *Handler) Validate() error {
-	if len(h.Models) == 0 {
-		return fmt.Errorf("no models configured")
-	}
-	if h.MaxHops < 1 {
-		return fmt.Errorf("max_hops must be at least 1")
-	}
-	if h.FirstByteTimeout < 0 || h.HeaderTimeout < 0 || h.Deadline < 0 {
-		return fmt.Errorf("timeouts must not be negative")
-	}
-	return nil
-}
-
 // Cleanup releases what Provision took. Caddy calls it on a config that
 // failed to provision too, and on the old config during a reload while its
 // streams may still be open: nothing here may cut an in-flight request.
@@ -466,7 +416,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 // Interface guards
 var (
 	_ caddy.Provisioner           = (*Handler)(nil)
-	_ caddy.Validator             = (*Handler)(nil)
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 )

@@ -125,7 +125,7 @@ type passThrough struct{}
 // /v1 already, so the upstream would be asked for /v1/v1/....
 func (passThrough) CheckBaseURL(u *url.URL) error {
 	if p := strings.TrimSuffix(u.Path, "/"); strings.HasSuffix(p, "/v1") {
-		return fmt.Errorf("base URL path %q ends in /v1, which client paths such as /v1/chat/completions already begin with; drop it", u.Path)
+		return fmt.Errorf("its path ends in /v1, which client paths such as /v1/chat/completions already begin with: drop the /v1")
 	}
 	return nil
 }
