@@ -1,7 +1,6 @@
 package llmfailover
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -11,6 +10,8 @@ import (
 
 	"github.com/llmfailover/caddy-llm-failover/chain"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
 )
 
 func init() {
@@ -45,17 +46,17 @@ func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	path := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/llm_failover/"), "/")
 	switch {
 	case path == "chains":
-		if err := onlyMethod(r, http.MethodGet); err != nil {
+		if err := caddykit.OnlyMethod(r, http.MethodGet); err != nil {
 			return err
 		}
-		return writeJSON(w, chainsView(registrySnapshot()))
+		return caddykit.WriteJSON(w, chainsView(registrySnapshot()))
 	case path == "channels":
-		if err := onlyMethod(r, http.MethodGet); err != nil {
+		if err := caddykit.OnlyMethod(r, http.MethodGet); err != nil {
 			return err
 		}
-		return writeJSON(w, channelsView(registrySnapshot()))
+		return caddykit.WriteJSON(w, channelsView(registrySnapshot()))
 	case strings.HasPrefix(path, "channels/") && strings.HasSuffix(path, "/reset"):
-		if err := onlyMethod(r, http.MethodPost); err != nil {
+		if err := caddykit.OnlyMethod(r, http.MethodPost); err != nil {
 			return err
 		}
 		name := strings.TrimSuffix(strings.TrimPrefix(path, "channels/"), "/reset")
@@ -151,21 +152,7 @@ func resetChannel(w http.ResponseWriter, reg *App, name string) error {
 	if reg == nil || !reg.reset(name, time.Now()) {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no channel named %q", name)}
 	}
-	return writeJSON(w, map[string]string{"channel": name, "state": "closed"})
-}
-
-func onlyMethod(r *http.Request, method string) error {
-	if r.Method != method {
-		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed; use %s", r.Method, method)}
-	}
-	return nil
-}
-
-func writeJSON(w http.ResponseWriter, v any) error {
-	w.Header().Set("Content-Type", "application/json")
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	return caddykit.WriteJSON(w, map[string]string{"channel": name, "state": "closed"})
 }
 
 // Interface guards

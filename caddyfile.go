@@ -7,13 +7,12 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/dustin/go-humanize"
 
+	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
 	"github.com/llmfailover/caddy-llm-failover/provider"
 )
 
@@ -79,7 +78,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	start := position(d)
+	start := caddykit.Position(d)
 	at := map[string]string{}
 	for d.NextBlock(0) {
 		opt := d.Val()
@@ -89,7 +88,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if first, dup := at[optionKey(opt)]; dup {
 				return d.Errf("%s specified more than once (first at %s)", opt, first)
 			}
-			at[optionKey(opt)] = position(d)
+			at[optionKey(opt)] = caddykit.Position(d)
 		}
 		var err error
 		switch opt {
@@ -98,17 +97,17 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "model":
 			err = h.unmarshalModel(d, at)
 		case "max_hops":
-			h.MaxHops, err = intArg(d, 1)
+			h.MaxHops, err = caddykit.IntArg(d, 1)
 		case "header_timeout":
-			h.HeaderTimeout, err = durationArg(d)
+			h.HeaderTimeout, err = caddykit.DurationArg(d)
 		case "deadline":
-			h.Deadline, err = durationArg(d)
+			h.Deadline, err = caddykit.DurationArg(d)
 		case "first_byte_timeout":
-			h.FirstByteTimeout, err = durationArg(d)
+			h.FirstByteTimeout, err = caddykit.DurationArg(d)
 		case "max_request_body":
-			h.MaxRequestBody, err = sizeArg(d)
+			h.MaxRequestBody, err = caddykit.SizeArg(d)
 		case "max_response_body":
-			h.MaxResponseBody, err = sizeArg(d)
+			h.MaxResponseBody, err = caddykit.SizeArg(d)
 		case "retry_status":
 			args := d.RemainingArgs()
 			if len(args) == 0 {
@@ -123,7 +122,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				h.RetryStatus = append(h.RetryStatus, code)
 			}
 		case "stream_gate":
-			if h.StreamGate, err = durationArg(d); err == nil && d.NextArg() {
+			if h.StreamGate, err = caddykit.DurationArg(d); err == nil && d.NextArg() {
 				if d.Val() != "failover" {
 					return d.Errf("stream_gate: unknown option %q (want failover)", d.Val())
 				}
@@ -133,13 +132,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				}
 			}
 		case "stream_idle_timeout":
-			h.StreamIdleTimeout, err = durationArg(d)
+			h.StreamIdleTimeout, err = caddykit.DurationArg(d)
 		case "breaker":
 			err = h.unmarshalBreaker(d)
 		case "wallet":
 			err = h.unmarshalWallet(d)
 		default:
 			return d.Errf("unrecognized subdirective '%s'", opt)
+		}
+		if err == nil && singleArgument[opt] {
+			err = caddykit.NoMoreArgs(d)
 		}
 		if err != nil {
 			return err
@@ -156,10 +158,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// position is where the dispenser's current token was written, as
-// caddyfile.Dispenser.Errf reports it.
-func position(d *caddyfile.Dispenser) string {
-	return fmt.Sprintf("%s:%d", d.File(), d.Line())
+// singleArgument lists the options that take exactly one argument.
+var singleArgument = map[string]bool{
+	"max_hops": true, "header_timeout": true, "deadline": true, "first_byte_timeout": true,
+	"max_request_body": true, "max_response_body": true, "stream_idle_timeout": true,
+	"window": true, "failures": true, "cooldown": true, "max_park": true, "trials": true,
 }
 
 func (h *Handler) unmarshalChannel(d *caddyfile.Dispenser, at map[string]string) error {
@@ -169,7 +172,7 @@ func (h *Handler) unmarshalChannel(d *caddyfile.Dispenser, at map[string]string)
 	}
 	// The last definition wins: of two with one name, the second is the
 	// mistake.
-	at[channelKey(args[0])] = position(d)
+	at[channelKey(args[0])] = caddykit.Position(d)
 	c := &Channel{Name: args[0]}
 	if len(args) == 2 {
 		c.BaseURL = args[1]
@@ -235,15 +238,14 @@ func (h *Handler) unmarshalModel(d *caddyfile.Dispenser, at map[string]string) e
 	}
 	// The last definition wins: of two with one name, the second is the
 	// mistake.
-	at[modelKey(name)] = position(d)
+	at[modelKey(name)] = caddykit.Position(d)
 	m := &Model{Name: name}
-	seen := map[string]string{}
+	seen := caddykit.Seen{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		if opt := d.Val(); opt != "route" {
-			if first, dup := seen[opt]; dup {
-				return d.Errf("model %q: %s specified more than once (first at %s)", name, opt, first)
+		if d.Val() != "route" {
+			if err := seen.Once(d, fmt.Sprintf("model %q: ", name)); err != nil {
+				return err
 			}
-			seen[opt] = position(d)
 		}
 		switch d.Val() {
 		case "policy":
@@ -255,7 +257,7 @@ func (h *Handler) unmarshalModel(d *caddyfile.Dispenser, at map[string]string) e
 				return d.ArgErr()
 			}
 		case "route":
-			where := position(d)
+			where := caddykit.Position(d)
 			r, err := unmarshalRoute(d)
 			if err != nil {
 				return err
@@ -271,7 +273,10 @@ func (h *Handler) unmarshalModel(d *caddyfile.Dispenser, at map[string]string) e
 			}
 			m.Price = p
 		case "max_output_tokens":
-			n, err := intArg(d, 1)
+			n, err := caddykit.IntArg(d, 1)
+			if err == nil {
+				err = caddykit.NoMoreArgs(d)
+			}
 			if err != nil {
 				return err
 			}
@@ -304,7 +309,7 @@ func unmarshalRoute(d *caddyfile.Dispenser) (Route, error) {
 			}
 			r.UpstreamModel = d.Val()
 		case "weight":
-			n, err := intArg(d, 1)
+			n, err := caddykit.IntArg(d, 1)
 			if err != nil {
 				return r, err
 			}
@@ -322,39 +327,40 @@ func (h *Handler) unmarshalBreaker(d *caddyfile.Dispenser) error {
 	}
 	b := new(BreakerConfig)
 	var err error
-	seen := map[string]string{}
+	seen := caddykit.Seen{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
-		if first, dup := seen[opt]; dup {
-			return d.Errf("breaker: %s specified more than once (first at %s)", opt, first)
+		if err := seen.Once(d, "breaker: "); err != nil {
+			return err
 		}
-		seen[opt] = position(d)
 		switch opt {
 		case "window":
-			b.Window, err = durationArg(d)
+			b.Window, err = caddykit.DurationArg(d)
 		case "failures":
-			b.Failures, err = intArg(d, 1)
+			b.Failures, err = caddykit.IntArg(d, 1)
 		case "cooldown":
-			b.Cooldown, err = durationArg(d)
+			b.Cooldown, err = caddykit.DurationArg(d)
 		case "max_park":
-			b.MaxPark, err = durationArg(d)
+			b.MaxPark, err = caddykit.DurationArg(d)
 		case "trials":
-			b.HalfOpenTrials, err = intArg(d, 1)
+			b.HalfOpenTrials, err = caddykit.IntArg(d, 1)
 		case "ratio":
-			if b.MinCalls, err = intArg(d, 1); err != nil {
+			if b.MinCalls, err = caddykit.IntArg(d, 1); err != nil {
 				return err
 			}
-			// intArg consumed one argument; the ratio follows it.
+			// IntArg consumed one argument; the ratio follows it.
 			if !d.NextArg() {
 				return d.Errf("ratio needs <min_calls> <failure_ratio>")
 			}
-			b.FailureRatio, err = strconv.ParseFloat(d.Val(), 64)
-			if err != nil || b.FailureRatio <= 0 || b.FailureRatio > 1 {
-				return d.Errf("ratio: failure ratio %q must be a number in (0, 1]", d.Val())
+			if b.FailureRatio, err = strconv.ParseFloat(d.Val(), 64); err != nil {
+				return d.Errf("ratio: failure ratio %q is not a number", d.Val())
 			}
-			err = nil
+			err = caddykit.NoMoreArgs(d)
 		default:
 			return d.Errf("unrecognized breaker option '%s'", d.Val())
+		}
+		if err == nil && singleArgument[opt] {
+			err = caddykit.NoMoreArgs(d)
 		}
 		if err != nil {
 			return err
@@ -375,13 +381,12 @@ func (h *Handler) unmarshalWallet(d *caddyfile.Dispenser) error {
 			return d.ArgErr()
 		}
 	}
-	seen := map[string]string{}
+	seen := caddykit.Seen{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
-		if first, dup := seen[opt]; dup {
-			return d.Errf("wallet: %s specified more than once (first at %s)", opt, first)
+		if err := seen.Once(d, "wallet: "); err != nil {
+			return err
 		}
-		seen[opt] = position(d)
 		switch opt {
 		case "on_store_error":
 			if !d.NextArg() {
@@ -422,51 +427,6 @@ func priceArgs(d *caddyfile.Dispenser) (*Price, error) {
 	}
 	p.Output = d.Val()
 	return p, nil
-}
-
-func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
-	opt := d.Val()
-	if !d.NextArg() {
-		return 0, d.ArgErr()
-	}
-	dur, err := caddy.ParseDuration(d.Val())
-	if err != nil || dur < 0 {
-		return 0, d.Errf("%s: bad duration %q", opt, d.Val())
-	}
-	if opt != "stream_gate" && d.NextArg() {
-		return 0, d.ArgErr()
-	}
-	return caddy.Duration(dur), nil
-}
-
-func intArg(d *caddyfile.Dispenser, min int) (int, error) {
-	opt := d.Val()
-	if !d.NextArg() {
-		return 0, d.ArgErr()
-	}
-	n, err := strconv.Atoi(d.Val())
-	if err != nil || n < min {
-		return 0, d.Errf("%s: %q must be an integer of at least %d", opt, d.Val(), min)
-	}
-	if opt != "ratio" && opt != "weight" && d.NextArg() {
-		return 0, d.ArgErr()
-	}
-	return n, nil
-}
-
-func sizeArg(d *caddyfile.Dispenser) (int64, error) {
-	opt := d.Val()
-	if !d.NextArg() {
-		return 0, d.ArgErr()
-	}
-	n, err := humanize.ParseBytes(d.Val())
-	if err != nil || n == 0 {
-		return 0, d.Errf("%s: bad size %q", opt, d.Val())
-	}
-	if d.NextArg() {
-		return 0, d.ArgErr()
-	}
-	return int64(n), nil
 }
 
 // Interface guard

@@ -1,10 +1,9 @@
 package llmfailover
 
 import (
-	"errors"
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
 )
 
 // The collectors live at package level and are registered into every
@@ -42,24 +41,9 @@ var (
 	}, []string{"model"})
 )
 
-var collectors = []prometheus.Collector{
-	requestsTotal, attemptsTotal, attemptDuration, channelSkipped,
-	breakerTransitions, breakerStates{}, walletTotal, walletCharged,
-}
-
 func registerMetrics(reg prometheus.Registerer) error {
-	if reg == nil {
-		return nil
-	}
-	for _, c := range collectors {
-		if err := reg.Register(c); err != nil {
-			var already prometheus.AlreadyRegisteredError
-			if !errors.As(err, &already) {
-				return fmt.Errorf("registering metrics: %w", err)
-			}
-		}
-	}
-	return nil
+	return caddykit.Register(reg, requestsTotal, attemptsTotal, attemptDuration, channelSkipped,
+		breakerTransitions, breakerStates{}, walletTotal, walletCharged)
 }
 
 var breakerStateDesc = prometheus.NewDesc("caddy_llm_failover_breaker_state",

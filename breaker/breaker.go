@@ -1,7 +1,6 @@
 package breaker
 
 import (
-	"encoding"
 	"fmt"
 	"strconv"
 	"sync"
@@ -31,26 +30,6 @@ func (s State) String() string {
 		return "parked"
 	}
 	return "State(" + strconv.Itoa(int(s)) + ")"
-}
-
-// MarshalText makes State render as its name in JSON status views rather
-// than as a bare number.
-func (s State) MarshalText() ([]byte, error) {
-	if s > Parked {
-		return nil, fmt.Errorf("marshal breaker state: unknown state %d", uint8(s))
-	}
-	return []byte(s.String()), nil
-}
-
-// UnmarshalText is the inverse of MarshalText so snapshots round-trip.
-func (s *State) UnmarshalText(b []byte) error {
-	for c := Closed; c <= Parked; c++ {
-		if string(b) == c.String() {
-			*s = c
-			return nil
-		}
-	}
-	return fmt.Errorf("unmarshal breaker state: unknown state %q", b)
 }
 
 // Transition is the state before and after a call that may change it, so
@@ -349,15 +328,15 @@ func (b *Breaker) SuccessRate() (rate float64, calls int) {
 
 // Snapshot is a point-in-time status view of a breaker.
 type Snapshot struct {
-	State            State         `json:"state"`
-	FailuresInWindow int           `json:"failures_in_window"`     // capped at MaxFailures
-	OpenUntil        time.Time     `json:"open_until,omitempty"`   // zero when not open
-	ParkedUntil      time.Time     `json:"parked_until,omitempty"` // zero when not parked
-	RetryIn          time.Duration `json:"-"`                      // 0 when available
-	SuccessRate      float64       `json:"success_rate"`
-	Calls            int           `json:"calls"`
-	Opened           uint64        `json:"times_opened"`
-	TrialsInFlight   int           `json:"trials_in_flight"`
+	State            State
+	FailuresInWindow int           // capped at MaxFailures
+	OpenUntil        time.Time     // zero when not open
+	ParkedUntil      time.Time     // zero when not parked
+	RetryIn          time.Duration // 0 when available
+	SuccessRate      float64
+	Calls            int
+	Opened           uint64
+	TrialsInFlight   int
 }
 
 // Snapshot returns the breaker's status at now.
@@ -504,7 +483,5 @@ func (r *outcomeRing) successRate() (float64, int) {
 }
 
 var (
-	_ fmt.Stringer             = State(0)
-	_ encoding.TextMarshaler   = State(0)
-	_ encoding.TextUnmarshaler = (*State)(nil)
+	_ fmt.Stringer = State(0)
 )

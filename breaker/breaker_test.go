@@ -1,7 +1,6 @@
 package breaker
 
 import (
-	"encoding/json"
 	"errors"
 	"math"
 	"sync"
@@ -503,32 +502,6 @@ func TestFailuresInWindowIsBounded(t *testing.T) {
 	failN(b, at(0), 200)
 	if s := b.Snapshot(at(0)); s.FailuresInWindow != MaxFailures {
 		t.Fatalf("FailuresInWindow = %d, want cap %d", s.FailuresInWindow, MaxFailures)
-	}
-}
-
-func TestSnapshotJSON(t *testing.T) {
-	b := New(Config{})
-	failN(b, at(0), 3)
-	raw, err := json.Marshal(b.Snapshot(at(time.Second)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(raw, &m); err != nil {
-		t.Fatal(err)
-	}
-	if m["state"] != "open" || m["failures_in_window"] != 3.0 || m["times_opened"] != 1.0 || m["open_until"] != "2025-03-01T12:01:00Z" {
-		t.Fatalf("json = %s", raw)
-	}
-	if _, ok := m["RetryIn"]; ok {
-		t.Fatalf("RetryIn leaked into json: %s", raw)
-	}
-	var back Snapshot
-	if err := json.Unmarshal(raw, &back); err != nil || back.State != Open {
-		t.Fatalf("round trip = %+v, %v", back, err)
-	}
-	if err := back.State.UnmarshalText([]byte("bogus")); err == nil {
-		t.Fatal("UnmarshalText accepted bogus state")
 	}
 }
 

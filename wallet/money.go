@@ -53,6 +53,17 @@ func ParseMicros(s string) (Micros, error) {
 	return Micros(total), nil
 }
 
+// ParseSignedMicros is ParseMicros with an optional leading minus, for
+// corrections ("-0.50") and for amounts read back from String.
+func ParseSignedMicros(s string) (Micros, error) {
+	abs, neg := strings.CutPrefix(s, "-")
+	m, err := ParseMicros(abs)
+	if neg {
+		m = -m
+	}
+	return m, err
+}
+
 func allDigits(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if s[i] < '0' || s[i] > '9' {

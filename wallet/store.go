@@ -41,7 +41,7 @@ const (
 // DefaultReservationTTL is used when a Reservation has no ExpiresAt. It must
 // outlast the longest request (long generations can stream for many minutes),
 // since an expired reservation is released uncharged.
-const DefaultReservationTTL = 30 * time.Minute
+const DefaultReservationTTL = 15 * time.Minute
 
 // Reservation holds back Amount of an account's balance for one request.
 type Reservation struct {

@@ -12,6 +12,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/llmfailover/caddy-llm-failover/wallet"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
 )
 
 func init() {
@@ -95,7 +97,7 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 	parts := strings.Split(path, "/")
 	switch {
 	case path == "status":
-		if err := onlyMethod(r, http.MethodGet); err != nil {
+		if err := caddykit.OnlyMethod(r, http.MethodGet); err != nil {
 			return err
 		}
 		last, sweepErr := wal.Heartbeat()
@@ -107,7 +109,7 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 			status["reachable"] = false
 			status["error"] = err.Error()
 		}
-		return writeJSON(w, status)
+		return caddykit.WriteJSON(w, status)
 	case path == "accounts":
 		switch r.Method {
 		case http.MethodGet:
@@ -119,7 +121,7 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 			for _, a := range accts {
 				out = append(out, viewAccount(a))
 			}
-			return writeJSON(w, out)
+			return caddykit.WriteJSON(w, out)
 		case http.MethodPost:
 			var body struct {
 				ID string `json:"id"`
@@ -132,20 +134,20 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 				return walletAPIError(err)
 			}
 			w.WriteHeader(http.StatusCreated)
-			return writeJSON(w, viewAccount(a))
+			return caddykit.WriteJSON(w, viewAccount(a))
 		}
-		return onlyMethod(r, http.MethodGet)
+		return caddykit.OnlyMethod(r, http.MethodGet)
 	case len(parts) == 2 && parts[0] == "accounts":
-		if err := onlyMethod(r, http.MethodGet); err != nil {
+		if err := caddykit.OnlyMethod(r, http.MethodGet); err != nil {
 			return err
 		}
 		a, err := st.Account(ctx, parts[1])
 		if err != nil {
 			return walletAPIError(err)
 		}
-		return writeJSON(w, viewAccount(a))
+		return caddykit.WriteJSON(w, viewAccount(a))
 	case len(parts) == 3 && parts[0] == "accounts" && parts[2] == "credit":
-		if err := onlyMethod(r, http.MethodPost); err != nil {
+		if err := caddykit.OnlyMethod(r, http.MethodPost); err != nil {
 			return err
 		}
 		var body struct {
@@ -155,19 +157,15 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 		if err := decodeJSON(r, &body); err != nil {
 			return err
 		}
-		neg := strings.HasPrefix(body.Amount, "-")
-		amount, err := wallet.ParseMicros(strings.TrimPrefix(body.Amount, "-"))
+		amount, err := wallet.ParseSignedMicros(body.Amount)
 		if err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("amount: %w", err)}
-		}
-		if neg {
-			amount = -amount
 		}
 		a, err := st.Credit(ctx, parts[1], amount, body.Note)
 		if err != nil {
 			return walletAPIError(err)
 		}
-		return writeJSON(w, viewAccount(a))
+		return caddykit.WriteJSON(w, viewAccount(a))
 	case len(parts) == 3 && parts[0] == "accounts" && parts[2] == "keys":
 		switch r.Method {
 		case http.MethodGet:
@@ -178,7 +176,7 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 			if keys == nil {
 				keys = []wallet.Key{}
 			}
-			return writeJSON(w, keys)
+			return caddykit.WriteJSON(w, keys)
 		case http.MethodPost:
 			var body struct {
 				Label string `json:"label"`
@@ -191,12 +189,12 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 				return walletAPIError(err)
 			}
 			w.WriteHeader(http.StatusCreated)
-			return writeJSON(w, map[string]any{"key": secret, "id": k.ID, "account": k.Account, "prefix": k.Prefix, "label": k.Label,
+			return caddykit.WriteJSON(w, map[string]any{"key": secret, "id": k.ID, "account": k.Account, "prefix": k.Prefix, "label": k.Label,
 				"note": "store this key now: it is not kept and cannot be shown again"})
 		}
-		return onlyMethod(r, http.MethodGet)
+		return caddykit.OnlyMethod(r, http.MethodGet)
 	case len(parts) == 3 && parts[0] == "accounts" && parts[2] == "usage":
-		if err := onlyMethod(r, http.MethodGet); err != nil {
+		if err := caddykit.OnlyMethod(r, http.MethodGet); err != nil {
 			return err
 		}
 		before, _ := strconv.ParseInt(r.URL.Query().Get("before"), 10, 64)
@@ -219,15 +217,15 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 		if len(rows) == limit {
 			out.Next = rows[len(rows)-1].ID
 		}
-		return writeJSON(w, out)
+		return caddykit.WriteJSON(w, out)
 	case len(parts) == 3 && parts[0] == "keys" && parts[2] == "revoke":
-		if err := onlyMethod(r, http.MethodPost); err != nil {
+		if err := caddykit.OnlyMethod(r, http.MethodPost); err != nil {
 			return err
 		}
 		if err := st.RevokeKey(ctx, parts[1]); err != nil {
 			return walletAPIError(err)
 		}
-		return writeJSON(w, map[string]string{"id": parts[1], "status": "revoked"})
+		return caddykit.WriteJSON(w, map[string]string{"id": parts[1], "status": "revoked"})
 	}
 	return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no such wallet endpoint: %s", r.URL.Path)}
 }
@@ -280,20 +278,6 @@ func decodeJSON(r *http.Request, v any) error {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("decoding request body: %w", err)}
 	}
 	return nil
-}
-
-func onlyMethod(r *http.Request, method string) error {
-	if r.Method != method {
-		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed; use %s", r.Method, method)}
-	}
-	return nil
-}
-
-func writeJSON(w http.ResponseWriter, v any) error {
-	w.Header().Set("Content-Type", "application/json")
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }
 
 // Interface guard

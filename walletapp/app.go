@@ -23,6 +23,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
+
+	"github.com/llmfailover/caddy-llm-failover/wallet"
 )
 
 func init() {
@@ -34,8 +36,6 @@ const (
 	// DefaultName is the wallet a handler or an admin call gets when it
 	// names none.
 	DefaultName = "default"
-	// DefaultReservationTTL bounds how long a crash can lock money.
-	DefaultReservationTTL = 15 * time.Minute
 	// DefaultAdmissionTimeout bounds authentication plus reservation, so
 	// that a slow store is an error on_store_error handles.
 	DefaultAdmissionTimeout = 2 * time.Second
@@ -127,7 +127,7 @@ func (a *App) provisionWallet(name string, c *Config) (*Wallet, error) {
 	w := &Wallet{
 		name:             name,
 		backend:          backend,
-		ttl:              orDefault(c.ReservationTTL, DefaultReservationTTL),
+		ttl:              orDefault(c.ReservationTTL, wallet.DefaultReservationTTL),
 		admissionTimeout: orDefault(c.AdmissionTimeout, DefaultAdmissionTimeout),
 		statementTimeout: orDefault(c.StatementTimeout, DefaultStatementTimeout),
 		logger:           a.logger.With(zap.String("wallet", name)),

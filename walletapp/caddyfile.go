@@ -8,6 +8,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
 )
 
 func init() {
@@ -54,25 +56,27 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 
 func unmarshalConfig(d *caddyfile.Dispenser) (*Config, error) {
 	c := new(Config)
-	seen := map[string]int{}
+	seen := caddykit.Seen{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
-		if line, dup := seen[opt]; dup {
-			return nil, d.Errf("llm_wallet: %s specified more than once (first on line %d)", opt, line)
+		if err := seen.Once(d, "llm_wallet: "); err != nil {
+			return nil, err
 		}
-		seen[opt] = d.Line()
 		var err error
 		switch opt {
 		case "store":
 			c.StoreRaw, err = unmarshalStore(d)
 		case "reservation_ttl":
-			c.ReservationTTL, err = durationArg(d)
+			c.ReservationTTL, err = caddykit.DurationArg(d)
 		case "admission_timeout":
-			c.AdmissionTimeout, err = durationArg(d)
+			c.AdmissionTimeout, err = caddykit.DurationArg(d)
 		case "statement_timeout":
-			c.StatementTimeout, err = durationArg(d)
+			c.StatementTimeout, err = caddykit.DurationArg(d)
 		default:
 			return nil, d.Errf("unrecognized llm_wallet option '%s'", opt)
+		}
+		if err == nil && opt != "store" {
+			err = caddykit.NoMoreArgs(d)
 		}
 		if err != nil {
 			return nil, err
@@ -106,19 +110,4 @@ func unmarshalStore(d *caddyfile.Dispenser) (json.RawMessage, error) {
 		return nil, d.ArgErr()
 	}
 	return caddyconfig.JSONModuleObject(mod, "backend", backend, nil), nil
-}
-
-func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
-	opt := d.Val()
-	if !d.NextArg() {
-		return 0, d.ArgErr()
-	}
-	dur, err := caddy.ParseDuration(d.Val())
-	if err != nil || dur < 0 {
-		return 0, d.Errf("%s: bad duration %q", opt, d.Val())
-	}
-	if d.NextArg() {
-		return 0, d.ArgErr()
-	}
-	return caddy.Duration(dur), nil
 }

@@ -202,22 +202,11 @@ func isFlagArg(a string) bool {
 
 // human renders an exact decimal amount the way people read money.
 func human(s string) string {
-	neg := len(s) > 0 && s[0] == '-'
-	m, err := wallet.ParseMicros(s[boolInt(neg):])
+	m, err := wallet.ParseSignedMicros(s)
 	if err != nil {
 		return s
 	}
-	if neg {
-		m = -m
-	}
 	return m.Human()
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 func adminRequest(admin, method, path string, body, out any) error {

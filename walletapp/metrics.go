@@ -1,10 +1,9 @@
 package walletapp
 
 import (
-	"errors"
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
 )
 
 // The collectors live at package level, so they survive a reload, and are
@@ -21,16 +20,5 @@ var (
 )
 
 func registerMetrics(reg prometheus.Registerer) error {
-	if reg == nil {
-		return nil
-	}
-	for _, c := range []prometheus.Collector{sweepHeartbeat, sweepTotal} {
-		if err := reg.Register(c); err != nil {
-			var already prometheus.AlreadyRegisteredError
-			if !errors.As(err, &already) {
-				return fmt.Errorf("registering wallet metrics: %w", err)
-			}
-		}
-	}
-	return nil
+	return caddykit.Register(reg, sweepHeartbeat, sweepTotal)
 }
