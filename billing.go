@@ -135,7 +135,7 @@ func (rt *walletRuntime) admit(x *exchange) (*bill, *provider.Error) {
 // storeError applies on_store_error: refuse (503) or serve unbilled.
 func (rt *walletRuntime) storeError(x *exchange, op string, err error) (*bill, *provider.Error) {
 	walletTotal.WithLabelValues(op, "store_error").Inc()
-	if rt.allow {
+	if rt.allow && !errors.Is(err, walletapp.ErrUnloaded) {
 		rt.logger.Error("wallet store unavailable; serving unbilled (on_store_error allow)",
 			zap.String("op", op), zap.String("model", x.req.Model), zap.Error(err))
 		return nil, nil

@@ -2,6 +2,7 @@ package walletapp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"sync"
@@ -19,6 +20,11 @@ const SweepEvery = time.Minute
 // drainLimit bounds how long a store no config uses waits for the
 // requests that entered it before it closes.
 const drainLimit = 10 * time.Minute
+
+// ErrUnloaded is the error of a wallet whose config was unloaded before
+// the request that uses it reached the store. It is not a store outage:
+// such a request must be refused, never served unbilled.
+var ErrUnloaded = errors.New("config unloaded")
 
 // stores shares one open store per database across wallets and config
 // generations.
@@ -92,7 +98,7 @@ func (w *Wallet) open() (*storeHolder, error) {
 // arriving after Cleanup cannot open it again.
 func (w *Wallet) release() {
 	w.releaseOnce.Do(func() {
-		w.once.Do(func() { w.openErr = fmt.Errorf("wallet %q: config unloaded", w.name) })
+		w.once.Do(func() { w.openErr = fmt.Errorf("wallet %q: %w", w.name, ErrUnloaded) })
 		if w.holder != nil {
 			_, _ = stores.Delete(w.backend.PoolKey())
 		}

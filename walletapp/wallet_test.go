@@ -1,0 +1,60 @@
+package walletapp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// A wallet whose config was unloaded refuses every later use with
+// ErrUnloaded, which the handler never treats as a store outage that
+// on_store_error allow could serve through; and it does not reopen the
+// store behind the pool's back.
+func TestUnloadedWalletRefuses(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "w.db")
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	a := &App{Wallets: map[string]*Config{"w": {StoreRaw: []byte(fmt.Sprintf(`{"backend":"sqlite","path":%q}`, path))}}}
+	if err := a.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w, err := a.Wallet("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Provision touched the disk: %v", err)
+	}
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exit := w.Enter()
+	if err := a.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	// The request that entered before Cleanup still has its store.
+	if _, err := w.Authenticate(context.Background(), "sk-llmf-nope"); errors.Is(err, ErrUnloaded) {
+		t.Fatalf("a request that entered before Cleanup lost its store: %v", err)
+	}
+	exit()
+
+	late := &App{Wallets: map[string]*Config{"w": {StoreRaw: []byte(fmt.Sprintf(`{"backend":"sqlite","path":%q}`, filepath.Join(t.TempDir(), "late.db")))}}}
+	if err := late.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lw, _ := late.Wallet("w")
+	if err := late.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lw.Authenticate(context.Background(), "sk-llmf-nope"); !errors.Is(err, ErrUnloaded) {
+		t.Fatalf("a wallet used after Cleanup: err = %v, want ErrUnloaded", err)
+	}
+	if n, _ := stores.References(late.wallets["w"].backend.PoolKey()); n != 0 {
+		t.Fatal("a use after Cleanup reopened the store")
+	}
+}
