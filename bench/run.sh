@@ -4,8 +4,8 @@
 # Starts the fake upstream (bench/upstream) and ONE Caddy serving three
 # sites on loopback: site A proxies with `reverse_proxy` (flush_interval -1),
 # site B with `llm_failover` (one channel, one model, no wallet), site C
-# with the same `llm_failover` plus a prepaid wallet (`wallet sqlite`, or
-# PostgreSQL with BENCH_WALLET=postgres). The script creates the wallet's
+# with the same `llm_failover` plus a prepaid wallet (`llm_wallet { store
+# sqlite }`, or PostgreSQL with BENCH_WALLET=postgres). The script creates the wallet's
 # account and API key through Caddy's admin API, and the load generator
 # sends that key to site C. Access logs are off. Then, for non-streaming
 # and streaming requests, it runs the closed-loop load generator
@@ -123,6 +123,21 @@ echo "bench: building the upstream, load generator and report tools"
 "$GO" build -o "$WORK/load" ./bench/load
 "$GO" build -o "$WORK/report" ./bench/report
 
+# Site C's wallet (a global llm_wallet option). The price makes every
+# request a real charge (a model without one is billed at 0 and settles as
+# a release); it changes no work but the arithmetic. The account and its
+# key are made through the admin API once Caddy is up.
+case "$WALLET" in
+sqlite) WALLET_STORE="store sqlite $WORK/wallet.db" ;;
+postgres) WALLET_STORE="store postgres {env.LLMF_TEST_POSTGRES_DSN}" ;;
+esac
+WALLET_OPTION=""
+if [ -n "$TARGET_C" ]; then
+	WALLET_OPTION="llm_wallet {
+		$WALLET_STORE
+	}"
+fi
+
 cat >"$WORK/Caddyfile" <<EOF
 {
 	admin 127.0.0.1:$PORT_ADMIN
@@ -130,6 +145,7 @@ cat >"$WORK/Caddyfile" <<EOF
 	persist_config off
 	skip_install_trust
 	grace_period 1s
+	$WALLET_OPTION
 }
 
 # Site A: the baseline.
@@ -152,14 +168,6 @@ http://127.0.0.1:$PORT_B {
 }
 EOF
 
-# Site C: site B plus the wallet. The price makes every request a real
-# charge (a model without one is billed at 0 and settles as a release);
-# it changes no work but the arithmetic. The account and its key are made
-# through the admin API once Caddy is up.
-case "$WALLET" in
-sqlite) WALLET_LINE="wallet sqlite $WORK/wallet.db" ;;
-postgres) WALLET_LINE="wallet postgres {env.LLMF_TEST_POSTGRES_DSN}" ;;
-esac
 if [ -n "$TARGET_C" ]; then
 	cat >>"$WORK/Caddyfile" <<EOF
 
@@ -172,7 +180,7 @@ http://127.0.0.1:$PORT_C {
 			route up
 			price 3 15
 		}
-		$WALLET_LINE
+		wallet
 	}
 }
 EOF
@@ -223,9 +231,9 @@ if [ -z "$ready" ]; then
 fi
 
 # The wallet's account, its money and its API key, through the admin API
-# (wallet_admin.go). The key's secret stays in $WORK. On PostgreSQL the
+# (walletapp/admin.go). The key's secret stays in $WORK. On PostgreSQL the
 # database may keep the account of an earlier run: 409 on creation is fine.
-ADMIN="http://127.0.0.1:$PORT_ADMIN/llm_failover/wallet"
+ADMIN="http://127.0.0.1:$PORT_ADMIN/llm_wallet"
 AUTH=()
 if [ -n "$TARGET_C" ]; then
 	code="$(curl -sS -o "$WORK/account.json" -w '%{http_code}' -d '{"id":"bench"}' "$ADMIN/accounts")"
