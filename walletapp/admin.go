@@ -11,9 +11,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/llmfailover/caddy-llm-failover/wallet"
-
 	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
+	"github.com/llmfailover/caddy-llm-failover/wallet"
 )
 
 func init() {
