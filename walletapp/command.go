@@ -1,7 +1,6 @@
 package walletapp
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,6 +11,7 @@ import (
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
 
+	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
 )
 
@@ -73,7 +73,7 @@ func RunCommand(out io.Writer, admin, name string, args []string) error {
 		prefix += url.PathEscape(name) + "/"
 	}
 	adminCall := func(method, path string, body, out any) error {
-		return adminRequest(admin, method, prefix+path, body, out)
+		return caddykit.AdminCall(admin, method, prefix+path, body, out)
 	}
 	need := func(n int) error {
 		if len(args) < n+1 {
@@ -207,30 +207,4 @@ func human(s string) string {
 		return s
 	}
 	return m.Human()
-}
-
-func adminRequest(admin, method, path string, body, out any) error {
-	var rd io.Reader
-	hdr := http.Header{}
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return err
-		}
-		rd = bytes.NewReader(b)
-		hdr.Set("Content-Type", "application/json")
-	}
-	resp, err := caddycmd.AdminAPIRequest(admin, method, path, hdr, rd)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if out == nil {
-		_, _ = io.Copy(io.Discard, resp.Body)
-		return nil
-	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-		return fmt.Errorf("decoding admin answer: %w", err)
-	}
-	return nil
 }

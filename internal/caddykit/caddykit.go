@@ -5,14 +5,17 @@
 package caddykit
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/dustin/go-humanize"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -118,6 +121,35 @@ func Register(reg prometheus.Registerer, collectors ...prometheus.Collector) err
 				return fmt.Errorf("registering metrics: %w", err)
 			}
 		}
+	}
+	return nil
+}
+
+// AdminCall sends one request to Caddy's admin API at admin, with body
+// (when not nil) as JSON, and decodes the JSON answer into out (when not
+// nil). An answer of 400 or more is an error carrying the API's message.
+func AdminCall(admin, method, path string, body, out any) error {
+	var rd io.Reader
+	hdr := http.Header{}
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+		hdr.Set("Content-Type", "application/json")
+	}
+	resp, err := caddycmd.AdminAPIRequest(admin, method, path, hdr, rd)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("decoding admin answer: %w", err)
 	}
 	return nil
 }
