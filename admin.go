@@ -21,6 +21,7 @@ func init() {
 //
 //	GET  /llm_failover/chains                  each model's ordered channels
 //	GET  /llm_failover/channels                each channel's breaker state
+//	GET  /llm_failover/jobs                    each background job: last run, success, error, next due
 //	POST /llm_failover/channels/<name>/reset   close one channel's breaker by hand
 //
 // Caddy re-creates admin modules on every config load, so the module holds
@@ -49,6 +50,11 @@ func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 		return caddykit.WriteJSON(w, chainsView(registrySnapshot()))
+	case path == "jobs":
+		if err := caddykit.OnlyMethod(r, http.MethodGet); err != nil {
+			return err
+		}
+		return caddykit.WriteJSON(w, jobsView())
 	case path == "channels":
 		if err := caddykit.OnlyMethod(r, http.MethodGet); err != nil {
 			return err

@@ -60,6 +60,11 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			max_park  <duration>
 //			trials    <n>
 //		}
+//		heartbeat <job> <url> {
+//			style   healthchecks|uptime_kuma|cronitor|generic
+//			states  start|success|fail...
+//			timeout <duration>
+//		}
 //		wallet [<name>] {
 //			on_store_error  deny|allow
 //			account         <placeholder>
@@ -83,7 +88,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for d.NextBlock(0) {
 		opt := d.Val()
 		switch opt {
-		case "channel", "model":
+		case "channel", "model", "heartbeat":
 		default:
 			if first, dup := at[optionKey(opt)]; dup {
 				return d.Errf("%s specified more than once (first at %s)", opt, first)
@@ -133,6 +138,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "stream_idle_timeout":
 			h.StreamIdleTimeout, err = caddykit.DurationArg(d)
+		case "heartbeat":
+			var hb caddykit.HeartbeatConfig
+			if hb, err = caddykit.UnmarshalHeartbeat(d); err == nil {
+				h.Heartbeats = append(h.Heartbeats, hb)
+			}
 		case "breaker":
 			err = h.unmarshalBreaker(d)
 		case "wallet":

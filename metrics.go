@@ -43,7 +43,7 @@ var (
 
 func registerMetrics(reg prometheus.Registerer) error {
 	return caddykit.Register(reg, requestsTotal, attemptsTotal, attemptDuration, channelSkipped,
-		breakerTransitions, breakerStates{}, walletTotal, walletCharged)
+		breakerTransitions, breakerStates{}, walletTotal, walletCharged, caddykit.JobMetrics{})
 }
 
 var breakerStateDesc = prometheus.NewDesc("caddy_llm_failover_breaker_state",

@@ -20,6 +20,7 @@ import (
 
 	"github.com/llmfailover/caddy-llm-failover/breaker"
 	"github.com/llmfailover/caddy-llm-failover/chain"
+	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
 	"github.com/llmfailover/caddy-llm-failover/provider"
 	"github.com/llmfailover/caddy-llm-failover/streamgate"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
@@ -95,6 +96,11 @@ type Handler struct {
 	StreamIdleTimeout caddy.Duration `json:"stream_idle_timeout,omitempty"`
 	// Breaker configures the per-channel circuit breaker.
 	Breaker *BreakerConfig `json:"breaker,omitempty"`
+	// Heartbeats attach heartbeat receivers (Healthchecks, Uptime Kuma,
+	// Cronitor, or a generic POST) to background jobs by name, e.g. the
+	// wallet's sweeper, wallet_sweep.<wallet>. See the jobs view at
+	// /llm_failover/jobs for the names.
+	Heartbeats []caddykit.HeartbeatConfig `json:"heartbeats,omitempty"`
 	// Wallet, when set, makes requests prepaid: a client must present a
 	// key of an account whose balance covers the request's largest cost.
 	Wallet *WalletConfig `json:"wallet,omitempty"`
@@ -109,6 +115,8 @@ type Handler struct {
 	logger      *zap.Logger
 	defaultRT   *reverseproxy.HTTPTransport
 	poolKeys    []string
+	// detachHeartbeats undoes this config's heartbeat attachments.
+	detachHeartbeats func()
 }
 
 // Channel is one upstream that serves one or more models.
@@ -385,6 +393,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return err
 	}
+	detach, err := caddykit.AttachHeartbeats(h.Heartbeats)
+	if err != nil {
+		return err
+	}
+	h.detachHeartbeats = detach
 	app, err := ctx.App("llm_failover")
 	if err != nil {
 		return fmt.Errorf("loading channel registry: %w", err)
@@ -402,6 +415,9 @@ func (h *Handler) Cleanup() error {
 		_, _ = channelStates.Delete(key)
 	}
 	h.poolKeys = nil
+	if h.detachHeartbeats != nil {
+		h.detachHeartbeats()
+	}
 	if h.defaultRT != nil {
 		return h.defaultRT.Cleanup()
 	}

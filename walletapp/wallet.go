@@ -11,11 +11,18 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
+	"github.com/llmfailover/caddy-llm-failover/jobs"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
 )
 
 // SweepEvery is how often expired reservations are released.
 const SweepEvery = time.Minute
+
+// SweepJobPrefix names the sweeper's job, followed by the name of the
+// wallet that opened the store: wallet_sweep.default. Heartbeats attach to
+// it by that name.
+const SweepJobPrefix = "wallet_sweep."
 
 // drainLimit bounds how long a store no config uses waits for the
 // requests that entered it before it closes.
@@ -81,6 +88,7 @@ func (w *Wallet) open() (*storeHolder, error) {
 				return nil, err
 			}
 			h := &storeHolder{store: st, kind: w.backend.Kind(), logger: w.logger,
+				job:  caddykit.Jobs.Job(SweepJobPrefix+w.name, SweepEvery),
 				stop: make(chan struct{}), done: make(chan struct{}), drained: make(chan struct{})}
 			go h.sweeper()
 			return h, nil
@@ -160,25 +168,27 @@ func (w *Wallet) Heartbeat() (time.Time, string) {
 	if err != nil {
 		return time.Time{}, err.Error()
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.lastSweep, h.lastErr
+	st := h.job.Status(time.Now())
+	last, lastErr := st.LastSuccess, ""
+	if st.LastErrorAt.After(st.LastSuccess) {
+		last, lastErr = st.LastErrorAt, st.LastError
+	}
+	return last, lastErr
 }
 
 // storeHolder owns an open store, its sweeper and the requests in flight.
 type storeHolder struct {
 	store  wallet.Store
+	job    *jobs.Job // the sweeper's record and heartbeats
 	kind   string
 	logger *zap.Logger
 	stop   chan struct{}
 	done   chan struct{}
 
-	mu        sync.Mutex
-	inflight  int
-	draining  bool
-	drained   chan struct{} // closed when draining and nothing is in flight
-	lastSweep time.Time     // heartbeat of the background sweeper
-	lastErr   string
+	mu       sync.Mutex
+	inflight int
+	draining bool
+	drained  chan struct{} // closed when draining and nothing is in flight
 }
 
 func (h *storeHolder) enter() {
@@ -219,20 +229,14 @@ func (h *storeHolder) sweepRecovering() {
 				zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
 		}
 	}()
-	h.sweep()
-}
-
-func (h *storeHolder) sweep() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	_ = h.job.Run(ctx, h.sweep)
+}
+
+// sweep is one run of the sweeper job.
+func (h *storeHolder) sweep(ctx context.Context) (jobs.Summary, error) {
 	n, err := h.store.Sweep(ctx, time.Now())
-	h.mu.Lock()
-	h.lastSweep = time.Now()
-	h.lastErr = ""
-	if err != nil {
-		h.lastErr = err.Error()
-	}
-	h.mu.Unlock()
 	switch {
 	case err != nil:
 		sweepTotal.WithLabelValues("error").Inc()
@@ -241,9 +245,11 @@ func (h *storeHolder) sweep() {
 		sweepTotal.WithLabelValues("released").Add(float64(n))
 		h.logger.Warn("released expired wallet reservations", zap.Int("count", n))
 	}
-	if err == nil {
-		sweepHeartbeat.SetToCurrentTime()
+	if err != nil {
+		return "", err
 	}
+	sweepHeartbeat.SetToCurrentTime()
+	return jobs.Summary(fmt.Sprintf("released %d expired reservation(s)", n)), nil
 }
 
 // Destruct runs when no config uses the store any more. Caddy cleans the
