@@ -20,10 +20,11 @@ import (
 // channels have names no other test uses: the history outlives configs.
 
 // statusConfig is a site with a full status page at /status, a public one
-// (hide_channels) at /public, and a gateway with the channels stA (primary)
-// and stB (backup) for the model stm.
-func statusConfig(primary, backup, breakerOpts string) string {
-	return fmt.Sprintf(`{
+// (hide_channels) at /public, and a gateway with the channels <prefix>A
+// (primary) and <prefix>B (backup) for the model <prefix>m. Each test has
+// its own prefix: the history outlives configs.
+func statusConfig(prefix, primary, backup, breakerOpts string) string {
+	return strings.NewReplacer("stA", prefix+"A", "stB", prefix+"B", "stm", prefix+"m").Replace(fmt.Sprintf(`{
 	skip_install_trust
 	admin localhost:%d
 	http_port %d
@@ -65,16 +66,16 @@ http://localhost:%d {
 		}
 	}
 }
-`, adminPort, httpPort, 9443+portOffset, httpPort, primary, backup, breakerOpts)
+`, adminPort, httpPort, 9443+portOffset, httpPort, primary, backup, breakerOpts))
 }
 
-func statusGateway(t *testing.T, primary, backup, breakerOpts string) {
+func statusGateway(t *testing.T, prefix, primary, backup, breakerOpts string) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("in-process Caddy tests are skipped with -short")
 	}
 	tc := caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: adminPort})
-	tc.InitServer(statusConfig(primary, backup, breakerOpts), "caddyfile")
+	tc.InitServer(statusConfig(prefix, primary, backup, breakerOpts), "caddyfile")
 	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
 }
 
@@ -139,9 +140,9 @@ func fetchStatus(t *testing.T, url string, hdr ...string) statusJSON {
 	return v
 }
 
-func chatStatus(t *testing.T) int {
+func chatStatus(t *testing.T, model string) int {
 	t.Helper()
-	res, _ := post(t, "/v1/chat/completions", fu.ChatRequest("stm", false))
+	res, _ := post(t, "/v1/chat/completions", fu.ChatRequest(model, false))
 	return res.StatusCode
 }
 
@@ -152,13 +153,13 @@ func chatStatus(t *testing.T) int {
 func TestStatusHistoryFromScriptedMix(t *testing.T) {
 	a := upstream(t, fu.OKNamed("primary"))
 	b := upstream(t, fu.OKNamed("backup"))
-	statusGateway(t, a.URL, b.URL, "failures 60")
+	statusGateway(t, "st", a.URL, b.URL, "failures 60")
 	before := fetchStatus(t, adminURL+"/llm_failover/status")
 	baseA := channelWindow(t, before, "stA", "24h")
 
 	send := func(n, want int) {
 		for range n {
-			if got := chatStatus(t); got != want {
+			if got := chatStatus(t, "stm"); got != want {
 				t.Fatalf("status %d, want %d", got, want)
 			}
 		}
@@ -239,7 +240,7 @@ func TestStatusHistoryFromScriptedMix(t *testing.T) {
 	}
 
 	// A reload keeps the history.
-	statusGateway(t, a.URL, b.URL, "failures 50")
+	statusGateway(t, "st", a.URL, b.URL, "failures 50")
 	check(fetchStatus(t, adminURL+"/llm_failover/status"))
 }
 
@@ -270,9 +271,9 @@ func channelWindow(t *testing.T, v statusJSON, channel, window string) windowVie
 func TestStatusPageHTMLAndHiddenChannels(t *testing.T) {
 	a := upstream(t, fu.Status(503, ""))
 	b := upstream(t, fu.OKNamed("backup"))
-	statusGateway(t, a.URL, b.URL, "failures 2\n\t\t\tcooldown 1m")
+	statusGateway(t, "hp", a.URL, b.URL, "failures 2\n\t\t\tcooldown 1m")
 	for range 3 {
-		if got := chatStatus(t); got != 200 {
+		if got := chatStatus(t, "hpm"); got != 200 {
 			t.Fatalf("status %d", got)
 		}
 	}
@@ -280,15 +281,15 @@ func TestStatusPageHTMLAndHiddenChannels(t *testing.T) {
 	if res.StatusCode != 200 || !strings.HasPrefix(res.Header.Get("Content-Type"), "text/html") {
 		t.Fatalf("%d %s", res.StatusCode, res.Header.Get("Content-Type"))
 	}
-	mustContain(t, page, "Example gateway", "stA", "stB", "Down", "skipping it until", "channel stA open", "ongoing", "/runbooks/status.md", "/runbooks/state-open.md")
+	mustContain(t, page, "Example gateway", "hpA", "hpB", "Down", "skipping it (breaker open) until", "channel hpA open", "ongoing", "/runbooks/status.md", "/runbooks/state-open.md")
 	mustNotContain(t, page, "<script", "status-secret", "http://")
 
 	_, public := getBody(t, gatewayURL+"/public")
-	mustContain(t, public, "Example public status", "stm", "Degraded")
-	mustNotContain(t, public, "stA", "stB", a.Addr(), b.Addr(), "status-secret")
+	mustContain(t, public, "Example public status", "hpm", "Degraded")
+	mustNotContain(t, public, "hpA", "hpB", a.Addr(), b.Addr(), "status-secret")
 	_, publicJSON := getBody(t, gatewayURL+"/public?format=json")
-	mustContain(t, publicJSON, `"stm"`)
-	mustNotContain(t, publicJSON, "stA", "stB", a.Addr(), b.Addr(), "status-secret")
+	mustContain(t, publicJSON, `"hpm"`)
+	mustNotContain(t, publicJSON, "hpA", "hpB", a.Addr(), b.Addr(), "status-secret")
 
 	if res, _ := post(t, "/status", []byte("{}")); res.StatusCode != http.StatusMethodNotAllowed {
 		t.Errorf("POST /status: %d", res.StatusCode)

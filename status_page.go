@@ -131,7 +131,7 @@ footer{color:var(--mute);font-size:12px;margin:18px 0}
 </style></head>
 <body><main>
 <h1>{{.V.Title}}</h1>
-<div class="banner b-{{.V.Status}}">{{if eq .V.Status "operational"}}All models operational{{else}}{{label .V.Status}}: see below{{end}}</div>
+<div class="banner b-{{.V.Status}}">{{if eq .V.Status "operational"}}All models operational{{else}}{{label .V.Status}}:{{range .V.Models}}{{if ne .Status "operational"}} <a href="#model-{{.Name}}" style="color:#fff">{{.Name}}</a> {{label .Status}};{{end}}{{end}}{{end}}</div>
 {{$now := .V.GeneratedAt}}{{$hidden := .V.Hidden}}
 {{range .V.Models}}
 <section class="card" id="model-{{.Name}}">
@@ -162,7 +162,7 @@ footer{color:var(--mute);font-size:12px;margin:18px 0}
 {{range .V.Incidents}}<tr><td>{{if eq .Kind "model"}}model {{.Subject}} had no working channel{{else}}channel {{.Subject}} open{{end}}</td><td>{{ts .Start}}</td><td>{{if .Ongoing}}<strong>ongoing</strong>{{else}}{{ts .End}}{{end}}</td><td>{{range $r, $n := .Reasons}}<a href="{{runbook $r}}">{{$r}}</a> ×{{$n}} {{end}}</td><td>{{.Attempts}} / {{.Failures}}</td></tr>
 {{end}}</table></div>{{else}}<p class="mute">No incidents in the last 90 days.</p>{{end}}
 </section>
-{{if .Reasons}}<section class="card"><h2>Runbooks</h2><p>{{range .Reasons}}<a href="{{runbook .}}">{{.}}</a> · {{end}}</p></section>{{end}}
+{{if .Reasons}}<section class="card"><h2>Runbooks</h2><p>{{range $i, $r := .Reasons}}{{if $i}} · {{end}}<a href="{{runbook $r}}">{{$r}}</a>{{end}}</p></section>{{end}}
 <footer>Generated {{ts .V.GeneratedAt}} from real traffic through this gateway. Bars: green ok, light green some failures, amber rate limited, orange or red down, grey no traffic. Also as JSON: <a href="?format=json">?format=json</a>.</footer>
 </main></body></html>
 `))

@@ -160,11 +160,11 @@ func durations() []time.Duration {
 func channelCondition(h breaker.Snapshot, last5m history.Counts) (status, doing string, until time.Time) {
 	switch h.State {
 	case breaker.Open:
-		return statusDown, "skipping it until its cooldown ends", h.OpenUntil
+		return statusDown, "skipping it (breaker open)", h.OpenUntil
 	case breaker.HalfOpen:
 		return statusDegraded, "probing it with a few trial requests", time.Time{}
 	case breaker.Parked:
-		return statusLimited, "parked by the upstream's Retry-After", h.ParkedUntil
+		return statusLimited, "not sending it anything (parked by the upstream's Retry-After)", h.ParkedUntil
 	}
 	if last5m.Attempts-last5m.Client >= degradedMinAttempts && last5m.SuccessRate() < degradedBelow {
 		return statusDegraded, "serving, with failures failing over", time.Time{}
