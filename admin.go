@@ -23,6 +23,8 @@ func init() {
 //	GET  /llm_failover/channels                each channel's breaker state
 //	GET  /llm_failover/jobs                    each background job: last run, success, error, next due
 //	POST /llm_failover/channels/<name>/reset   close one channel's breaker by hand
+//	GET  /llm_failover/status                  the status page's JSON (status_handler.go)
+//	GET  /llm_failover/decisions?...           the failover decision journal (decisions.go)
 //
 // Caddy re-creates admin modules on every config load, so the module holds
 // nothing: it reads the running config's channel registry (App) at request
@@ -66,6 +68,10 @@ func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		}
 		name := strings.TrimSuffix(strings.TrimPrefix(path, "channels/"), "/reset")
 		return resetChannel(w, activeRegistry(), name)
+	case path == "status":
+		return serveStatus(w, r)
+	case path == "decisions":
+		return serveDecisions(w, r)
 	}
 	return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no such llm_failover endpoint: %s", r.URL.Path)}
 }

@@ -51,6 +51,9 @@ type App struct {
 	events *caddyevents.App
 	logger *zap.Logger
 
+	// status is the history and decision journal, shared across reloads.
+	status *statusState
+
 	mu       sync.Mutex
 	channels []registeredChannel
 	models   []registeredModel
@@ -86,6 +89,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("loading events app: %w", err)
 	}
 	a.events = ev.(*caddyevents.App)
+	if a.status, err = loadStatusState(); err != nil {
+		return fmt.Errorf("loading the status history: %w", err)
+	}
 	return nil
 }
 
@@ -225,6 +231,7 @@ func (a *App) stateChanged(logger *zap.Logger, st *channelState, tr breaker.Tran
 			"from": tr.From.String(), "to": tr.To.String(), "reason": reason,
 		})
 	}
+	a.transitioned(st, tr, reason)
 }
 
 // attempted reports one attempt's outcome as an event.

@@ -86,6 +86,9 @@ type exchange struct {
 	attempts int
 	bill     *bill
 	probe    bool // every channel was open; this request probes one
+	// committedAt is when the current attempt's answer was committed to
+	// the client: its time to first content.
+	committedAt time.Time
 }
 
 // attemptResult says what became of one attempt.
@@ -93,6 +96,7 @@ type attemptResult struct {
 	done       bool     // the client has its answer (or is gone); stop
 	fail       *failure // retryable failure; try the next candidate
 	clientGone bool
+	passed     int // status of a non-2xx answer passed to the client untouched
 }
 
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
@@ -216,6 +220,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 			zap.Duration("elapsed", time.Since(x.start)),
 			zap.Duration("remaining_budget", time.Until(x.deadline)),
 			zap.String("next_channel", next))
+		h.app.decided(x, route.Name, res.fail, next)
 	}
 
 	if r.Context().Err() != nil {
@@ -361,6 +366,7 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 		src = &firstByteReader{r: src, t: firstByte}
 	}
 	commit := func() {
+		x.committedAt = time.Now()
 		budgetTimer.Stop()
 		if firstByte != nil {
 			firstByte.Stop()
@@ -378,7 +384,7 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 		// same, so the client gets this answer untouched.
 		commit()
 		h.passThrough(x, ch, res, src)
-		return attemptResult{done: true}
+		return attemptResult{done: true, passed: res.StatusCode}
 	case ch.adapter.IsStream(res.Header):
 		return h.relayStream(ctx, cancel, x, ch, res, src, commit)
 	case ch.adapter.IsJSON(res.Header):
@@ -544,6 +550,11 @@ func (h *Handler) record(x *exchange, route *chain.Route, res attemptResult, too
 	attemptsTotal.WithLabelValues(x.req.Model, ch.name, outcome).Inc()
 	attemptDuration.WithLabelValues(ch.name).Observe(took.Seconds())
 	h.app.attempted(x.req.Model, ch.name, x.attempts, outcome, status, took)
+	var ttft time.Duration
+	if !x.committedAt.IsZero() {
+		ttft = x.committedAt.Sub(now.Add(-took))
+	}
+	h.app.recordHistory(x.req.Model, ch.name, res, outcome, status, ttft)
 	if tr.Changed() {
 		if reason == "" {
 			reason = outcome

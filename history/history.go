@@ -1,0 +1,225 @@
+// Package history owns what the status page shows about the past: per
+// channel and per model counts of attempts by outcome class, rolled up in
+// minutes (6 h), hours (48 h) and days (90 d), latency sketches, the last
+// failure, and incidents derived from breaker-open periods and from models
+// left with no working channel. Memory is bounded: fixed rings per series
+// and a capped incident list.
+//
+// It must not know HTTP, Caddy, providers or how a failure was detected:
+// callers classify each attempt (Class) and pass the time, so tests drive
+// it with an injected clock.
+package history
+
+import (
+	"time"
+)
+
+// Class is what an attempt's outcome says about its channel.
+type Class int
+
+const (
+	// Success: the channel answered.
+	Success Class = iota
+	// Down: 5xx, network errors, timeouts, error frames, cut streams.
+	Down
+	// Limited: 429 and throttling; capacity, not an outage.
+	Limited
+	// Client: a 4xx the client caused; never held against the channel.
+	Client
+)
+
+func (c Class) String() string {
+	switch c {
+	case Success:
+		return "success"
+	case Down:
+		return "down"
+	case Limited:
+		return "limited"
+	case Client:
+		return "client"
+	}
+	return "unknown"
+}
+
+// Attempt is one upstream attempt's outcome as history keeps it.
+type Attempt struct {
+	At      time.Time
+	Model   string
+	Channel string
+	Class   Class
+	// Reason is the failure reason ("" on success) and Status the upstream
+	// status (0 when none), kept as the channel's last failure.
+	Reason string
+	Status int
+	// TTFT is the time to first content; 0 when the attempt delivered none.
+	TTFT         time.Duration
+	OutputTokens int64
+}
+
+// Counts are the outcomes of some attempts.
+type Counts struct {
+	Attempts     int64
+	Successes    int64
+	Down         int64
+	Limited      int64
+	Client       int64
+	OutputTokens int64
+	TTFT         Sketch
+}
+
+func (c *Counts) add(a Attempt) {
+	c.Attempts++
+	switch a.Class {
+	case Success:
+		c.Successes++
+	case Down:
+		c.Down++
+	case Limited:
+		c.Limited++
+	case Client:
+		c.Client++
+	}
+	c.OutputTokens += a.OutputTokens
+	if a.TTFT > 0 {
+		c.TTFT.Observe(a.TTFT)
+	}
+}
+
+// Merge adds o to c.
+func (c *Counts) Merge(o *Counts) {
+	c.Attempts += o.Attempts
+	c.Successes += o.Successes
+	c.Down += o.Down
+	c.Limited += o.Limited
+	c.Client += o.Client
+	c.OutputTokens += o.OutputTokens
+	c.TTFT.Merge(&o.TTFT)
+}
+
+// SuccessRate is successes over the attempts that say something about the
+// channel (client errors excluded); 1 with no such attempts.
+func (c *Counts) SuccessRate() float64 {
+	judged := c.Attempts - c.Client
+	if judged <= 0 {
+		return 1
+	}
+	return float64(c.Successes) / float64(judged)
+}
+
+// Rollup resolutions and how far back each reaches.
+const (
+	Minutes = 6 * 60 // one bucket per minute, 6 hours
+	Hours   = 48     // one per hour, 48 hours
+	Days    = 90     // one per day (UTC), 90 days
+)
+
+// bucket is one period's counts; start is the period's first instant in
+// Unix seconds, 0 for a bucket never written.
+type bucket struct {
+	start int64
+	Counts
+}
+
+// ring is fixed-size buckets of one width, indexed by period number modulo
+// the ring size; a slot whose start is stale is reset when written.
+type ring struct {
+	width   int64 // seconds
+	buckets []bucket
+}
+
+func newRing(width time.Duration, n int) ring {
+	return ring{width: int64(width / time.Second), buckets: make([]bucket, n)}
+}
+
+func (r *ring) periodStart(t time.Time) int64 {
+	u := t.Unix()
+	return u - ((u%r.width)+r.width)%r.width
+}
+
+func (r *ring) slot(start int64) *bucket {
+	return &r.buckets[(start/r.width)%int64(len(r.buckets))]
+}
+
+func (r *ring) add(a Attempt) {
+	start := r.periodStart(a.At)
+	b := r.slot(start)
+	if b.start != start {
+		if b.start > start {
+			return // older than the ring reaches
+		}
+		*b = bucket{start: start}
+	}
+	b.add(a)
+}
+
+// sum merges the last d of buckets: the one holding now and the full ones
+// before it, at least one.
+func (r *ring) sum(now time.Time, d time.Duration) Counts {
+	var c Counts
+	last := r.periodStart(now)
+	first := last - (max(int64(d/time.Second)/r.width, 1)-1)*r.width
+	for start := first; start <= last; start += r.width {
+		if b := r.slot(start); b.start == start {
+			c.Merge(&b.Counts)
+		}
+	}
+	return c
+}
+
+// bars returns the last n periods' counts, oldest first, ending with the
+// period that holds now.
+func (r *ring) bars(now time.Time, n int) []Bar {
+	out := make([]Bar, n)
+	last := r.periodStart(now)
+	for i := range n {
+		start := last - int64(n-1-i)*r.width
+		out[i].Start = time.Unix(start, 0).UTC()
+		if b := r.slot(start); b.start == start {
+			out[i].Counts = b.Counts
+		}
+	}
+	return out
+}
+
+// Bar is one period of a bar chart.
+type Bar struct {
+	Start time.Time
+	Counts
+}
+
+// series is the history of one channel or one model.
+type series struct {
+	minutes, hours, days ring
+	lastFailure          *Attempt
+}
+
+func newSeries() *series {
+	return &series{
+		minutes: newRing(time.Minute, Minutes),
+		hours:   newRing(time.Hour, Hours),
+		days:    newRing(24*time.Hour, Days),
+	}
+}
+
+func (s *series) add(a Attempt) {
+	s.minutes.add(a)
+	s.hours.add(a)
+	s.days.add(a)
+	if a.Class != Success && a.Class != Client && (s.lastFailure == nil || !a.At.Before(s.lastFailure.At)) {
+		f := a
+		s.lastFailure = &f
+	}
+}
+
+// window is the counts of the last d: from minutes up to 6 h, from hours
+// beyond.
+func (s *series) window(now time.Time, d time.Duration) Counts {
+	if d <= Minutes*time.Minute {
+		return s.minutes.sum(now, d)
+	}
+	if d <= Hours*time.Hour {
+		return s.hours.sum(now, d)
+	}
+	return s.days.sum(now, d)
+}

@@ -1,0 +1,195 @@
+package history
+
+import (
+	"runtime"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 3, 1, 23, 58, 30, 0, time.UTC)
+
+func TestClassesNeverMix(t *testing.T) {
+	r := NewRecorder()
+	mix := []struct {
+		class Class
+		n     int
+	}{{Success, 5}, {Down, 3}, {Limited, 4}, {Client, 2}}
+	for _, m := range mix {
+		for range m.n {
+			r.Record(Attempt{At: t0, Model: "m", Channel: "a", Class: m.class, Reason: "status", Status: 500})
+		}
+	}
+	for _, v := range []View{r.Channel("a", t0, 5*time.Minute), r.Model("m", t0, 5*time.Minute)} {
+		c := v.Windows[5*time.Minute]
+		if c.Attempts != 14 || c.Successes != 5 || c.Down != 3 || c.Limited != 4 || c.Client != 2 {
+			t.Fatalf("%s: %+v", v.Name, c)
+		}
+		// Client errors are not held against the channel: 5 of 12.
+		if got := c.SuccessRate(); got != 5.0/12 {
+			t.Fatalf("success rate %v", got)
+		}
+	}
+}
+
+// Rollups across minute, hour and day boundaries with an injected clock.
+func TestRollupsAcrossBoundaries(t *testing.T) {
+	r := NewRecorder()
+	// t0 is 23:58:30 on 1 March; one success per minute for 4 minutes
+	// crosses the minute, hour and day boundaries at midnight.
+	for i := range 4 {
+		r.Record(Attempt{At: t0.Add(time.Duration(i) * time.Minute), Model: "m", Channel: "a", Class: Success})
+	}
+	now := t0.Add(3 * time.Minute) // 00:01:30 on 2 March
+	v := r.Channel("a", now, time.Minute, 5*time.Minute, time.Hour, 24*time.Hour)
+	if got := v.Windows[time.Minute].Attempts; got != 1 {
+		t.Errorf("last minute: %d attempts, want 1", got)
+	}
+	if got := v.Windows[5*time.Minute].Attempts; got != 4 {
+		t.Errorf("5m: %d, want 4", got)
+	}
+	if got := v.Windows[24*time.Hour].Attempts; got != 4 {
+		t.Errorf("24h: %d, want 4", got)
+	}
+	last, prev := v.Hourly[Hours-1], v.Hourly[Hours-2]
+	if last.Attempts != 2 || prev.Attempts != 2 || !last.Start.Equal(time.Date(2026, 3, 2, 0, 0, 0, 0, time.UTC)) {
+		t.Errorf("hour bars: prev %d, last %d at %s", prev.Attempts, last.Attempts, last.Start)
+	}
+	if d := v.Daily[Days-1]; d.Attempts != 2 || v.Daily[Days-2].Attempts != 2 {
+		t.Errorf("day bars: %d, %d", v.Daily[Days-2].Attempts, d.Attempts)
+	}
+
+	// Seven hours later the minutes are gone, the hours and days remain.
+	later := now.Add(7 * time.Hour)
+	v = r.Channel("a", later, 5*time.Minute, 24*time.Hour)
+	if v.Windows[5*time.Minute].Attempts != 0 || v.Windows[24*time.Hour].Attempts != 4 {
+		t.Errorf("7h later: %+v", v.Windows)
+	}
+	// A slot reused by a later period starts from zero.
+	r.Record(Attempt{At: now.Add(6 * time.Hour), Model: "m", Channel: "a", Class: Down})
+	v = r.Channel("a", now.Add(6*time.Hour), 5*time.Minute)
+	if c := v.Windows[5*time.Minute]; c.Attempts != 1 || c.Down != 1 {
+		t.Errorf("reused minute slot: %+v", c)
+	}
+	// 91 days later nothing is left in the day bars.
+	v = r.Channel("a", now.Add(91*24*time.Hour))
+	for _, d := range v.Daily {
+		if d.Attempts != 0 {
+			t.Fatalf("day bar %s still has %d", d.Start, d.Attempts)
+		}
+	}
+}
+
+func TestLastFailureAndIncidents(t *testing.T) {
+	r := NewRecorder()
+	r.Record(Attempt{At: t0, Model: "m", Channel: "a", Class: Down, Reason: "status", Status: 503})
+	r.ChannelOpened("a", "status", t0)
+	r.ModelAvailable("m", false, t0.Add(time.Second))
+	r.Record(Attempt{At: t0.Add(2 * time.Second), Model: "m", Channel: "a", Class: Down, Reason: "header_timeout"})
+	r.Record(Attempt{At: t0.Add(3 * time.Second), Model: "m", Channel: "a", Class: Client, Reason: "status", Status: 400})
+	r.ModelAvailable("m", true, t0.Add(4*time.Second))
+	r.ChannelClosed("a", t0.Add(5*time.Second))
+	r.ChannelClosed("a", t0.Add(6*time.Second)) // no incident: nothing changes
+
+	if lf := r.Channel("a", t0).LastFailure; lf == nil || lf.Reason != "header_timeout" {
+		t.Fatalf("last failure %+v (a client error is not a failure)", lf)
+	}
+	in := r.Incidents()
+	if len(in) != 2 {
+		t.Fatalf("%d incidents", len(in))
+	}
+	model, ch := in[0], in[1]
+	if model.Kind != "model" || model.Subject != "m" || model.Attempts != 2 || model.Failures != 1 || !model.End.Equal(t0.Add(4*time.Second)) {
+		t.Errorf("model incident %+v", model)
+	}
+	if ch.Kind != "channel" || ch.Reasons["status"] != 1 || ch.Reasons["header_timeout"] != 1 || ch.Ongoing() {
+		t.Errorf("channel incident %+v", ch)
+	}
+}
+
+func TestIncidentsBounded(t *testing.T) {
+	r := NewRecorder()
+	for i := range 3 * MaxIncidents {
+		at := t0.Add(time.Duration(i) * time.Minute)
+		r.ChannelOpened("a", "status", at)
+		r.ChannelClosed("a", at.Add(time.Second))
+	}
+	if n := len(r.Incidents()); n > MaxIncidents+1 {
+		t.Fatalf("%d incidents kept", n)
+	}
+}
+
+func TestSketchQuantiles(t *testing.T) {
+	var s Sketch
+	for i := 1; i <= 100; i++ {
+		s.Observe(time.Duration(i) * 10 * time.Millisecond) // 10 ms … 1 s
+	}
+	p50, p95 := s.Quantile(0.5), s.Quantile(0.95)
+	if p50 < 500*time.Millisecond || p50 > 760*time.Millisecond {
+		t.Errorf("p50 %s", p50)
+	}
+	if p95 < 950*time.Millisecond || p95 > 1450*time.Millisecond {
+		t.Errorf("p95 %s", p95)
+	}
+	if (&Sketch{}).Quantile(0.5) != 0 {
+		t.Error("empty sketch")
+	}
+}
+
+// heapFor50Channels90Days fills the history of 50 channels and 10 models
+// with traffic in every minute of 6 h, every hour of 48 h and every day of
+// 90 days, and returns the heap it holds.
+func heapFor50Channels90Days() (uint64, *Recorder) {
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	r := NewRecorder()
+	now := t0
+	for c := range 50 {
+		ch, m := "channel-"+string(rune('A'+c%26))+string(rune('a'+c/26)), "model-"+string(rune('a'+c%10))
+		for d := range Days {
+			r.Record(Attempt{At: now.Add(-time.Duration(d) * 24 * time.Hour), Model: m, Channel: ch, Class: Down, TTFT: time.Second})
+		}
+		for h := range Hours {
+			r.Record(Attempt{At: now.Add(-time.Duration(h) * time.Hour), Model: m, Channel: ch, Class: Success, TTFT: time.Second})
+		}
+		for i := range Minutes {
+			r.Record(Attempt{At: now.Add(-time.Duration(i) * time.Minute), Model: m, Channel: ch, Class: Limited})
+		}
+	}
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	return after.HeapAlloc - before.HeapAlloc, r
+}
+
+// MemoryBound is the stated bound for 50 channels and 10 models over 90
+// days: every ring allocated in full, whatever the traffic.
+const memoryBound = 8 << 20
+
+func TestMemoryBound50Channels90Days(t *testing.T) {
+	heap, r := heapFor50Channels90Days()
+	runtime.KeepAlive(r)
+	t.Logf("history of 50 channels + 10 models over 90 days: %d KiB", heap>>10)
+	if heap > memoryBound {
+		t.Fatalf("history holds %d bytes, bound %d", heap, memoryBound)
+	}
+}
+
+func BenchmarkMemory50Channels90Days(b *testing.B) {
+	var heap uint64
+	for b.Loop() {
+		var r *Recorder
+		heap, r = heapFor50Channels90Days()
+		runtime.KeepAlive(r)
+	}
+	b.ReportMetric(float64(heap), "heap-bytes")
+}
+
+func BenchmarkRecord(b *testing.B) {
+	r := NewRecorder()
+	a := Attempt{At: t0, Model: "m", Channel: "a", Class: Success, TTFT: 300 * time.Millisecond}
+	b.ReportAllocs()
+	for b.Loop() {
+		r.Record(a)
+	}
+}

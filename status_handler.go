@@ -1,0 +1,149 @@
+package llmfailover
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
+)
+
+func init() {
+	caddy.RegisterModule(StatusPage{})
+	httpcaddyfile.RegisterHandlerDirective("llm_status", parseStatusCaddyfile)
+	// Before reverse_proxy, like llm_failover, so a status route needs no
+	// `order` line (the anchor must be a standard directive).
+	httpcaddyfile.RegisterDirectiveOrder("llm_status", httpcaddyfile.Before, "reverse_proxy")
+}
+
+// StatusPage serves the gateway's status page: every model's status, its
+// channels' breaker state, success rates, 48 hour and 90 day bars, recent
+// failover decisions and incidents, as HTML (no external assets, no
+// JavaScript needed) or, with `Accept: application/json` or
+// `?format=json`, as JSON. It reads the running config's llm_failover app
+// at request time, so one page shows every llm_failover handler.
+type StatusPage struct {
+	// Title heads the page.
+	Title string `json:"title,omitempty"`
+	// HideChannels shows models only: no channel name or URL, for a
+	// public page.
+	HideChannels bool `json:"hide_channels,omitempty"`
+	// Refresh reloads the page every this often; 0 never.
+	Refresh caddy.Duration `json:"refresh,omitempty"`
+}
+
+// CaddyModule returns the Caddy module information.
+func (StatusPage) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.llm_status",
+		New: func() caddy.Module { return new(StatusPage) },
+	}
+}
+
+const defaultStatusTitle = "LLM gateway status"
+
+// ServeHTTP implements caddyhttp.Handler. It is a terminal handler.
+func (p *StatusPage) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		return caddyhttp.Error(http.StatusMethodNotAllowed, fmt.Errorf("the status page answers GET"))
+	}
+	title := p.Title
+	if title == "" {
+		title = defaultStatusTitle
+	}
+	view := currentStatus(time.Now(), title, p.HideChannels)
+	w.Header().Set("Cache-Control", "no-store")
+	if wantsJSON(r) {
+		return caddykit.WriteJSON(w, view)
+	}
+	var buf bytes.Buffer
+	if err := renderStatusPage(&buf, view, time.Duration(p.Refresh)); err != nil {
+		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("rendering the status page: %w", err))
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("X-Content-Type-Options", "nosniff")
+	// Inline styles only; nothing loads from anywhere.
+	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src data:")
+	_, err := w.Write(buf.Bytes())
+	return err
+}
+
+func wantsJSON(r *http.Request) bool {
+	if f := r.URL.Query().Get("format"); f != "" {
+		return f == "json"
+	}
+	return strings.Contains(r.Header.Get("Accept"), "application/json")
+}
+
+// currentStatus is the running config's status; an empty view when no
+// config has an llm_failover handler.
+func currentStatus(now time.Time, title string, hide bool) statusView {
+	if reg := activeRegistry(); reg != nil && reg.status != nil {
+		return reg.statusSnapshot(now, title, hide)
+	}
+	return statusView{Title: title, GeneratedAt: now.UTC(), Status: statusOperational, Models: []modelStatus{}, Incidents: []incidentView{}}
+}
+
+// parseStatusCaddyfile sets up the handler from Caddyfile tokens:
+//
+//	llm_status [<matcher>] {
+//	    title <text>
+//	    hide_channels
+//	    refresh <duration>
+//	}
+func parseStatusCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	p := new(StatusPage)
+	err := p.UnmarshalCaddyfile(h.Dispenser)
+	return p, err
+}
+
+// UnmarshalCaddyfile implements caddyfile.Unmarshaler.
+func (p *StatusPage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the directive's name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := caddykit.Seen{}
+	for d.NextBlock(0) {
+		if err := seen.Once(d, "llm_status: "); err != nil {
+			return err
+		}
+		switch d.Val() {
+		case "title":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			p.Title = strings.Join(args, " ")
+		case "hide_channels":
+			if err := caddykit.NoMoreArgs(d); err != nil {
+				return err
+			}
+			p.HideChannels = true
+		case "refresh":
+			dur, err := caddykit.DurationArg(d)
+			if err != nil {
+				return err
+			}
+			p.Refresh = dur
+		default:
+			return d.Errf("llm_status: unknown option %q", d.Val())
+		}
+	}
+	return nil
+}
+
+// Interface guards
+var (
+	_ caddyhttp.MiddlewareHandler = (*StatusPage)(nil)
+	_ caddyfile.Unmarshaler       = (*StatusPage)(nil)
+)
