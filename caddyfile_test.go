@@ -166,7 +166,7 @@ func TestProvisionErrors(t *testing.T) {
 		"doubled /v1":              `{"channels":[{"name":"a","base_url":"http://x:1/v1"}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
 		"model without routes":     `{"channels":[{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m"}]}`,
 		"openai without base url":  `{"channels":[{"name":"a"}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
-		"unknown provider":         `{"channels":[{"name":"a","base_url":"http://x:1","provider":{"name":"gemini"}}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
+		"unknown provider":         `{"channels":[{"name":"a","base_url":"http://x:1","provider":{"name":"no-such-provider"}}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
 	}
 	for name, cfg := range cases {
 		t.Run(name, func(t *testing.T) {

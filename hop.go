@@ -362,6 +362,10 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 		return attemptResult{fail: statusFailure(x.api, res)}
 	}
 	src := ch.adapter.ResponseBody(res)
+	if route.UpstreamModel != "" && route.UpstreamModel != x.req.Model && provider.RenamesBack(ch.adapter) {
+		// The client sees the model it asked for, never the route's rename.
+		src = provider.RestoreModel(src, x.req.Model)
+	}
 	if firstByte != nil {
 		src = &firstByteReader{r: src, t: firstByte}
 	}
@@ -431,6 +435,11 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 			// already has: it cannot fail over, only count against the
 			// channel.
 			return attemptResult{done: true, fail: f}
+		}
+		if status := x.api.ErrorFrameRefusal(out.ErrorData); status != 0 {
+			// The upstream refused the request itself: every channel would.
+			_ = h.refuse(x, provider.Error{Status: status, Message: f.message})
+			return attemptResult{done: true}
 		}
 		return attemptResult{fail: f}
 	case streamgate.GateTimeout:
@@ -599,7 +608,7 @@ func causeFailure(ctx context.Context) *failure {
 // its message can be logged and quoted to the client.
 func statusFailure(api provider.API, res *http.Response) *failure {
 	f := &failure{reason: reasonStatus, status: res.StatusCode}
-	if ra, ok := breaker.ParseRetryAfter(res.Header.Get("Retry-After"), time.Now()); ok {
+	if ra, ok := provider.RetryAfter(res.Header, time.Now()); ok {
 		f.retryAfter = ra
 	}
 	if b, err := io.ReadAll(io.LimitReader(res.Body, 64<<10)); err == nil || len(b) > 0 {

@@ -328,7 +328,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			}
 			ch.rt = h.defaultRT
 		}
-		key := channelIdentity(c.Name, base, ch.headers)
+		key := channelIdentity(c.Name, base, ch.headers, adapterCredentials(adapter)...)
 		st, err := loadChannelState(key, c.Name, base.Redacted(), breakerCfg)
 		if err != nil {
 			return fmt.Errorf("channel %q: %w", c.Name, err)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"unicode/utf8"
 )
 
@@ -106,6 +107,17 @@ func (API) UpstreamMessage(body []byte) string {
 }
 
 func upstreamMessage(body []byte) string {
+	// Google wraps its error objects in an array:
+	// [{"error":{"code":429,"message":"...","status":"RESOURCE_EXHAUSTED"}}].
+	if b := trimWS(body); len(b) > 0 && b[0] == '[' {
+		var arr []struct {
+			Error json.RawMessage `json:"error"`
+		}
+		if json.Unmarshal(b, &arr) != nil || len(arr) == 0 || len(arr[0].Error) == 0 {
+			return ""
+		}
+		body = append(append([]byte(`{"error":`), arr[0].Error...), '}')
+	}
 	var v struct {
 		Error   json.RawMessage `json:"error"`
 		Message string          `json:"message"`
@@ -126,4 +138,29 @@ func upstreamMessage(body []byte) string {
 		}
 	}
 	return v.Message
+}
+
+// anthropicStatuses are the HTTP statuses Anthropic's error types stand
+// for, read back from in-stream error events.
+var anthropicStatuses = map[string]int{
+	"invalid_request_error": http.StatusBadRequest, "authentication_error": http.StatusUnauthorized,
+	"billing_error": http.StatusPaymentRequired, "permission_error": http.StatusForbidden,
+	"not_found_error": http.StatusNotFound, "request_too_large": http.StatusRequestEntityTooLarge,
+}
+
+// ErrorFrameRefusal reports the client error an in-stream error event
+// stands for (a Bedrock validationException, an Anthropic
+// invalid_request_error): such a refusal is about the request, every
+// channel would answer it alike, so before any content it is the client's
+// answer rather than a reason to fail over. It returns 0 for the other
+// errors (rate limits, overload, server errors), which fail over.
+func (a API) ErrorFrameRefusal(data []byte) int {
+	if !a.Anthropic() {
+		return 0
+	}
+	var e anthropicError
+	if json.Unmarshal(data, &e) != nil {
+		return 0
+	}
+	return anthropicStatuses[e.Error.Type]
 }
