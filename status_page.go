@@ -5,6 +5,7 @@ import (
 	"html/template"
 	"io"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -92,6 +93,7 @@ var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap
 	"percent": percent,
 	"ago":     ago,
 	"label":   func(s string) string { return statusLabels[s] },
+	"lower":   strings.ToLower,
 	"runbook": runbookURL,
 	"ts":      func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 UTC") },
 	"ms": func(n int64) string {
@@ -131,7 +133,7 @@ footer{color:var(--mute);font-size:12px;margin:18px 0}
 </style></head>
 <body><main>
 <h1>{{.V.Title}}</h1>
-<div class="banner b-{{.V.Status}}">{{if eq .V.Status "operational"}}All models operational{{else}}{{label .V.Status}}:{{range .V.Models}}{{if ne .Status "operational"}} <a href="#model-{{.Name}}" style="color:#fff">{{.Name}}</a> {{label .Status}};{{end}}{{end}}{{end}}</div>
+<div class="banner b-{{.V.Status}}">{{if eq .V.Status "operational"}}All models operational{{else}}{{label .V.Status}} —{{range .V.Models}}{{if ne .Status "operational"}} <a href="#model-{{.Name}}" style="color:#fff">{{.Name}}</a> is {{lower (label .Status)}}.{{end}}{{end}}{{end}}</div>
 {{$now := .V.GeneratedAt}}{{$hidden := .V.Hidden}}
 {{range .V.Models}}
 <section class="card" id="model-{{.Name}}">
