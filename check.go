@@ -69,6 +69,22 @@ func (h *Handler) check() error {
 	if err := h.Breaker.config().Validate(); err != nil {
 		return mistake(optionKey("breaker"), "breaker: %w", err)
 	}
+	switch h.Auth {
+	case "", "off":
+	default:
+		return mistake(optionKey("auth"), "auth: want off, got %q (wallet keys and account placeholders are set with wallet)", h.Auth)
+	}
+	if h.Auth == "off" && h.Wallet != nil {
+		return mistake(optionKey("auth"), "auth off and a wallet contradict each other: a wallet authenticates every request")
+	}
+	if h.MaxHeldBytes < 0 {
+		return mistake(optionKey("max_held_bytes"), "max_held_bytes must not be negative, got %d", h.MaxHeldBytes)
+	}
+	for _, p := range h.ForwardPaths {
+		if !strings.HasPrefix(p, "/") || provider.CheckPath(p) != nil {
+			return mistake(optionKey("forward_path"), "forward_path: %q is not a clean absolute path", p)
+		}
+	}
 	if w := h.Wallet; w != nil {
 		switch w.OnStoreError {
 		case "", "deny", "allow":

@@ -44,6 +44,8 @@ const (
 	reasonErrorBody     = "error_body"
 	reasonBadBody       = "malformed_body"
 	reasonTooLarge      = "response_too_large"
+	reasonRedirect      = "redirect"
+	reasonContentType   = "unexpected_content_type"
 )
 
 // failure is one retryable failure of one attempt.
@@ -104,7 +106,13 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 	x := &exchange{w: w, r: r, api: provider.APIFromPath(r.URL.Path), start: time.Now()}
 	x.repl, _ = r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 
+	if h.refusePath(x) {
+		return nil
+	}
 	if x.api == provider.OpenAIModels && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+		if refusal := h.authorizeListing(x); refusal != nil {
+			return h.refuse(x, *refusal)
+		}
 		return h.listModels(w, r)
 	}
 	if r.Method != http.MethodPost {
@@ -289,6 +297,7 @@ func (h *Handler) try(x *exchange, route *chain.Route, ticket breaker.Ticket, bu
 	}
 	began := time.Now()
 	res := h.attempt(x, route, budget)
+	h.scrubFailure(res.fail)
 	h.record(x, route, res, time.Since(began))
 	return res
 }
@@ -340,7 +349,7 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 	}
 	out, err := ch.adapter.NewRequest(ctx, provider.Call{
 		API: x.api, Base: ch.base, Client: x.r, Body: body, Request: x.req,
-		UpstreamModel: route.UpstreamModel, Header: ch.headers,
+		UpstreamModel: route.UpstreamModel, Header: ch.headers, PassHeader: ch.extras.Request,
 	})
 	if err != nil {
 		headerTimer.Stop()
@@ -373,27 +382,47 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 		}
 	}
 	switch {
+	case res.StatusCode >= 300 && res.StatusCode < 400:
+		// No LLM API redirects; a channel that does is misconfigured or
+		// compromised, and its Location must not steer the client.
+		return attemptResult{fail: &failure{reason: reasonRedirect, status: res.StatusCode}}
 	case res.StatusCode < 200 || res.StatusCode >= 300:
 		// Not retryable and not a success: every channel would say the
-		// same, so the client gets this answer untouched.
+		// same, so the client gets this answer, secrets masked.
+		return h.relayError(ctx, x, ch, res, src, commit)
+	case ch.adapter.IsStream(res.Header):
+		return h.relayStream(ctx, cancel, x, ch, res, src, commit)
+	case provider.IsLineStream(ch.adapter, res.Header):
 		commit()
 		h.passThrough(x, ch, res, src)
 		return attemptResult{done: true}
-	case ch.adapter.IsStream(res.Header):
-		return h.relayStream(ctx, cancel, x, ch, res, src, commit)
 	case ch.adapter.IsJSON(res.Header):
 		return h.relayJSON(ctx, x, ch, res, src, commit)
 	default:
-		commit()
-		h.passThrough(x, ch, res, src)
-		return attemptResult{done: true}
+		// A CDN's HTML page or a captive portal, not an API answer.
+		return attemptResult{fail: &failure{reason: reasonContentType, status: res.StatusCode,
+			detail: "content type " + strconv.Quote(res.Header.Get("Content-Type"))}}
 	}
+}
+
+// relayError passes back an error answer every channel would give (a 4xx),
+// read whole and bounded so that a credential the upstream echoed in it is
+// masked before the client sees it.
+func (h *Handler) relayError(ctx context.Context, x *exchange, ch *channel, res *http.Response, src io.Reader, commit func()) attemptResult {
+	body, fail := h.readAnswer(ctx, x, res, src)
+	if fail != nil {
+		return *fail
+	}
+	body = []byte(h.secrets.String(string(body)))
+	commit()
+	return h.writeAnswer(x, ch, res, body)
 }
 
 // relayStream holds an SSE answer in the stream gate until it shows
 // content (commit) or an error (fail over).
 func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFunc, x *exchange, ch *channel, res *http.Response, src io.Reader, commit func()) attemptResult {
-	d := &downstream{w: x.w, res: res, adapter: ch.adapter, rc: http.NewResponseController(x.w), onCommit: commit}
+	d := &downstream{w: x.w, res: res, rc: http.NewResponseController(x.w), onCommit: commit,
+		copyHeader: func(dst, src http.Header) { h.copyResponseHeader(ch, dst, src) }}
 	opts := x.api.GateOptions()
 	opts.GateTimeout = time.Duration(h.StreamGate)
 	opts.GateFailover = h.StreamGateFailover
@@ -416,7 +445,7 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 	case streamgate.Truncated, streamgate.Stalled:
 		h.logger.Warn("committed stream ended abnormally; error event sent to the client",
 			zap.String("model", x.req.Model), zap.String("channel", ch.name),
-			zap.String("outcome", out.Outcome.String()), zap.Int64("bytes_sent", out.BytesSent), zap.Error(out.Err))
+			zap.String("outcome", out.Outcome.String()), zap.Int64("bytes_sent", out.BytesSent), zap.String("error", h.secrets.String(errString(out.Err))))
 		return attemptResult{done: true, fail: &failure{reason: out.Outcome.String()}}
 	case streamgate.UpstreamError:
 		f := &failure{reason: reasonErrorFrame, status: 0, message: x.api.UpstreamMessage(out.ErrorData)}
@@ -441,18 +470,9 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 // body cut mid-way or a 200 that carries an error object fails over
 // instead of reaching the client.
 func (h *Handler) relayJSON(ctx context.Context, x *exchange, ch *channel, res *http.Response, src io.Reader, commit func()) attemptResult {
-	body, err := io.ReadAll(io.LimitReader(src, h.MaxResponseBody+1))
-	if err != nil {
-		if x.r.Context().Err() != nil {
-			return attemptResult{done: true, clientGone: true}
-		}
-		if f := causeFailure(ctx); f != nil {
-			return attemptResult{fail: f}
-		}
-		return attemptResult{fail: &failure{reason: reasonBadBody, status: res.StatusCode, detail: "reading body: " + err.Error()}}
-	}
-	if int64(len(body)) > h.MaxResponseBody {
-		return attemptResult{fail: &failure{reason: reasonTooLarge, status: res.StatusCode}}
+	body, fail := h.readAnswer(ctx, x, res, src)
+	if fail != nil {
+		return *fail
 	}
 	switch err := x.api.CheckBody(body); {
 	case errors.Is(err, provider.ErrErrorBody):
@@ -464,8 +484,31 @@ func (h *Handler) relayJSON(ctx context.Context, x *exchange, ch *channel, res *
 		x.bill.meterBody(body)
 	}
 	commit()
+	return h.writeAnswer(x, ch, res, body)
+}
+
+// readAnswer reads a whole answer, at most max_response_body of it; a
+// failure says why it could not.
+func (h *Handler) readAnswer(ctx context.Context, x *exchange, res *http.Response, src io.Reader) ([]byte, *attemptResult) {
+	body, err := io.ReadAll(io.LimitReader(src, h.MaxResponseBody+1))
+	switch {
+	case err != nil && x.r.Context().Err() != nil:
+		return nil, &attemptResult{done: true, clientGone: true}
+	case err != nil:
+		if f := causeFailure(ctx); f != nil {
+			return nil, &attemptResult{fail: f}
+		}
+		return nil, &attemptResult{fail: &failure{reason: reasonBadBody, status: res.StatusCode, detail: "reading body: " + err.Error()}}
+	case int64(len(body)) > h.MaxResponseBody:
+		return nil, &attemptResult{fail: &failure{reason: reasonTooLarge, status: res.StatusCode}}
+	}
+	return body, nil
+}
+
+// writeAnswer sends a whole answer to the client.
+func (h *Handler) writeAnswer(x *exchange, ch *channel, res *http.Response, body []byte) attemptResult {
 	hdr := x.w.Header()
-	ch.adapter.CopyResponseHeader(hdr, res.Header)
+	h.copyResponseHeader(ch, hdr, res.Header)
 	hdr.Set("Content-Length", strconv.Itoa(len(body)))
 	x.w.WriteHeader(res.StatusCode)
 	if _, err := x.w.Write(body); err != nil {
@@ -477,7 +520,7 @@ func (h *Handler) relayJSON(ctx context.Context, x *exchange, ch *channel, res *
 // passThrough copies an answer the gateway does not inspect, flushing as
 // bytes arrive so that unknown streaming formats still stream.
 func (h *Handler) passThrough(x *exchange, ch *channel, res *http.Response, src io.Reader) {
-	ch.adapter.CopyResponseHeader(x.w.Header(), res.Header)
+	h.copyResponseHeader(ch, x.w.Header(), res.Header)
 	if res.ContentLength >= 0 && !res.Uncompressed {
 		x.w.Header().Set("Content-Length", strconv.FormatInt(res.ContentLength, 10))
 	}
@@ -602,13 +645,14 @@ type downstream struct {
 	w        http.ResponseWriter
 	rc       *http.ResponseController
 	res      *http.Response
-	adapter  provider.Adapter
 	onCommit func()
+	// copyHeader copies the answer's headers a client may see.
+	copyHeader func(dst, src http.Header)
 }
 
 func (d *downstream) Commit() error {
 	d.onCommit()
-	d.adapter.CopyResponseHeader(d.w.Header(), d.res.Header)
+	d.copyHeader(d.w.Header(), d.res.Header)
 	d.w.WriteHeader(d.res.StatusCode)
 	return d.rc.Flush()
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/llmfailover/caddy-llm-failover/breaker"
 	"github.com/llmfailover/caddy-llm-failover/chain"
+	"github.com/llmfailover/caddy-llm-failover/internal/redact"
 	"github.com/llmfailover/caddy-llm-failover/provider"
 	"github.com/llmfailover/caddy-llm-failover/streamgate"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
@@ -98,6 +99,19 @@ type Handler struct {
 	// Wallet, when set, makes requests prepaid: a client must present a
 	// key of an account whose balance covers the request's largest cost.
 	Wallet *WalletConfig `json:"wallet,omitempty"`
+	// Auth "off" declares that the handler serves anyone who reaches it,
+	// paid with the channels' credentials; without a wallet and without
+	// it, Provision warns when the handler's server listens beyond
+	// loopback. See the README's client authentication recipes.
+	Auth string `json:"auth,omitempty"`
+	// ForwardPaths are client paths forwarded besides the LLM endpoints
+	// the providers serve; a path ending in /* forwards everything under
+	// it. Every other path gets a 404 and reaches no upstream.
+	ForwardPaths []string `json:"forward_paths,omitempty"`
+	// MaxHeldBytes caps the bytes held in memory across every in-flight
+	// request of the handler (held stream frames, buffered answers);
+	// beyond it new attempts get 503. Default: 256 MiB.
+	MaxHeldBytes int64 `json:"max_held_bytes,omitempty"`
 
 	channels    []*channel
 	channelByID map[string]int
@@ -109,6 +123,7 @@ type Handler struct {
 	logger      *zap.Logger
 	defaultRT   *reverseproxy.HTTPTransport
 	poolKeys    []string
+	secrets     *redact.Secrets
 }
 
 // Channel is one upstream that serves one or more models.
@@ -130,6 +145,15 @@ type Channel struct {
 	// TransportRaw configures the channel's HTTP transport; it is one of
 	// reverse_proxy's transports. Default: reverse_proxy's http transport.
 	TransportRaw json.RawMessage `json:"transport,omitempty" caddy:"namespace=http.reverse_proxy.transport inline_key=protocol"`
+	// PassRequestHeaders names client headers forwarded to this channel
+	// besides its provider's allowlist.
+	PassRequestHeaders []string `json:"pass_request_headers,omitempty"`
+	// PassResponseHeaders names answer headers passed back to clients
+	// besides its provider's allowlist.
+	PassResponseHeaders []string `json:"pass_response_headers,omitempty"`
+	// PassRateLimitHeaders passes the upstream account's rate-limit
+	// headers (x-ratelimit-*, anthropic-ratelimit-*) back to clients.
+	PassRateLimitHeaders bool `json:"pass_rate_limit_headers,omitempty"`
 }
 
 // Model is a model clients can ask for and the routes that serve it.
@@ -226,6 +250,7 @@ type channel struct {
 	adapter provider.Adapter
 	rt      http.RoundTripper
 	state   *channelState
+	extras  *provider.Extras
 }
 
 // model is a provisioned Model.
@@ -297,7 +322,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if err != nil {
 			return fmt.Errorf("channel %q: %w", c.Name, err)
 		}
-		ch := &channel{name: c.Name, base: base, adapter: adapter, headers: make(http.Header, len(c.Headers))}
+		ch := &channel{name: c.Name, base: base, adapter: adapter, headers: make(http.Header, len(c.Headers)),
+			extras: &provider.Extras{Request: c.PassRequestHeaders, Response: c.PassResponseHeaders, RateLimit: c.PassRateLimitHeaders}}
 		for k, v := range c.Headers {
 			val, err := repl.ReplaceOrErr(v, true, true)
 			if err != nil {
@@ -330,6 +356,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.channelByID[c.Name] = i
 		h.channels = append(h.channels, ch)
 	}
+
+	h.provisionSecrets()
 
 	h.models = make(map[string]*model, len(h.Models))
 	for _, m := range h.Models {
