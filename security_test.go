@@ -25,6 +25,12 @@ const upstreamSecret = "sk-upstream-4f1c9a0b7d2e"
 // go to files, and returns their paths.
 func loggedGateway(t *testing.T, body string, args ...any) (pluginLog, accessLog string) {
 	t.Helper()
+	return loggedGatewayWith(t, "", body, args...)
+}
+
+// loggedGatewayWith is loggedGateway with more access-log options.
+func loggedGatewayWith(t *testing.T, accessOpts, body string, args ...any) (pluginLog, accessLog string) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("in-process Caddy tests are skipped with -short")
 	}
@@ -44,12 +50,13 @@ func loggedGateway(t *testing.T, body string, args ...any) (pluginLog, accessLog
 http://localhost:%d {
 	log {
 		output file %s
+%s
 	}
 	llm_failover {
 %s
 	}
 }
-`, adminPort, httpPort, 9443+portOffset, pluginLog, httpPort, accessLog, fmt.Sprintf(body, args...))
+`, adminPort, httpPort, 9443+portOffset, pluginLog, httpPort, accessLog, accessOpts, fmt.Sprintf(body, args...))
 	caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: adminPort}).InitServer(cfg, "caddyfile")
 	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
 	return pluginLog, accessLog
@@ -312,4 +319,58 @@ func withHeaders(b fu.Behavior, kv ...string) fu.Behavior {
 		}
 		b.Serve(w, r, n)
 	})
+}
+
+// exampleAccessLogFilter is the access-log format block Caddyfile.example
+// ships, as written there.
+func exampleAccessLogFilter(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	start := strings.Index(s, "\t\tformat filter {")
+	end := strings.Index(s[max(start, 0):], "\n\t\t}\n")
+	if start < 0 || end < 0 {
+		t.Fatal("Caddyfile.example has no access-log format filter block")
+	}
+	return s[start : start+end+len("\n\t\t}")]
+}
+
+func TestShippedAccessLogFilterDropsKeys(t *testing.T) {
+	a := upstream(t, fu.OK())
+	_, accessLog := loggedGatewayWith(t, exampleAccessLogFilter(t), `
+		channel a %s
+		model m {
+			route a
+		}
+		auth off`, a.URL)
+	res, body := post(t, "/v1/chat/completions", fu.ChatRequest("m", false),
+		"X-Api-Key", "wallet-key-xapikey-1", "Api-Key", "wallet-key-apikey-2", "Authorization", "Bearer wallet-key-bearer-3")
+	if res.StatusCode != 200 {
+		t.Fatalf("status %d: %s", res.StatusCode, body)
+	}
+	var line []byte
+	eventually(t, 5*time.Second, "the access log line", func() bool {
+		line, _ = os.ReadFile(accessLog)
+		return strings.Contains(string(line), "/v1/chat/completions")
+	})
+	mustNotContain(t, line, "wallet-key-xapikey-1", "wallet-key-apikey-2", "wallet-key-bearer-3")
+	mustContain(t, line, `"Content-Type"`) // the filter keeps the rest
+}
+
+func TestPortFreeRefusesAForeignListener(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	if err := portFree(port); err == nil {
+		t.Error("a port that answers was taken for free")
+	}
+	ln.Close()
+	if err := portFree(port); err != nil {
+		t.Errorf("a closed port: %v", err)
+	}
 }
