@@ -70,6 +70,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		auth           off
 //		forward_path   <path...>
 //		max_held_bytes <size>
+//		request_body_timeout <duration>
 //
 // The wallet's store and reservation_ttl are set in the global llm_wallet
 // option (package walletapp).
@@ -154,6 +155,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "max_held_bytes":
 			h.MaxHeldBytes, err = caddykit.SizeArg(d)
+		case "request_body_timeout":
+			h.RequestBodyTimeout, err = caddykit.DurationArg(d)
 		default:
 			return d.Errf("unrecognized subdirective '%s'", opt)
 		}
@@ -179,7 +182,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 var singleArgument = map[string]bool{
 	"max_hops": true, "header_timeout": true, "deadline": true, "first_byte_timeout": true,
 	"max_request_body": true, "max_response_body": true, "stream_idle_timeout": true,
-	"auth": true, "max_held_bytes": true,
+	"auth": true, "max_held_bytes": true, "request_body_timeout": true,
 	"window": true, "failures": true, "cooldown": true, "max_park": true, "trials": true,
 }
 

@@ -47,7 +47,7 @@ func (h *Handler) check() error {
 		v   caddy.Duration
 	}{
 		{"header_timeout", h.HeaderTimeout}, {"deadline", h.Deadline}, {"first_byte_timeout", h.FirstByteTimeout},
-		{"stream_gate", h.StreamGate}, {"stream_idle_timeout", h.StreamIdleTimeout},
+		{"stream_gate", h.StreamGate}, {"stream_idle_timeout", h.StreamIdleTimeout}, {"request_body_timeout", h.RequestBodyTimeout},
 	} {
 		if d.v < 0 {
 			return mistake(optionKey(d.opt), "%s must not be negative, got %s", d.opt, time.Duration(d.v))

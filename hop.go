@@ -46,6 +46,7 @@ const (
 	reasonTooLarge      = "response_too_large"
 	reasonRedirect      = "redirect"
 	reasonContentType   = "unexpected_content_type"
+	reasonOverloaded    = "gateway_overloaded"
 )
 
 // failure is one retryable failure of one attempt.
@@ -62,9 +63,10 @@ type failure struct {
 
 // channelFault reports whether the failure says something about the
 // channel's health. An answer over max_response_body is the request's
-// doing (it asked for that much), so it fails over without counting.
+// doing (it asked for that much), and a gateway over max_held_bytes the
+// load's, so they fail over without counting.
 func (f *failure) channelFault() bool {
-	return f.reason != reasonTooLarge
+	return f.reason != reasonTooLarge && f.reason != reasonOverloaded
 }
 
 func (f *failure) String() string {
@@ -88,6 +90,15 @@ type exchange struct {
 	attempts int
 	bill     *bill
 	probe    bool // every channel was open; this request probes one
+	held     []*heldReader
+}
+
+// releaseHeld gives back the bytes of the attempt's buffered answers.
+func (x *exchange) releaseHeld() {
+	for _, hr := range x.held {
+		hr.release()
+	}
+	x.held = x.held[:0]
 }
 
 // attemptResult says what became of one attempt.
@@ -119,7 +130,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Allow", http.MethodPost)
 		return h.refuse(x, provider.Error{Status: http.StatusMethodNotAllowed, Message: r.Method + " is not supported here; LLM API requests are POSTs"})
 	}
-	body, err := readBody(w, r, h.MaxRequestBody)
+	body, err := h.readBodyBounded(w, r)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
@@ -297,6 +308,7 @@ func (h *Handler) try(x *exchange, route *chain.Route, ticket breaker.Ticket, bu
 	}
 	began := time.Now()
 	res := h.attempt(x, route, budget)
+	x.releaseHeld()
 	h.scrubFailure(res.fail)
 	h.record(x, route, res, time.Since(began))
 	return res
@@ -330,6 +342,9 @@ func exhausted(x *exchange, last *failure) provider.Error {
 // commits it to the client.
 func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration) attemptResult {
 	ch := h.channels[route.Channel]
+	if f := h.overloaded(); f != nil {
+		return attemptResult{fail: f}
+	}
 	ctx, cancel := context.WithCancelCause(x.r.Context())
 	defer cancel(nil)
 	// Every timer below is stopped when the answer is committed: none of
@@ -394,7 +409,9 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 		return h.relayStream(ctx, cancel, x, ch, res, src, commit)
 	case provider.IsLineStream(ch.adapter, res.Header):
 		commit()
-		h.passThrough(x, ch, res, src)
+		idle := newIdleReader(src, time.Duration(h.StreamIdleTimeout), cancel)
+		defer idle.stop()
+		h.passThrough(x, ch, res, idle)
 		return attemptResult{done: true}
 	case ch.adapter.IsJSON(res.Header):
 		return h.relayJSON(ctx, x, ch, res, src, commit)
@@ -421,7 +438,9 @@ func (h *Handler) relayError(ctx context.Context, x *exchange, ch *channel, res 
 // relayStream holds an SSE answer in the stream gate until it shows
 // content (commit) or an error (fail over).
 func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFunc, x *exchange, ch *channel, res *http.Response, src io.Reader, commit func()) attemptResult {
-	d := &downstream{w: x.w, res: res, rc: http.NewResponseController(x.w), onCommit: commit,
+	client := &idleWriter{w: x.w, rc: http.NewResponseController(x.w), idle: time.Duration(h.StreamIdleTimeout)}
+	defer client.done()
+	d := &downstream{w: client, res: res, onCommit: commit,
 		copyHeader: func(dst, src http.Header) { h.copyResponseHeader(ch, dst, src) }}
 	opts := x.api.GateOptions()
 	opts.GateTimeout = time.Duration(h.StreamGate)
@@ -490,8 +509,14 @@ func (h *Handler) relayJSON(ctx context.Context, x *exchange, ch *channel, res *
 // readAnswer reads a whole answer, at most max_response_body of it; a
 // failure says why it could not.
 func (h *Handler) readAnswer(ctx context.Context, x *exchange, res *http.Response, src io.Reader) ([]byte, *attemptResult) {
-	body, err := io.ReadAll(io.LimitReader(src, h.MaxResponseBody+1))
+	held := &heldReader{r: src, cap: h.MaxHeldBytes}
+	// The answer is held until written; the count is released when this
+	// attempt ends, which is after the write.
+	x.held = append(x.held, held)
+	body, err := io.ReadAll(io.LimitReader(held, h.MaxResponseBody+1))
 	switch {
+	case errors.Is(err, errHeldBytes):
+		return nil, &attemptResult{fail: &failure{reason: reasonOverloaded, status: http.StatusServiceUnavailable, message: err.Error()}}
 	case err != nil && x.r.Context().Err() != nil:
 		return nil, &attemptResult{done: true, clientGone: true}
 	case err != nil:
@@ -525,15 +550,16 @@ func (h *Handler) passThrough(x *exchange, ch *channel, res *http.Response, src 
 		x.w.Header().Set("Content-Length", strconv.FormatInt(res.ContentLength, 10))
 	}
 	x.w.WriteHeader(res.StatusCode)
-	rc := http.NewResponseController(x.w)
+	out := &idleWriter{w: x.w, rc: http.NewResponseController(x.w), idle: time.Duration(h.StreamIdleTimeout)}
+	defer out.done()
 	buf := make([]byte, 16<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			if _, werr := x.w.Write(buf[:n]); werr != nil {
+			if _, werr := out.Write(buf[:n]); werr != nil {
 				return
 			}
-			_ = rc.Flush()
+			_ = out.Flush()
 		}
 		if err != nil {
 			return
@@ -642,8 +668,7 @@ func statusFailure(api provider.API, res *http.Response) *failure {
 
 // downstream lets the stream gate commit and write to the client.
 type downstream struct {
-	w        http.ResponseWriter
-	rc       *http.ResponseController
+	w        *idleWriter
 	res      *http.Response
 	onCommit func()
 	// copyHeader copies the answer's headers a client may see.
@@ -652,13 +677,13 @@ type downstream struct {
 
 func (d *downstream) Commit() error {
 	d.onCommit()
-	d.copyHeader(d.w.Header(), d.res.Header)
-	d.w.WriteHeader(d.res.StatusCode)
-	return d.rc.Flush()
+	d.copyHeader(d.w.w.Header(), d.res.Header)
+	d.w.w.WriteHeader(d.res.StatusCode)
+	return d.w.Flush()
 }
 
 func (d *downstream) Write(p []byte) (int, error) { return d.w.Write(p) }
-func (d *downstream) Flush() error                { return d.rc.Flush() }
+func (d *downstream) Flush() error                { return d.w.Flush() }
 
 // firstByteReader stops the first-byte watchdog at the first byte.
 type firstByteReader struct {

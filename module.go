@@ -112,6 +112,10 @@ type Handler struct {
 	// request of the handler (held stream frames, buffered answers);
 	// beyond it new attempts get 503. Default: 256 MiB.
 	MaxHeldBytes int64 `json:"max_held_bytes,omitempty"`
+	// RequestBodyTimeout bounds the reading of a client's request body,
+	// so that a body trickled a byte a second cannot hold a connection.
+	// Default: 60s.
+	RequestBodyTimeout caddy.Duration `json:"request_body_timeout,omitempty"`
 
 	channels    []*channel
 	channelByID map[string]int
@@ -298,6 +302,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	if h.StreamGate == 0 {
 		h.StreamGate = caddy.Duration(streamgate.DefaultGateTimeout)
+	}
+	if h.MaxHeldBytes == 0 {
+		h.MaxHeldBytes = DefaultMaxHeldBytes
+	}
+	if h.RequestBodyTimeout == 0 {
+		h.RequestBodyTimeout = caddy.Duration(DefaultRequestBodyTimeout)
 	}
 	if h.StreamIdleTimeout == 0 {
 		h.StreamIdleTimeout = caddy.Duration(streamgate.DefaultIdleTimeout)
