@@ -104,6 +104,7 @@ func (a *App) Start() error {
 	for _, c := range a.channels {
 		c.state.breaker.SetConfig(c.cfg)
 	}
+	warnUnauthenticated(a.ctx, a.logger)
 	return nil
 }
 

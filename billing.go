@@ -77,31 +77,9 @@ type bill struct {
 func (rt *walletRuntime) admit(x *exchange) (*bill, *provider.Error) {
 	ctx, cancel := rt.w.AdmissionContext(x.r.Context())
 	defer cancel()
-	account, keyID := "", ""
-	if rt.account != "" {
-		if x.repl != nil {
-			account = x.repl.ReplaceAll(rt.account, "")
-		}
-		if account == "" {
-			return nil, &provider.Error{Status: http.StatusUnauthorized, Message: "no account: the request is not authenticated"}
-		}
-	} else {
-		secret := clientKey(x.r)
-		if secret == "" {
-			return nil, &provider.Error{Status: http.StatusUnauthorized, Message: "missing API key: send it as Authorization: Bearer <key> or x-api-key"}
-		}
-		k, err := rt.w.Authenticate(ctx, secret)
-		switch {
-		case errors.Is(err, wallet.ErrUnknownKey):
-			walletTotal.WithLabelValues("authenticate", "unknown_key").Inc()
-			return nil, &provider.Error{Status: http.StatusUnauthorized, Message: "invalid API key"}
-		case errors.Is(err, wallet.ErrKeyRevoked):
-			walletTotal.WithLabelValues("authenticate", "revoked").Inc()
-			return nil, &provider.Error{Status: http.StatusUnauthorized, Message: "this API key has been revoked"}
-		case err != nil:
-			return rt.storeError(x, "authenticate", err)
-		}
-		account, keyID = k.Account, k.ID
+	account, keyID, refusal := rt.authenticate(ctx, x)
+	if refusal != nil || account == "" {
+		return nil, refusal
 	}
 
 	m := x.model
@@ -130,6 +108,39 @@ func (rt *walletRuntime) admit(x *exchange) (*bill, *provider.Error) {
 	}
 	walletTotal.WithLabelValues("reserve", "ok").Inc()
 	return b, nil
+}
+
+// authenticate finds the account a request bills: the account
+// placeholder's value, or the owner of the client's wallet key. An empty
+// account with no refusal is a store error served unbilled
+// (on_store_error allow).
+func (rt *walletRuntime) authenticate(ctx context.Context, x *exchange) (account, keyID string, refusal *provider.Error) {
+	if rt.account != "" {
+		if x.repl != nil {
+			account = x.repl.ReplaceAll(rt.account, "")
+		}
+		if account == "" {
+			return "", "", &provider.Error{Status: http.StatusUnauthorized, Message: "no account: the request is not authenticated"}
+		}
+		return account, "", nil
+	}
+	secret := clientKey(x.r)
+	if secret == "" {
+		return "", "", &provider.Error{Status: http.StatusUnauthorized, Message: "missing API key: send it as Authorization: Bearer <key> or x-api-key"}
+	}
+	k, err := rt.w.Authenticate(ctx, secret)
+	switch {
+	case errors.Is(err, wallet.ErrUnknownKey):
+		walletTotal.WithLabelValues("authenticate", "unknown_key").Inc()
+		return "", "", &provider.Error{Status: http.StatusUnauthorized, Message: "invalid API key"}
+	case errors.Is(err, wallet.ErrKeyRevoked):
+		walletTotal.WithLabelValues("authenticate", "revoked").Inc()
+		return "", "", &provider.Error{Status: http.StatusUnauthorized, Message: "this API key has been revoked"}
+	case err != nil:
+		_, refusal = rt.storeError(x, "authenticate", err)
+		return "", "", refusal
+	}
+	return k.Account, k.ID, nil
 }
 
 // storeError applies on_store_error: refuse (503) or serve unbilled.

@@ -36,6 +36,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			provider openai|anthropic [{ ... }]
 //			header <field> <value>
 //			transport http { ... }
+//			pass_request_header  <field...>
+//			pass_response_header <field...>
+//			pass_rate_limit_headers
 //		}
 //		model <name> {
 //			policy cost|weighted
@@ -69,6 +72,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			on_store_error  deny|allow
 //			account         <placeholder>
 //		}
+//		auth           off
+//		forward_path   <path...>
+//		max_held_bytes <size>
+//		request_body_timeout <duration>
 //
 // The wallet's store and reservation_ttl are set in the global llm_wallet
 // option (package walletapp).
@@ -147,6 +154,19 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = h.unmarshalBreaker(d)
 		case "wallet":
 			err = h.unmarshalWallet(d)
+		case "auth":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			h.Auth = d.Val()
+		case "forward_path":
+			if h.ForwardPaths = d.RemainingArgs(); len(h.ForwardPaths) == 0 {
+				return d.ArgErr()
+			}
+		case "max_held_bytes":
+			h.MaxHeldBytes, err = caddykit.SizeArg(d)
+		case "request_body_timeout":
+			h.RequestBodyTimeout, err = caddykit.DurationArg(d)
 		default:
 			return d.Errf("unrecognized subdirective '%s'", opt)
 		}
@@ -172,6 +192,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 var singleArgument = map[string]bool{
 	"max_hops": true, "header_timeout": true, "deadline": true, "first_byte_timeout": true,
 	"max_request_body": true, "max_response_body": true, "stream_idle_timeout": true,
+	"auth": true, "max_held_bytes": true, "request_body_timeout": true,
 	"window": true, "failures": true, "cooldown": true, "max_park": true, "trials": true,
 }
 
@@ -230,6 +251,22 @@ func (h *Handler) unmarshalChannel(d *caddyfile.Dispenser, at map[string]string)
 				return d.Errf("transport module '%s' is not a RoundTripper", name)
 			}
 			c.TransportRaw = caddyconfig.JSONModuleObject(unm, "protocol", name, nil)
+		case "pass_request_header", "pass_response_header":
+			opt := d.Val()
+			names := d.RemainingArgs()
+			if len(names) == 0 {
+				return d.ArgErr()
+			}
+			if opt == "pass_request_header" {
+				c.PassRequestHeaders = append(c.PassRequestHeaders, names...)
+			} else {
+				c.PassResponseHeaders = append(c.PassResponseHeaders, names...)
+			}
+		case "pass_rate_limit_headers":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			c.PassRateLimitHeaders = true
 		default:
 			return d.Errf("unrecognized channel option '%s'", d.Val())
 		}

@@ -47,7 +47,7 @@ func (h *Handler) check() error {
 		v   caddy.Duration
 	}{
 		{"header_timeout", h.HeaderTimeout}, {"deadline", h.Deadline}, {"first_byte_timeout", h.FirstByteTimeout},
-		{"stream_gate", h.StreamGate}, {"stream_idle_timeout", h.StreamIdleTimeout},
+		{"stream_gate", h.StreamGate}, {"stream_idle_timeout", h.StreamIdleTimeout}, {"request_body_timeout", h.RequestBodyTimeout},
 	} {
 		if d.v < 0 {
 			return mistake(optionKey(d.opt), "%s must not be negative, got %s", d.opt, time.Duration(d.v))
@@ -68,6 +68,22 @@ func (h *Handler) check() error {
 	}
 	if err := h.Breaker.config().Validate(); err != nil {
 		return mistake(optionKey("breaker"), "breaker: %w", err)
+	}
+	switch h.Auth {
+	case "", "off":
+	default:
+		return mistake(optionKey("auth"), "auth: want off, got %q (wallet keys and account placeholders are set with wallet)", h.Auth)
+	}
+	if h.Auth == "off" && h.Wallet != nil {
+		return mistake(optionKey("auth"), "auth off and a wallet contradict each other: a wallet authenticates every request")
+	}
+	if h.MaxHeldBytes < 0 {
+		return mistake(optionKey("max_held_bytes"), "max_held_bytes must not be negative, got %d", h.MaxHeldBytes)
+	}
+	for _, p := range h.ForwardPaths {
+		if !strings.HasPrefix(p, "/") || provider.CheckPath(p) != nil {
+			return mistake(optionKey("forward_path"), "forward_path: %q is not a clean absolute path", p)
+		}
 	}
 	if w := h.Wallet; w != nil {
 		switch w.OnStoreError {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -42,9 +43,28 @@ func TestMain(m *testing.M) {
 	}
 	os.Setenv("XDG_CONFIG_HOME", dir+"/config")
 	os.Setenv("XDG_DATA_HOME", dir+"/data")
+	// caddytest drives whatever answers on the admin port: never load test
+	// configs into a Caddy these tests did not start.
+	for _, port := range []int{adminPort, httpPort} {
+		if err := portFree(port); err != nil {
+			fmt.Fprintf(os.Stderr, "refusing to run: %v; stop it or set LLMF_TEST_PORT_OFFSET\n", err)
+			os.RemoveAll(dir)
+			os.Exit(2)
+		}
+	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// portFree fails when something already listens on the loopback port.
+func portFree(port int) error {
+	c, err := net.DialTimeout("tcp", fmt.Sprintf("localhost:%d", port), 200*time.Millisecond)
+	if err != nil {
+		return nil
+	}
+	c.Close()
+	return fmt.Errorf("port %d already answers before the tests started a Caddy (another Caddy or test run?)", port)
 }
 
 // gatewayConfig is the whole Caddyfile the tests load: global options

@@ -44,6 +44,9 @@ const (
 	reasonErrorBody     = "error_body"
 	reasonBadBody       = "malformed_body"
 	reasonTooLarge      = "response_too_large"
+	reasonRedirect      = "redirect"
+	reasonContentType   = "unexpected_content_type"
+	reasonOverloaded    = "gateway_overloaded"
 )
 
 // failure is one retryable failure of one attempt.
@@ -60,9 +63,10 @@ type failure struct {
 
 // channelFault reports whether the failure says something about the
 // channel's health. An answer over max_response_body is the request's
-// doing (it asked for that much), so it fails over without counting.
+// doing (it asked for that much), and a gateway over max_held_bytes the
+// load's, so they fail over without counting.
 func (f *failure) channelFault() bool {
-	return f.reason != reasonTooLarge
+	return f.reason != reasonTooLarge && f.reason != reasonOverloaded
 }
 
 func (f *failure) String() string {
@@ -89,6 +93,15 @@ type exchange struct {
 	// committedAt is when the current attempt's answer was committed to
 	// the client: its time to first content.
 	committedAt time.Time
+	held        []*heldReader
+}
+
+// releaseHeld gives back the bytes of the attempt's buffered answers.
+func (x *exchange) releaseHeld() {
+	for _, hr := range x.held {
+		hr.release()
+	}
+	x.held = x.held[:0]
 }
 
 // attemptResult says what became of one attempt.
@@ -108,14 +121,20 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 	x := &exchange{w: w, r: r, api: provider.APIFromPath(r.URL.Path), start: time.Now()}
 	x.repl, _ = r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 
+	if h.refusePath(x) {
+		return nil
+	}
 	if x.api == provider.OpenAIModels && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+		if refusal := h.authorizeListing(x); refusal != nil {
+			return h.refuse(x, *refusal)
+		}
 		return h.listModels(w, r)
 	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		return h.refuse(x, provider.Error{Status: http.StatusMethodNotAllowed, Message: r.Method + " is not supported here; LLM API requests are POSTs"})
 	}
-	body, err := readBody(w, r, h.MaxRequestBody)
+	body, err := h.readBodyBounded(w, r)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
@@ -294,6 +313,8 @@ func (h *Handler) try(x *exchange, route *chain.Route, ticket breaker.Ticket, bu
 	}
 	began := time.Now()
 	res := h.attempt(x, route, budget)
+	x.releaseHeld()
+	h.scrubFailure(res.fail)
 	h.record(x, route, res, time.Since(began))
 	return res
 }
@@ -326,6 +347,9 @@ func exhausted(x *exchange, last *failure) provider.Error {
 // commits it to the client.
 func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration) attemptResult {
 	ch := h.channels[route.Channel]
+	if f := h.overloaded(); f != nil {
+		return attemptResult{fail: f}
+	}
 	ctx, cancel := context.WithCancelCause(x.r.Context())
 	defer cancel(nil)
 	// Every timer below is stopped when the answer is committed: none of
@@ -345,7 +369,7 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 	}
 	out, err := ch.adapter.NewRequest(ctx, provider.Call{
 		API: x.api, Base: ch.base, Client: x.r, Body: body, Request: x.req,
-		UpstreamModel: route.UpstreamModel, Header: ch.headers,
+		UpstreamModel: route.UpstreamModel, Header: ch.headers, PassHeader: ch.extras.Request,
 	})
 	if err != nil {
 		headerTimer.Stop()
@@ -383,27 +407,53 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 		}
 	}
 	switch {
+	case res.StatusCode >= 300 && res.StatusCode < 400:
+		// No LLM API redirects; a channel that does is misconfigured or
+		// compromised, and its Location must not steer the client.
+		return attemptResult{fail: &failure{reason: reasonRedirect, status: res.StatusCode}}
 	case res.StatusCode < 200 || res.StatusCode >= 300:
 		// Not retryable and not a success: every channel would say the
-		// same, so the client gets this answer untouched.
-		commit()
-		h.passThrough(x, ch, res, src)
-		return attemptResult{done: true, passed: res.StatusCode}
+		// same, so the client gets this answer, secrets masked.
+		out := h.relayError(ctx, x, ch, res, src, commit)
+		out.passed = res.StatusCode
+		return out
 	case ch.adapter.IsStream(res.Header):
 		return h.relayStream(ctx, cancel, x, ch, res, src, commit)
+	case provider.IsLineStream(ch.adapter, res.Header):
+		commit()
+		idle := newIdleReader(src, time.Duration(h.StreamIdleTimeout), cancel)
+		defer idle.stop()
+		h.passThrough(x, ch, res, idle)
+		return attemptResult{done: true}
 	case ch.adapter.IsJSON(res.Header):
 		return h.relayJSON(ctx, x, ch, res, src, commit)
 	default:
-		commit()
-		h.passThrough(x, ch, res, src)
-		return attemptResult{done: true}
+		// A CDN's HTML page or a captive portal, not an API answer.
+		return attemptResult{fail: &failure{reason: reasonContentType, status: res.StatusCode,
+			detail: "content type " + strconv.Quote(res.Header.Get("Content-Type"))}}
 	}
+}
+
+// relayError passes back an error answer every channel would give (a 4xx),
+// read whole and bounded so that a credential the upstream echoed in it is
+// masked before the client sees it.
+func (h *Handler) relayError(ctx context.Context, x *exchange, ch *channel, res *http.Response, src io.Reader, commit func()) attemptResult {
+	body, fail := h.readAnswer(ctx, x, res, src)
+	if fail != nil {
+		return *fail
+	}
+	body = []byte(h.secrets.String(string(body)))
+	commit()
+	return h.writeAnswer(x, ch, res, body)
 }
 
 // relayStream holds an SSE answer in the stream gate until it shows
 // content (commit) or an error (fail over).
 func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFunc, x *exchange, ch *channel, res *http.Response, src io.Reader, commit func()) attemptResult {
-	d := &downstream{w: x.w, res: res, adapter: ch.adapter, rc: http.NewResponseController(x.w), onCommit: commit}
+	client := &idleWriter{w: x.w, rc: http.NewResponseController(x.w), idle: time.Duration(h.StreamIdleTimeout)}
+	defer client.done()
+	d := &downstream{w: client, res: res, onCommit: commit,
+		copyHeader: func(dst, src http.Header) { h.copyResponseHeader(ch, dst, src) }}
 	opts := x.api.GateOptions()
 	opts.GateTimeout = time.Duration(h.StreamGate)
 	opts.GateFailover = h.StreamGateFailover
@@ -426,7 +476,7 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 	case streamgate.Truncated, streamgate.Stalled:
 		h.logger.Warn("committed stream ended abnormally; error event sent to the client",
 			zap.String("model", x.req.Model), zap.String("channel", ch.name),
-			zap.String("outcome", out.Outcome.String()), zap.Int64("bytes_sent", out.BytesSent), zap.Error(out.Err))
+			zap.String("outcome", out.Outcome.String()), zap.Int64("bytes_sent", out.BytesSent), zap.String("error", h.secrets.String(errString(out.Err))))
 		return attemptResult{done: true, fail: &failure{reason: out.Outcome.String()}}
 	case streamgate.UpstreamError:
 		f := &failure{reason: reasonErrorFrame, status: 0, message: x.api.UpstreamMessage(out.ErrorData)}
@@ -456,18 +506,9 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 // body cut mid-way or a 200 that carries an error object fails over
 // instead of reaching the client.
 func (h *Handler) relayJSON(ctx context.Context, x *exchange, ch *channel, res *http.Response, src io.Reader, commit func()) attemptResult {
-	body, err := io.ReadAll(io.LimitReader(src, h.MaxResponseBody+1))
-	if err != nil {
-		if x.r.Context().Err() != nil {
-			return attemptResult{done: true, clientGone: true}
-		}
-		if f := causeFailure(ctx); f != nil {
-			return attemptResult{fail: f}
-		}
-		return attemptResult{fail: &failure{reason: reasonBadBody, status: res.StatusCode, detail: "reading body: " + err.Error()}}
-	}
-	if int64(len(body)) > h.MaxResponseBody {
-		return attemptResult{fail: &failure{reason: reasonTooLarge, status: res.StatusCode}}
+	body, fail := h.readAnswer(ctx, x, res, src)
+	if fail != nil {
+		return *fail
 	}
 	switch err := x.api.CheckBody(body); {
 	case errors.Is(err, provider.ErrErrorBody):
@@ -479,8 +520,37 @@ func (h *Handler) relayJSON(ctx context.Context, x *exchange, ch *channel, res *
 		x.bill.meterBody(body)
 	}
 	commit()
+	return h.writeAnswer(x, ch, res, body)
+}
+
+// readAnswer reads a whole answer, at most max_response_body of it; a
+// failure says why it could not.
+func (h *Handler) readAnswer(ctx context.Context, x *exchange, res *http.Response, src io.Reader) ([]byte, *attemptResult) {
+	held := &heldReader{r: src, cap: h.MaxHeldBytes}
+	// The answer is held until written; the count is released when this
+	// attempt ends, which is after the write.
+	x.held = append(x.held, held)
+	body, err := io.ReadAll(io.LimitReader(held, h.MaxResponseBody+1))
+	switch {
+	case errors.Is(err, errHeldBytes):
+		return nil, &attemptResult{fail: &failure{reason: reasonOverloaded, status: http.StatusServiceUnavailable, message: err.Error()}}
+	case err != nil && x.r.Context().Err() != nil:
+		return nil, &attemptResult{done: true, clientGone: true}
+	case err != nil:
+		if f := causeFailure(ctx); f != nil {
+			return nil, &attemptResult{fail: f}
+		}
+		return nil, &attemptResult{fail: &failure{reason: reasonBadBody, status: res.StatusCode, detail: "reading body: " + err.Error()}}
+	case int64(len(body)) > h.MaxResponseBody:
+		return nil, &attemptResult{fail: &failure{reason: reasonTooLarge, status: res.StatusCode}}
+	}
+	return body, nil
+}
+
+// writeAnswer sends a whole answer to the client.
+func (h *Handler) writeAnswer(x *exchange, ch *channel, res *http.Response, body []byte) attemptResult {
 	hdr := x.w.Header()
-	ch.adapter.CopyResponseHeader(hdr, res.Header)
+	h.copyResponseHeader(ch, hdr, res.Header)
 	hdr.Set("Content-Length", strconv.Itoa(len(body)))
 	x.w.WriteHeader(res.StatusCode)
 	if _, err := x.w.Write(body); err != nil {
@@ -492,20 +562,21 @@ func (h *Handler) relayJSON(ctx context.Context, x *exchange, ch *channel, res *
 // passThrough copies an answer the gateway does not inspect, flushing as
 // bytes arrive so that unknown streaming formats still stream.
 func (h *Handler) passThrough(x *exchange, ch *channel, res *http.Response, src io.Reader) {
-	ch.adapter.CopyResponseHeader(x.w.Header(), res.Header)
+	h.copyResponseHeader(ch, x.w.Header(), res.Header)
 	if res.ContentLength >= 0 && !res.Uncompressed {
 		x.w.Header().Set("Content-Length", strconv.FormatInt(res.ContentLength, 10))
 	}
 	x.w.WriteHeader(res.StatusCode)
-	rc := http.NewResponseController(x.w)
+	out := &idleWriter{w: x.w, rc: http.NewResponseController(x.w), idle: time.Duration(h.StreamIdleTimeout)}
+	defer out.done()
 	buf := make([]byte, 16<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			if _, werr := x.w.Write(buf[:n]); werr != nil {
+			if _, werr := out.Write(buf[:n]); werr != nil {
 				return
 			}
-			_ = rc.Flush()
+			_ = out.Flush()
 		}
 		if err != nil {
 			return
@@ -619,22 +690,22 @@ func statusFailure(api provider.API, res *http.Response) *failure {
 
 // downstream lets the stream gate commit and write to the client.
 type downstream struct {
-	w        http.ResponseWriter
-	rc       *http.ResponseController
+	w        *idleWriter
 	res      *http.Response
-	adapter  provider.Adapter
 	onCommit func()
+	// copyHeader copies the answer's headers a client may see.
+	copyHeader func(dst, src http.Header)
 }
 
 func (d *downstream) Commit() error {
 	d.onCommit()
-	d.adapter.CopyResponseHeader(d.w.Header(), d.res.Header)
-	d.w.WriteHeader(d.res.StatusCode)
-	return d.rc.Flush()
+	d.copyHeader(d.w.w.Header(), d.res.Header)
+	d.w.w.WriteHeader(d.res.StatusCode)
+	return d.w.Flush()
 }
 
 func (d *downstream) Write(p []byte) (int, error) { return d.w.Write(p) }
-func (d *downstream) Flush() error                { return d.rc.Flush() }
+func (d *downstream) Flush() error                { return d.w.Flush() }
 
 // firstByteReader stops the first-byte watchdog at the first byte.
 type firstByteReader struct {

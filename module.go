@@ -21,6 +21,7 @@ import (
 	"github.com/llmfailover/caddy-llm-failover/breaker"
 	"github.com/llmfailover/caddy-llm-failover/chain"
 	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
+	"github.com/llmfailover/caddy-llm-failover/internal/redact"
 	"github.com/llmfailover/caddy-llm-failover/provider"
 	"github.com/llmfailover/caddy-llm-failover/streamgate"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
@@ -104,6 +105,23 @@ type Handler struct {
 	// Wallet, when set, makes requests prepaid: a client must present a
 	// key of an account whose balance covers the request's largest cost.
 	Wallet *WalletConfig `json:"wallet,omitempty"`
+	// Auth "off" declares that the handler serves anyone who reaches it,
+	// paid with the channels' credentials; without a wallet and without
+	// it, Provision warns when the handler's server listens beyond
+	// loopback. See the README's client authentication recipes.
+	Auth string `json:"auth,omitempty"`
+	// ForwardPaths are client paths forwarded besides the LLM endpoints
+	// the providers serve; a path ending in /* forwards everything under
+	// it. Every other path gets a 404 and reaches no upstream.
+	ForwardPaths []string `json:"forward_paths,omitempty"`
+	// MaxHeldBytes caps the bytes held in memory across every in-flight
+	// request of the handler (held stream frames, buffered answers);
+	// beyond it new attempts get 503. Default: 256 MiB.
+	MaxHeldBytes int64 `json:"max_held_bytes,omitempty"`
+	// RequestBodyTimeout bounds the reading of a client's request body,
+	// so that a body trickled a byte a second cannot hold a connection.
+	// Default: 60s.
+	RequestBodyTimeout caddy.Duration `json:"request_body_timeout,omitempty"`
 
 	channels    []*channel
 	channelByID map[string]int
@@ -117,6 +135,7 @@ type Handler struct {
 	poolKeys    []string
 	// detachHeartbeats undoes this config's heartbeat attachments.
 	detachHeartbeats func()
+	secrets          *redact.Secrets
 }
 
 // Channel is one upstream that serves one or more models.
@@ -138,6 +157,15 @@ type Channel struct {
 	// TransportRaw configures the channel's HTTP transport; it is one of
 	// reverse_proxy's transports. Default: reverse_proxy's http transport.
 	TransportRaw json.RawMessage `json:"transport,omitempty" caddy:"namespace=http.reverse_proxy.transport inline_key=protocol"`
+	// PassRequestHeaders names client headers forwarded to this channel
+	// besides its provider's allowlist.
+	PassRequestHeaders []string `json:"pass_request_headers,omitempty"`
+	// PassResponseHeaders names answer headers passed back to clients
+	// besides its provider's allowlist.
+	PassResponseHeaders []string `json:"pass_response_headers,omitempty"`
+	// PassRateLimitHeaders passes the upstream account's rate-limit
+	// headers (x-ratelimit-*, anthropic-ratelimit-*) back to clients.
+	PassRateLimitHeaders bool `json:"pass_rate_limit_headers,omitempty"`
 }
 
 // Model is a model clients can ask for and the routes that serve it.
@@ -234,6 +262,7 @@ type channel struct {
 	adapter provider.Adapter
 	rt      http.RoundTripper
 	state   *channelState
+	extras  *provider.Extras
 }
 
 // model is a provisioned Model.
@@ -282,6 +311,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.StreamGate == 0 {
 		h.StreamGate = caddy.Duration(streamgate.DefaultGateTimeout)
 	}
+	if h.MaxHeldBytes == 0 {
+		h.MaxHeldBytes = DefaultMaxHeldBytes
+	}
+	if h.RequestBodyTimeout == 0 {
+		h.RequestBodyTimeout = caddy.Duration(DefaultRequestBodyTimeout)
+	}
 	if h.StreamIdleTimeout == 0 {
 		h.StreamIdleTimeout = caddy.Duration(streamgate.DefaultIdleTimeout)
 	}
@@ -305,7 +340,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if err != nil {
 			return fmt.Errorf("channel %q: %w", c.Name, err)
 		}
-		ch := &channel{name: c.Name, base: base, adapter: adapter, headers: make(http.Header, len(c.Headers))}
+		ch := &channel{name: c.Name, base: base, adapter: adapter, headers: make(http.Header, len(c.Headers)),
+			extras: &provider.Extras{Request: c.PassRequestHeaders, Response: c.PassResponseHeaders, RateLimit: c.PassRateLimitHeaders}}
 		for k, v := range c.Headers {
 			val, err := repl.ReplaceOrErr(v, true, true)
 			if err != nil {
@@ -328,7 +364,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			}
 			ch.rt = h.defaultRT
 		}
-		key := channelIdentity(c.Name, base, ch.headers, adapterCredentials(adapter)...)
+		key := channelIdentity(c.Name, base, provider.ChannelCredentials(ch.headers, adapter))
 		st, err := loadChannelState(key, c.Name, base.Redacted(), breakerCfg)
 		if err != nil {
 			return fmt.Errorf("channel %q: %w", c.Name, err)
@@ -338,6 +374,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.channelByID[c.Name] = i
 		h.channels = append(h.channels, ch)
 	}
+
+	h.provisionSecrets()
 
 	h.models = make(map[string]*model, len(h.Models))
 	for _, m := range h.Models {

@@ -3,7 +3,6 @@ package llmfailover
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"net/http"
 	"net/url"
 	"slices"
 	"strings"
@@ -12,7 +11,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/llmfailover/caddy-llm-failover/breaker"
-	"github.com/llmfailover/caddy-llm-failover/provider"
 )
 
 // channelStates holds what must outlive a config reload: each channel's
@@ -32,35 +30,14 @@ type channelState struct {
 func (*channelState) Destruct() error { return nil }
 
 // channelIdentity is the pool key of a channel: its name, its base URL and
-// a fingerprint of its credentials, so that two sites declaring the same
-// name and URL with different keys (two accounts at one provider) get two
-// breakers, while a reload that keeps the channel keeps its health.
-func channelIdentity(name string, base *url.URL, headers http.Header, credentials ...string) string {
-	return name + " " + base.String() + " " + credentialFingerprint(headers, credentials)
-}
-
-// adapterCredentials are the secrets a provider adapter holds itself.
-func adapterCredentials(a provider.Adapter) []string {
-	if c, ok := a.(provider.Credentialed); ok {
-		return c.Credentials()
-	}
-	return nil
-}
-
-// credentialFingerprint hashes the channel's resolved static header values,
-// sorted so that the order they were written in does not matter. The key
-// holds only the hash, never a secret.
-func credentialFingerprint(headers http.Header, credentials []string) string {
-	fields := make([]string, 0, len(headers)+len(credentials))
-	for k, vs := range headers {
-		fields = append(fields, k+":"+strings.Join(vs, "\x00"))
-	}
-	for _, c := range credentials {
-		fields = append(fields, "provider:"+c)
-	}
-	slices.Sort(fields)
-	sum := sha256.Sum256([]byte(strings.Join(fields, "\n")))
-	return hex.EncodeToString(sum[:8])
+// a fingerprint of its credentials (provider.ChannelCredentials), so that
+// two sites declaring the same name and URL with different keys (two
+// accounts at one provider) get two breakers, while a reload that keeps the
+// channel keeps its health. The key holds only a hash, never a secret.
+func channelIdentity(name string, base *url.URL, credentials []string) string {
+	sorted := slices.Sorted(slices.Values(credentials))
+	sum := sha256.Sum256([]byte(strings.Join(sorted, "\x00")))
+	return name + " " + base.String() + " " + hex.EncodeToString(sum[:8])
 }
 
 func loadChannelState(key, name, baseURL string, cfg breaker.Config) (*channelState, error) {

@@ -21,8 +21,12 @@ import (
 // produced it: "from-a" anywhere in a client's body means the failed
 // primary leaked through the gate.
 const gateChannels = `
-		channel a %s
-		channel b %s
+		channel a %s {
+			pass_response_header X-Fault-Upstream
+		}
+		channel b %s {
+			pass_response_header X-Fault-Upstream
+		}
 		model m {
 			route a cost 1 1 upstream_model from-a
 			route b cost 2 2 upstream_model from-b

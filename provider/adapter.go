@@ -62,6 +62,9 @@ type Call struct {
 	UpstreamModel string
 	// Header holds the channel's own headers, set on top of the client's.
 	Header http.Header
+	// PassHeader names client headers the operator forwards besides the
+	// API's own allowlist.
+	PassHeader []string
 }
 
 // OpenAI is an OpenAI-compatible upstream: the client's path is joined to
@@ -133,8 +136,11 @@ func (passThrough) CheckBaseURL(u *url.URL) error {
 // ResponseBody returns the body as the upstream sent it.
 func (passThrough) ResponseBody(res *http.Response) io.Reader { return res.Body }
 
-// CopyResponseHeader copies the answer's headers but the hop-by-hop ones.
+// CopyResponseHeader copies the answer's allowlisted headers.
 func (passThrough) CopyResponseHeader(dst, src http.Header) { copyResponseHeader(dst, src) }
+
+// IsLineStream reports an NDJSON (or kin) answer.
+func (passThrough) IsLineStream(h http.Header) bool { return isLineStream(h) }
 
 // IsStream reports a text/event-stream answer.
 func (passThrough) IsStream(h http.Header) bool { return isEventStream(h) }
@@ -159,8 +165,8 @@ var errNoTarget = errors.New("provider: call has no base URL or client request")
 
 // newRequest builds the request of one attempt: URL from the base and the
 // client's path and query, the upstream's Host, the body with its model
-// renamed, and the client's headers an upstream may see, the channel's own
-// on top. The client's credentials and hop-by-hop headers never cross.
+// renamed, and the client's headers an upstream may see (an allowlist),
+// the channel's own on top.
 func newRequest(ctx context.Context, c Call) (*http.Request, error) {
 	if c.Base == nil || c.Client == nil {
 		return nil, errNoTarget
@@ -172,6 +178,12 @@ func newRequest(ctx context.Context, c Call) (*http.Request, error) {
 	out.TransferEncoding = nil
 	out.Trailer = nil
 	out.Host = base.Host
+	// With no dot segment and no encoded separator, the client's path
+	// appended to the base path stays under it, however the upstream
+	// normalises.
+	if err := CheckPath(r.URL.EscapedPath()); err != nil {
+		return nil, err
+	}
 	u := &url.URL{Scheme: base.Scheme, Host: base.Host, Path: base.Path + r.URL.Path, RawQuery: r.URL.RawQuery}
 	if base.RawQuery != "" {
 		u.RawQuery = base.RawQuery
@@ -179,11 +191,8 @@ func newRequest(ctx context.Context, c Call) (*http.Request, error) {
 			u.RawQuery += "&" + r.URL.RawQuery
 		}
 	}
-	if r.URL.RawPath != "" {
-		u.RawPath = base.EscapedPath() + r.URL.RawPath
-	}
 	out.URL = u
-	out.Header = requestHeader(r.Header, c.Header)
+	out.Header = requestHeader(c.API, r.Header, c.Header, c.PassHeader)
 	body := c.Body
 	if c.UpstreamModel != "" {
 		body = c.Request.WithModel(body, c.UpstreamModel)
@@ -200,4 +209,6 @@ var (
 	_ Adapter               = (*Anthropic)(nil)
 	_ caddyfile.Unmarshaler = (*OpenAI)(nil)
 	_ caddyfile.Unmarshaler = (*Anthropic)(nil)
+	_ LineStreamer          = (*OpenAI)(nil)
+	_ LineStreamer          = (*Anthropic)(nil)
 )

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -65,32 +66,36 @@ func clientRequest(t *testing.T, target, body string, hdr http.Header) *http.Req
 func TestNewRequest(t *testing.T) {
 	base, _ := url.Parse("https://up.example.com/api/x?key=1")
 	body := `{"model":"m","stream":true}`
-	r := clientRequest(t, "http://gw.local/v1/chat%2Fcompletions?a=b", body, http.Header{
+	r := clientRequest(t, "http://gw.local/v1/chat/completions?a=b", body, http.Header{
 		"Authorization":   {"Bearer client"},
 		"Connection":      {"keep-alive, X-Hop"},
 		"X-Hop":           {"1"},
 		"X-Forwarded-For": {"10.0.0.1"},
 		"Accept-Encoding": {"gzip"},
-		"X-Custom":        {"kept"},
+		"X-Custom":        {"dropped"},
+		"X-Passed":        {"by the operator"},
 		"Openai-Beta":     {"assistants=v2"},
+		"Anthropic-Beta":  {"not for OpenAI paths"},
+		"Cookie":          {"session=1"},
+		"User-Agent":      {"client-sdk/1.0"},
 	})
 	req, _ := OpenAIChat.ParseRequest([]byte(body))
 	out, err := OpenAI{}.NewRequest(context.Background(), Call{
 		API: OpenAIChat, Base: base, Client: r, Body: []byte(body), Request: req,
-		UpstreamModel: "upstream-m", Header: http.Header{"Authorization": {"Bearer channel"}},
+		UpstreamModel: "upstream-m", Header: http.Header{"Authorization": {"Bearer channel"}}, PassHeader: []string{"x-passed"},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := out.URL.String(); got != "https://up.example.com/api/x/v1/chat%2Fcompletions?key=1&a=b" {
+	if got := out.URL.String(); got != "https://up.example.com/api/x/v1/chat/completions?key=1&a=b" {
 		t.Errorf("URL %s", got)
 	}
 	if out.Host != "up.example.com" || out.RequestURI != "" {
 		t.Errorf("Host %q RequestURI %q", out.Host, out.RequestURI)
 	}
 	for k, want := range map[string]string{
-		"Authorization": "Bearer channel", "X-Custom": "kept", "Openai-Beta": "assistants=v2",
-		"X-Hop": "", "X-Forwarded-For": "", "Accept-Encoding": "", "Connection": "",
+		"Authorization": "Bearer channel", "X-Custom": "", "Openai-Beta": "assistants=v2", "X-Passed": "by the operator",
+		"X-Hop": "", "X-Forwarded-For": "", "Accept-Encoding": "", "Connection": "", "Anthropic-Beta": "", "Cookie": "",
 	} {
 		if got := out.Header.Get(k); got != want {
 			t.Errorf("header %s = %q, want %q", k, got, want)
@@ -98,6 +103,12 @@ func TestNewRequest(t *testing.T) {
 	}
 	if ua, ok := out.Header["User-Agent"]; !ok || len(ua) != 1 || ua[0] != "" {
 		t.Errorf("User-Agent %q: want an empty one so Go sends none", ua)
+	}
+	for _, p := range []string{"/v1/chat/%2e%2e/x", "/v1/../x", "/v1/chat%2Fcompletions"} {
+		u := clientRequest(t, "http://gw.local"+p, body, nil)
+		if _, err := (OpenAI{}).NewRequest(context.Background(), Call{API: OpenAIChat, Base: base, Client: u, Body: []byte(body)}); err == nil {
+			t.Errorf("%s: built a request", p)
+		}
 	}
 	got, _ := io.ReadAll(out.Body)
 	if string(got) != `{"model":"upstream-m","stream":true}` || out.ContentLength != int64(len(got)) {
@@ -145,17 +156,51 @@ func TestCopyResponseHeader(t *testing.T) {
 	src := http.Header{
 		"Content-Type": {"text/event-stream"}, "Connection": {"X-Hop"}, "X-Hop": {"1"},
 		"Transfer-Encoding": {"chunked"}, "Content-Length": {"9"}, "X-Request-Id": {"r1"},
+		"Openai-Processing-Ms": {"12"}, "Request-Id": {"req_1"},
+		"Set-Cookie": {"__cf_bm=x"}, "Strict-Transport-Security": {"max-age=0"},
+		"Access-Control-Allow-Origin": {"*"}, "Alt-Svc": {`h3=":443"`},
+		"Openai-Organization": {"org-secret"}, "Anthropic-Organization-Id": {"org"}, "Openai-Project": {"proj"},
+		"X-Ratelimit-Remaining-Tokens": {"99"}, "Anthropic-Ratelimit-Requests-Limit": {"50"}, "X-Vendor": {"v"},
 	}
 	dst := http.Header{}
 	OpenAI{}.CopyResponseHeader(dst, src)
-	if len(dst) != 2 || dst.Get("Content-Type") != "text/event-stream" || dst.Get("X-Request-Id") != "r1" {
-		t.Errorf("copied %v", dst)
+	want := http.Header{"Content-Type": {"text/event-stream"}, "X-Request-Id": {"r1"}, "Openai-Processing-Ms": {"12"}, "Request-Id": {"req_1"}}
+	if !reflect.DeepEqual(dst, want) {
+		t.Errorf("copied %v, want %v", dst, want)
+	}
+	(&Extras{Response: []string{"x-vendor"}, RateLimit: true}).CopyResponse(dst, src)
+	for _, k := range []string{"X-Vendor", "X-Ratelimit-Remaining-Tokens", "Anthropic-Ratelimit-Requests-Limit"} {
+		if dst.Get(k) == "" {
+			t.Errorf("extra %s not copied", k)
+		}
+	}
+	if len(dst) != len(want)+3 {
+		t.Errorf("extras copied more: %v", dst)
 	}
 	if !(OpenAI{}).IsStream(src) || (OpenAI{}).IsJSON(src) {
 		t.Error("event stream not recognised")
 	}
 	if !(Anthropic{}).IsJSON(http.Header{"Content-Type": {"application/problem+json"}}) {
 		t.Error("+json not recognised")
+	}
+	if !IsLineStream(OpenAI{}, http.Header{"Content-Type": {"application/x-ndjson"}}) || IsLineStream(OpenAI{}, src) {
+		t.Error("NDJSON not told apart")
+	}
+}
+
+func TestAnthropicRequestHeaders(t *testing.T) {
+	r := clientRequest(t, "http://gw.local/v1/messages", "{}", http.Header{
+		"Anthropic-Beta": {"prompt-caching"}, "Openai-Beta": {"x"}, "X-Api-Key": {"client"}, "Idempotency-Key": {"k1"},
+	})
+	base, _ := url.Parse("https://api.anthropic.com")
+	out, err := Anthropic{}.NewRequest(context.Background(), Call{API: AnthropicMessages, Base: base, Client: r, Body: []byte("{}")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range map[string]string{"Anthropic-Beta": "prompt-caching", "Openai-Beta": "", "X-Api-Key": "", "Idempotency-Key": "k1"} {
+		if got := out.Header.Get(k); got != want {
+			t.Errorf("%s = %q, want %q", k, got, want)
+		}
 	}
 }
 

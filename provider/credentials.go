@@ -1,9 +1,35 @@
 package provider
 
-// Credentialed is an adapter that holds its own credentials (an API key,
-// access keys, a service account's private key). The handler folds them
-// into the channel's identity, so that a rotated key starts with fresh
-// health, and scrubs them from what it logs.
+import "net/http"
+
+// Credentialed is implemented by adapters that hold credentials of their
+// own besides the channel's headers (API keys, access keys, a service
+// account's private key), so that the gateway can scrub them from
+// everything it sends to clients and logs, and fold them into the
+// channel's identity (a rotated key starts with fresh health).
 type Credentialed interface {
 	Credentials() []string
+}
+
+// protocolHeaders are request headers a channel may set that carry no
+// secret: they select API versions and features.
+var protocolHeaders = map[string]bool{
+	"Anthropic-Version": true, "Anthropic-Beta": true, "Openai-Beta": true,
+	"Content-Type": true, "Accept": true, "User-Agent": true,
+}
+
+// ChannelCredentials returns the secrets a channel holds: the values of
+// its headers (placeholders already resolved) but the protocol ones, and
+// the adapter's own credentials when it has any.
+func ChannelCredentials(header http.Header, a Adapter) []string {
+	var out []string
+	for k, vs := range header {
+		if !protocolHeaders[http.CanonicalHeaderKey(k)] {
+			out = append(out, vs...)
+		}
+	}
+	if c, ok := a.(Credentialed); ok {
+		out = append(out, c.Credentials()...)
+	}
+	return out
 }

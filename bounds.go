@@ -1,0 +1,111 @@
+package llmfailover
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"sync/atomic"
+	"time"
+)
+
+// This file bounds what one request can hold of the gateway: the bytes of
+// buffered answers across every in-flight request, the time a committed
+// answer may stay silent, the time a client may take to read what it is
+// sent or to send its body.
+
+// DefaultMaxHeldBytes caps the bytes of buffered answers held at once.
+const DefaultMaxHeldBytes = 256 << 20
+
+// DefaultRequestBodyTimeout bounds the reading of a request body.
+const DefaultRequestBodyTimeout = 60 * time.Second
+
+// heldBytes counts the bytes of answers read whole and not yet sent, across
+// every handler of the process: memory is one budget.
+var heldBytes atomic.Int64
+
+var errHeldBytes = fmt.Errorf("the gateway holds its limit of buffered answers")
+
+// overloaded reports the failure of an attempt that must not start while
+// the gateway holds max_held_bytes: it is nobody's fault but the load's,
+// and a 503 tells the client to come back.
+func (h *Handler) overloaded() *failure {
+	if heldBytes.Load() < h.MaxHeldBytes {
+		return nil
+	}
+	return &failure{reason: reasonOverloaded, status: http.StatusServiceUnavailable, message: errHeldBytes.Error()}
+}
+
+// heldReader counts what it reads in heldBytes until release, and fails
+// once the global cap is passed.
+type heldReader struct {
+	r    io.Reader
+	cap  int64
+	held int64
+}
+
+func (hr *heldReader) Read(p []byte) (int, error) {
+	n, err := hr.r.Read(p)
+	hr.held += int64(n)
+	if heldBytes.Add(int64(n)) > hr.cap {
+		return n, errHeldBytes
+	}
+	return n, err
+}
+
+func (hr *heldReader) release() { heldBytes.Add(-hr.held) }
+
+// idleWriter is the client side of a committed answer: each write must
+// finish within the idle timeout, so that a client that stops reading,
+// TCP open, does not hold the upstream, the goroutine and the reservation.
+type idleWriter struct {
+	w    http.ResponseWriter
+	rc   *http.ResponseController
+	idle time.Duration
+}
+
+func (iw *idleWriter) Write(p []byte) (int, error) {
+	_ = iw.rc.SetWriteDeadline(time.Now().Add(iw.idle))
+	return iw.w.Write(p)
+}
+
+func (iw *idleWriter) Flush() error {
+	_ = iw.rc.SetWriteDeadline(time.Now().Add(iw.idle))
+	return iw.rc.Flush()
+}
+
+// done clears the deadline, which would otherwise outlive this answer on
+// a kept-alive connection.
+func (iw *idleWriter) done() { _ = iw.rc.SetWriteDeadline(time.Time{}) }
+
+// idleReader cancels the attempt when the upstream sends nothing for the
+// idle timeout, for committed answers the stream gate does not watch.
+type idleReader struct {
+	r     io.Reader
+	timer *time.Timer
+	idle  time.Duration
+}
+
+func newIdleReader(r io.Reader, idle time.Duration, cancel context.CancelCauseFunc) *idleReader {
+	return &idleReader{r: r, idle: idle, timer: time.AfterFunc(idle, func() { cancel(errIdle) })}
+}
+
+var errIdle = fmt.Errorf("no upstream byte within stream_idle_timeout after commit")
+
+func (ir *idleReader) Read(p []byte) (int, error) {
+	n, err := ir.r.Read(p)
+	ir.timer.Reset(ir.idle)
+	return n, err
+}
+
+func (ir *idleReader) stop() { ir.timer.Stop() }
+
+// readBodyBounded reads the request body within request_body_timeout, so
+// that a client trickling its body cannot hold a connection and a
+// goroutine for ever; the deadline is cleared before the answer.
+func (h *Handler) readBodyBounded(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(time.Duration(h.RequestBodyTimeout)))
+	defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	return readBody(w, r, h.MaxRequestBody)
+}

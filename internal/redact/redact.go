@@ -1,0 +1,131 @@
+// Package redact removes secrets from text that leaves the gateway: the
+// operator's configured credentials, wherever an upstream echoes them, and
+// anything shaped like a credential in messages quoted from upstreams.
+//
+// It knows strings and HTTP headers only: not where the secrets come from
+// (channels, adapters) nor where the text goes (clients, logs).
+package redact
+
+import (
+	"net/http"
+	"regexp"
+	"slices"
+	"strings"
+)
+
+// Mask replaces every secret this package removes.
+const Mask = "[REDACTED]"
+
+// minSecret is the shortest configured value treated as a secret: shorter
+// header values (a version, "true") are not credentials, and masking them
+// would mangle ordinary words.
+const minSecret = 8
+
+// Secrets masks a fixed set of known secrets. The zero value and nil mask
+// nothing.
+type Secrets struct {
+	r *strings.Replacer
+}
+
+// NewSecrets returns a Secrets masking each value of at least minSecret
+// bytes and, for a value of the form "<scheme> <token>" (Bearer, Basic),
+// its token alone, which is what upstreams most often echo.
+func NewSecrets(values ...string) *Secrets {
+	var all []string
+	add := func(v string) {
+		if v = strings.TrimSpace(v); len(v) >= minSecret && !slices.Contains(all, v) {
+			all = append(all, v)
+		}
+	}
+	for _, v := range values {
+		add(v)
+		if _, token, ok := strings.Cut(strings.TrimSpace(v), " "); ok {
+			add(token)
+		}
+	}
+	if len(all) == 0 {
+		return &Secrets{}
+	}
+	// Longest first: strings.Replacer tries the old strings in argument
+	// order at each position, so a value wins over its own token.
+	slices.SortFunc(all, func(a, b string) int { return len(b) - len(a) })
+	pairs := make([]string, 0, 2*len(all))
+	for _, v := range all {
+		pairs = append(pairs, v, Mask)
+	}
+	return &Secrets{r: strings.NewReplacer(pairs...)}
+}
+
+// String returns s with every known secret masked.
+func (s *Secrets) String(in string) string {
+	if s == nil || s.r == nil || in == "" {
+		return in
+	}
+	return s.r.Replace(in)
+}
+
+// Contains reports whether in holds a known secret.
+func (s *Secrets) Contains(in string) bool {
+	return s.String(in) != in
+}
+
+// Header deletes from h every header whose name or value holds a known
+// secret: a header echoing a key is not worth keeping half-masked.
+func (s *Secrets) Header(h http.Header) {
+	if s == nil || s.r == nil {
+		return
+	}
+	for k, vs := range h {
+		if s.Contains(k) {
+			delete(h, k)
+			continue
+		}
+		for _, v := range vs {
+			if s.Contains(v) {
+				delete(h, k)
+				break
+			}
+		}
+	}
+}
+
+// Message returns a message quoted from an upstream with its known secrets
+// and its credential-shaped strings masked.
+func (s *Secrets) Message(in string) string {
+	return Shapes(s.String(in))
+}
+
+// credentialShapes match what credentials look like whoever issued them:
+// an Authorization-style scheme and token, and the sk-/key- style prefixed
+// keys. longTokens are unbroken runs of key characters, masked when they
+// mix letters and digits, so that long words and numbers stay readable.
+var (
+	credentialShapes = regexp.MustCompile(`(?i)\b(?:bearer|basic|token)\s+[A-Za-z0-9._~+/=-]{8,}` +
+		`|\b(?:sk|pk|rk|key|api|xai|gsk)[-_][A-Za-z0-9._-]{8,}` +
+		`|\bAKIA[A-Z0-9]{16}\b|\bAIza[A-Za-z0-9_-]{20,}`)
+	longTokens = regexp.MustCompile(`[A-Za-z0-9_+/=-]{32,}`)
+)
+
+// Shapes masks credential-shaped strings in s.
+func Shapes(s string) string {
+	s = credentialShapes.ReplaceAllLiteralString(s, Mask)
+	return longTokens.ReplaceAllStringFunc(s, func(m string) string {
+		if mixed(m) {
+			return Mask
+		}
+		return m
+	})
+}
+
+func mixed(s string) bool {
+	letter, digit := false, false
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c >= '0' && c <= '9':
+			digit = true
+		case c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z':
+			letter = true
+		}
+	}
+	return letter && digit
+}

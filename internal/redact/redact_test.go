@@ -1,0 +1,72 @@
+package redact
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+)
+
+func TestSecretsMasksValuesAndTokens(t *testing.T) {
+	s := NewSecrets("Bearer sk-upstream-0123456789", "short", "plainsecretvalue")
+	for in, want := range map[string]string{
+		"request had Authorization=Bearer sk-upstream-0123456789": "request had Authorization=" + Mask,
+		"key sk-upstream-0123456789 is invalid":                   "key " + Mask + " is invalid",
+		"x=plainsecretvalue;":                                     "x=" + Mask + ";",
+		"short stays":                                             "short stays",
+	} {
+		if got := s.String(in); got != want {
+			t.Errorf("String(%q) = %q, want %q", in, got, want)
+		}
+	}
+	var none *Secrets
+	if got := none.String("abc"); got != "abc" {
+		t.Errorf("nil Secrets changed the text: %q", got)
+	}
+}
+
+func TestSecretsHeaderDropsEchoes(t *testing.T) {
+	s := NewSecrets("Bearer sk-upstream-0123456789")
+	h := http.Header{"X-Echo": {"sk-upstream-0123456789"}, "Content-Type": {"application/json"}}
+	s.Header(h)
+	if _, ok := h["X-Echo"]; ok {
+		t.Error("a header echoing a secret survived")
+	}
+	if h.Get("Content-Type") == "" {
+		t.Error("an innocent header was dropped")
+	}
+}
+
+func TestShapes(t *testing.T) {
+	for in, want := range map[string]string{
+		"Incorrect API key provided: sk-proj-abcdefghij1234":   "Incorrect API key provided: " + Mask,
+		"header was Bearer eyJhbGciOi.payload.sig":             "header was " + Mask,
+		"id ghp_0123456789abcdefghij0123456789abcdef is bad":   "id " + Mask + " is bad",
+		"AWS AKIAABCDEFGHIJKLMNOP leaked":                      "AWS " + Mask + " leaked",
+		"model gpt-4o-mini is overloaded, try again in 20s":    "model gpt-4o-mini is overloaded, try again in 20s",
+		"internationalizationinternationalization is one word": "internationalizationinternationalization is one word",
+	} {
+		if got := Shapes(in); got != want {
+			t.Errorf("Shapes(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// FuzzMessage: whatever the input, a configured secret never survives
+// Message, and masking is idempotent.
+func FuzzMessage(f *testing.F) {
+	const secret = "Bearer sk-upstream-0123456789"
+	s := NewSecrets(secret)
+	f.Add("request had Authorization=Bearer sk-upstream-0123456789")
+	f.Add("sk-upstream-0123456789sk-upstream-0123456789")
+	f.Add("Bearer Bearer sk-upstream-012345678")
+	f.Add("")
+	f.Fuzz(func(t *testing.T, in string) {
+		out := s.Message(in)
+		if strings.Contains(out, "sk-upstream-0123456789") {
+			t.Fatalf("secret survived: %q -> %q", in, out)
+		}
+		if again := s.Message(out); again != out {
+			t.Fatalf("not idempotent: %q -> %q -> %q", in, out, again)
+		}
+	})
+}
