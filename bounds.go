@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -34,6 +35,19 @@ func (h *Handler) overloaded() *failure {
 		return nil
 	}
 	return &failure{reason: reasonOverloaded, status: http.StatusServiceUnavailable, message: errHeldBytes.Error()}
+}
+
+// holdFrames reserves, in heldBytes, what a stream attempt may hold
+// before it commits (the gate's cap), and returns its release, which runs
+// once: at commit or when the attempt ends. Beyond max_held_bytes the
+// attempt does not start.
+func (h *Handler) holdFrames(n int64) (release func(), f *failure) {
+	if heldBytes.Add(n) > h.MaxHeldBytes {
+		heldBytes.Add(-n)
+		return func() {}, &failure{reason: reasonOverloaded, status: http.StatusServiceUnavailable, message: errHeldBytes.Error()}
+	}
+	var once sync.Once
+	return func() { once.Do(func() { heldBytes.Add(-n) }) }, nil
 }
 
 // heldReader counts what it reads in heldBytes until release, and fails

@@ -3,6 +3,7 @@ package llmfailover
 import (
 	"os"
 	"os/exec"
+	"regexp"
 	"testing"
 )
 
@@ -20,5 +21,28 @@ func TestAlertRules(t *testing.T) {
 	out, err := exec.Command(promtool, "check", "rules", "docs/alerts.yml").CombinedOutput()
 	if err != nil {
 		t.Fatalf("promtool check rules: %v\n%s", err, out)
+	}
+}
+
+// TestEveryReasonHasARunbook: each failure reason the hop loop can log
+// (the reason* constants), each breaker state and each outcome the status
+// page shows links to a page in docs/runbooks.
+func TestEveryReasonHasARunbook(t *testing.T) {
+	src, err := os.ReadFile("hop.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := []string{"rate_limited", "client_gone", "truncated", "stalled", "no_working_channel",
+		"state-closed", "state-open", "state-half_open", "state-parked"}
+	for _, m := range regexp.MustCompile(`(?m)^\s+reason\w+\s+=\s+"([a-z_]+)"`).FindAllSubmatch(src, -1) {
+		names = append(names, string(m[1]))
+	}
+	if len(names) < 20 {
+		t.Fatalf("found only %d reasons in hop.go: the pattern no longer matches", len(names))
+	}
+	for _, n := range names {
+		if _, err := os.Stat("docs/runbooks/" + n + ".md"); err != nil {
+			t.Errorf("no runbook for %q: %v", n, err)
+		}
 	}
 }

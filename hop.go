@@ -44,6 +44,7 @@ const (
 	reasonErrorBody     = "error_body"
 	reasonBadBody       = "malformed_body"
 	reasonTooLarge      = "response_too_large"
+	reasonLineTooLarge  = "stream_line_too_large"
 	reasonRedirect      = "redirect"
 	reasonContentType   = "unexpected_content_type"
 	reasonOverloaded    = "gateway_overloaded"
@@ -452,9 +453,14 @@ func (h *Handler) relayError(ctx context.Context, x *exchange, ch *channel, res 
 func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFunc, x *exchange, ch *channel, res *http.Response, src io.Reader, commit func()) attemptResult {
 	client := &idleWriter{w: x.w, rc: http.NewResponseController(x.w), idle: time.Duration(h.StreamIdleTimeout)}
 	defer client.done()
-	d := &downstream{w: client, res: res, onCommit: commit,
-		copyHeader: func(dst, src http.Header) { h.copyResponseHeader(ch, dst, src) }}
 	opts := x.api.GateOptions()
+	release, over := h.holdFrames(streamgate.DefaultMaxHeld)
+	if over != nil {
+		return attemptResult{fail: over}
+	}
+	defer release()
+	d := &downstream{w: client, res: res, onCommit: func() { release(); commit() },
+		copyHeader: func(dst, src http.Header) { h.copyResponseHeader(ch, dst, src) }}
 	opts.GateTimeout = time.Duration(h.StreamGate)
 	opts.GateFailover = h.StreamGateFailover
 	opts.IdleTimeout = time.Duration(h.StreamIdleTimeout)
@@ -494,6 +500,9 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		return attemptResult{fail: f}
 	case streamgate.GateTimeout:
 		return attemptResult{fail: &failure{reason: reasonGateTimeout, timeout: true}}
+	case streamgate.Oversized:
+		return attemptResult{fail: &failure{reason: reasonLineTooLarge,
+			detail: fmt.Sprintf("a line over %d bytes before any content", streamgate.DefaultMaxHeld)}}
 	default: // ClosedEarly
 		if f := causeFailure(ctx); f != nil {
 			return attemptResult{fail: f}

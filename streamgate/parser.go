@@ -170,6 +170,10 @@ func (p *Parser) Finish(inspect func(Event)) bool {
 	return pending
 }
 
+// LineOverflow reports whether the line being read has grown past
+// MaxEvent (its tail is being discarded).
+func (p *Parser) LineOverflow() bool { return p.lineOver }
+
 func (p *Parser) appendLine(b []byte) {
 	if p.lineOver {
 		return

@@ -39,10 +39,13 @@ const (
 	DefaultIdleTimeout = 60 * time.Second
 	DefaultMaxHeld     = 1 << 20
 
-	// minMaxEvent bounds what the parser buffers for one event after
-	// commit. Responses API events that embed images can be megabytes, and
-	// losing one would only blind end-of-stream detection, so be generous.
-	minMaxEvent = 16 << 20
+	// DefaultMaxEvent bounds what the parser buffers of one line or one
+	// event's data, before and after commit, so that an upstream sending
+	// an endless line costs a bounded amount of memory per stream. An
+	// event beyond it is still forwarded byte for byte; only its data is
+	// not kept for classification (the event name still is, which is
+	// what ends a Responses or Messages stream).
+	DefaultMaxEvent = 1 << 20
 
 	readBufSize = 16 << 10
 )
@@ -171,6 +174,10 @@ const (
 	Stalled
 	// ClientGone: a write to the client failed.
 	ClientGone
+	// Oversized: before commit the upstream sent a line longer than
+	// MaxHeld; nothing was written. No LLM API sends such a line before
+	// its first content, so it is the channel's failure.
+	Oversized
 )
 
 func (o Outcome) String() string {
@@ -189,6 +196,8 @@ func (o Outcome) String() string {
 		return "stalled"
 	case ClientGone:
 		return "client_gone"
+	case Oversized:
+		return "oversized_line"
 	}
 	return "outcome(" + strconv.Itoa(int(o)) + ")"
 }
@@ -233,6 +242,7 @@ type relay struct {
 	committed   bool
 	done        bool
 	gateExpired bool
+	oversized   bool
 	stalled     bool
 	clientGone  bool
 	gate        *time.Timer
@@ -254,6 +264,7 @@ type relay struct {
 	ws      int
 	wrote   bool
 	skipLF  bool // a dropped event ended in a chunk-final CR; its LF comes next
+	keep    bool // the event in progress was too large to hold: never dropped
 }
 
 // Relay holds src until an event decides the stream, then commits dst and
@@ -271,7 +282,7 @@ func Relay(src io.Reader, cancel context.CancelCauseFunc, dst Downstream, opts O
 		panic("streamgate: Relay needs Options.Classify")
 	}
 	r := &relay{src: src, cancel: cancel, dst: dst, opts: opts.withDefaults(), start: time.Now()}
-	r.p.MaxEvent = max(r.opts.MaxHeld, minMaxEvent)
+	r.p.MaxEvent = min(r.opts.MaxHeld, DefaultMaxEvent)
 	r.emit = r.onEvent
 
 	bp := readBufPool.Get().(*[]byte)
@@ -320,7 +331,7 @@ func (r *relay) hold(c []byte) bool {
 	}
 	if r.opts.Drop != nil {
 		r.feedDrop(c)
-		if r.failed {
+		if r.failed || r.overlong() {
 			return true
 		}
 		if r.decided || len(r.held)+len(r.pending) > r.opts.MaxHeld {
@@ -330,7 +341,7 @@ func (r *relay) hold(c []byte) bool {
 	}
 	r.p.Feed(c, r.emit)
 	switch {
-	case r.failed:
+	case r.failed, r.overlong():
 		return true
 	case r.decided && len(r.held) == 0:
 		r.commitLocked(c) // common case: no copy
@@ -344,6 +355,15 @@ func (r *relay) hold(c []byte) bool {
 		}
 	}
 	return r.clientGone
+}
+
+// overlong reports, before a decisive event, a line longer than the hold
+// cap: the stream fails (Oversized) rather than commit unjudged bytes.
+func (r *relay) overlong() bool {
+	if !r.decided && r.p.LineOverflow() {
+		r.oversized = true
+	}
+	return r.oversized
 }
 
 // forward handles a chunk read after commit. It reports whether the relay
@@ -378,6 +398,13 @@ func (r *relay) feedDrop(c []byte) (wrote bool, boundary int) {
 		r.ws = b
 	}
 	r.pending = append(r.pending, c[r.ws:]...)
+	if len(r.pending) > r.opts.MaxHeld {
+		// An event this large is no usage report: it is kept whatever
+		// Drop says, and its bytes go on instead of piling up.
+		r.sink(r.pending)
+		r.pending = r.pending[:0]
+		r.keep = true
+	}
 	if len(r.pending) == 0 && cap(r.pending) > shrinkAbove {
 		r.pending = nil
 	}
@@ -444,9 +471,10 @@ func (r *relay) onEvent(ev Event) {
 			return
 		}
 	}
-	if r.opts.Drop != nil && r.chunk != nil && r.opts.Drop(ev) {
+	if r.opts.Drop != nil && r.chunk != nil && !r.keep && r.opts.Drop(ev) {
 		r.dropEvent()
 	}
+	r.keep = false
 }
 
 // commitLocked commits and sends what was held plus extra, flushing once so
@@ -500,7 +528,9 @@ func (r *relay) flush() {
 
 func (r *relay) onGate() {
 	r.mu.Lock()
-	if r.done || r.committed || r.gateExpired {
+	// A stream already judged (failed, or oversized) is about to end
+	// uncommitted: the timer must not commit what it held.
+	if r.done || r.committed || r.gateExpired || r.failed || r.oversized {
 		r.mu.Unlock()
 		return
 	}
@@ -565,6 +595,8 @@ func (r *relay) finish(readErr error) Result {
 
 	if !r.committed {
 		switch {
+		case r.oversized:
+			res.Outcome = Oversized
 		case r.gateExpired:
 			res.Outcome = GateTimeout
 			res.Err = rerr
