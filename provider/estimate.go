@@ -46,13 +46,40 @@ const (
 // Write adds text to the estimate.
 func (e *TokenEstimator) Write(text []byte) {
 	for _, c := range text {
-		switch {
-		case c < utf8.RuneSelf:
-			e.add(asciiClass(c))
-		case utf8.RuneStart(c):
-			// One token per non-ASCII character, counted at its first
-			// byte, so a character split between writes counts once.
+		e.byte(c)
+	}
+}
+
+func (e *TokenEstimator) byte(c byte) {
+	switch {
+	case c < utf8.RuneSelf:
+		e.add(asciiClass(c))
+	case utf8.RuneStart(c):
+		// One token per non-ASCII character, counted at its first byte,
+		// so a character split between writes counts once.
+		e.add(classOther)
+	}
+}
+
+// writeJSONString adds the text of a raw JSON string's contents, its
+// escapes read as the characters they stand for.
+func (e *TokenEstimator) writeJSONString(raw []byte) {
+	for i := 0; i < len(raw); i++ {
+		c := raw[i]
+		if c != '\\' || i+1 == len(raw) {
+			e.byte(c)
+			continue
+		}
+		i++
+		switch raw[i] {
+		case 'n', 't', 'r':
+			e.add(classNewline)
+		case 'u':
+			// \uXXXX: mostly a non-ASCII character.
 			e.add(classOther)
+			i += min(4, len(raw)-1-i)
+		default: // \" \\ \/ \b \f
+			e.byte(raw[i])
 		}
 	}
 }

@@ -1,0 +1,95 @@
+package provider
+
+import "github.com/llmfailover/caddy-llm-failover/internal/jsonscan"
+
+// Delivered content: the text of an answer as the client reads it, for
+// estimating output tokens when an upstream never reported usage (a cut
+// stream, a client that left). Only the decoded text of the fields below
+// counts, never the JSON or SSE around it. The walk allocates nothing, as
+// it runs on every chunk, and the Meter keeps only the estimator's
+// counters, never the text.
+
+// contentFormat says which string fields of an API's events and bodies
+// are answer text.
+type contentFormat struct {
+	// text reports whether a string under key is content.
+	text func(key []byte) bool
+	// skip reports whether the value under key holds no delivered text,
+	// or text counted elsewhere (a final event repeating the answer).
+	skip func(key []byte) bool
+}
+
+// feed adds the content text of one event or body to e.
+func (f contentFormat) feed(e *TokenEstimator, data []byte) {
+	if f.text == nil {
+		return
+	}
+	if it, ok := jsonscan.Object(data); ok {
+		f.walk(e, it, 0)
+	}
+}
+
+// maxContentDepth bounds the walk; answer text sits a few levels deep.
+const maxContentDepth = 8
+
+// walk takes it by value: the caller has consumed the value already, and
+// a pointer would make every level's iterator escape to the heap.
+func (f contentFormat) walk(e *TokenEstimator, it jsonscan.Iter, depth int) {
+	for key, ok := it.Next(); ok; key, ok = it.Next() {
+		v := it.Value()
+		if len(v) == 0 {
+			return
+		}
+		switch v[0] {
+		case '"':
+			if f.text(key) {
+				e.writeJSONString(jsonscan.StringValue(v))
+			}
+		case '{', '[':
+			if depth >= maxContentDepth || f.skip(key) {
+				continue
+			}
+			var child jsonscan.Iter
+			if v[0] == '{' {
+				child, _ = jsonscan.Object(v)
+			} else {
+				child, _ = jsonscan.Array(v)
+			}
+			f.walk(e, child, depth+1)
+		}
+	}
+}
+
+// oneOf reports whether key is one of names. The conversion in the
+// comparison does not allocate.
+func oneOf(key []byte, names ...string) bool {
+	for _, n := range names {
+		if string(key) == n {
+			return true
+		}
+	}
+	return false
+}
+
+var (
+	// Chat and completions: the delta or message text, refusals,
+	// reasoning and tool arguments, which the upstream bills as output.
+	openAIContent = contentFormat{
+		text: func(k []byte) bool { return oneOf(k, "content", "text", "refusal", "reasoning_content", "arguments") },
+		skip: func(k []byte) bool { return oneOf(k, "usage", "logprobs") },
+	}
+	// Responses streams carry text in *.delta events; the done and
+	// completed events repeat it whole, so only "delta" counts there, and
+	// a whole body's output items.
+	responsesContent = contentFormat{
+		text: func(k []byte) bool { return oneOf(k, "delta", "text", "arguments") },
+		skip: func(k []byte) bool { return oneOf(k, "response", "usage", "part", "item") },
+	}
+	// Messages: text, thinking and tool input deltas, and a body's blocks.
+	anthropicContent = contentFormat{
+		text: func(k []byte) bool { return oneOf(k, "text", "thinking", "partial_json") },
+		skip: func(k []byte) bool { return oneOf(k, "usage") },
+	}
+	// Embeddings and model lists are no text.
+	noContent = contentFormat{}
+)
