@@ -90,6 +90,20 @@ var (
 		text: func(k []byte) bool { return oneOf(k, "text", "thinking", "partial_json") },
 		skip: func(k []byte) bool { return oneOf(k, "usage") },
 	}
+	// A request's text: every string value but images, audio and files,
+	// which wallet.Estimate bounds by their count, not their bytes.
+	inputContent = contentFormat{
+		text: func(k []byte) bool { return !oneOf(k, "image_url", "data", "file_data", "url") },
+		skip: func(k []byte) bool { return oneOf(k, "image_url", "source", "input_audio", "file") },
+	}
 	// Embeddings and model lists are no text.
 	noContent = contentFormat{}
 )
+
+// EstimateInputTokens estimates the input tokens of a request body from
+// its text (see TokenEstimator), for when an upstream reported none.
+func EstimateInputTokens(body []byte) int64 {
+	var e TokenEstimator
+	inputContent.feed(&e, body)
+	return e.Tokens()
+}
