@@ -32,32 +32,31 @@ func (f contentFormat) feed(e *TokenEstimator, data []byte) {
 // maxContentDepth bounds the walk; answer text sits a few levels deep.
 const maxContentDepth = 8
 
-// walk takes it by value: the caller has consumed the value already, and
-// a pointer would make every level's iterator escape to the heap.
-func (f contentFormat) walk(e *TokenEstimator, it jsonscan.Iter, depth int) {
+// walk reads the members or elements of it and returns it consumed. It
+// passes iterators by value, as a pointer would make every level's escape
+// to the heap, and descends into a value in place (Enter/Leave) rather
+// than scanning it once to skip and again to read.
+func (f contentFormat) walk(e *TokenEstimator, it jsonscan.Iter, depth int) jsonscan.Iter {
 	for key, ok := it.Next(); ok; key, ok = it.Next() {
-		v := it.Value()
-		if len(v) == 0 {
-			return
-		}
-		switch v[0] {
-		case '"':
-			if f.text(key) {
-				e.writeJSONString(jsonscan.StringValue(v))
+		v := it.Peek()
+		switch {
+		case v == '"':
+			if s := it.Value(); f.text(key) {
+				e.writeJSONString(jsonscan.StringValue(s))
 			}
-		case '{', '[':
-			if depth >= maxContentDepth || f.skip(key) {
-				continue
+		case (v == '{' || v == '[') && depth < maxContentDepth && !f.skip(key):
+			closer := byte('}')
+			if v == '[' {
+				closer = ']'
 			}
-			var child jsonscan.Iter
-			if v[0] == '{' {
-				child, _ = jsonscan.Object(v)
-			} else {
-				child, _ = jsonscan.Array(v)
-			}
-			f.walk(e, child, depth+1)
+			child, _ := it.Enter(v, closer)
+			child = f.walk(e, child, depth+1)
+			it.Leave(&child)
+		default:
+			it.Value()
 		}
 	}
+	return it
 }
 
 // oneOf reports whether key is one of names. The conversion in the

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/llmfailover/caddy-llm-failover/streamgate"
 )
 
 // topLevelKeys returns the decoded top-level keys of a JSON object, in
@@ -181,6 +183,45 @@ func FuzzLimitValue(f *testing.F) {
 		}
 		if want && (!set || r.Cmp(new(big.Rat).SetInt64(n)) != 0) {
 			t.Fatalf("limitValue(%q) = %d, want %s", s, n, r.RatString())
+		}
+	})
+}
+
+// FuzzDeliveredContent: any event data, however malformed, is walked
+// without a panic, the estimate never exceeds one token per byte, and
+// text split anywhere estimates the same as whole.
+func FuzzDeliveredContent(f *testing.F) {
+	for _, s := range []string{
+		`{"choices":[{"delta":{"content":"Hello, world"}}]}`,
+		`{"type":"content_block_delta","delta":{"type":"text_delta","text":"a\nb\u00e9"}}`,
+		`{"type":"response.output_text.delta","delta":"Hi"}`,
+		`{"choices":[{"delta":{"content":"unterminated`,
+		`[[[[[[[[[[{"text":"deep"}]]]]]]]]]]`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		for _, api := range []API{OpenAIChat, OpenAIResponses, AnthropicMessages, OpenAIEmbeddings} {
+			m := api.NewMeter()
+			m.Event(streamgate.Event{Data: data})
+			m.Body(data)
+			if n := m.DeliveredTokens(); n < 0 || n > 2*int64(len(data)) {
+				t.Fatalf("%s: %d tokens from %d bytes", api, n, len(data))
+			}
+		}
+		if n := EstimateInputTokens(data); n < 0 || n > int64(len(data)) {
+			t.Fatalf("input estimate %d for %d bytes", n, len(data))
+		}
+		whole := EstimateTokens(data)
+		if whole > int64(len(data)) {
+			t.Fatalf("%d tokens for %d bytes", whole, len(data))
+		}
+		var e TokenEstimator
+		for i := range data {
+			e.Write(data[i : i+1])
+		}
+		if e.Tokens() != whole {
+			t.Fatalf("byte by byte %d, whole %d", e.Tokens(), whole)
 		}
 	})
 }
