@@ -273,8 +273,6 @@ func (h *storeHolder) sweep() {
 // only once every request that entered has exited (bounded), and in the
 // background: a reload must not block on the longest open stream.
 func (h *storeHolder) Destruct() error {
-	close(h.stop)
-	<-h.done
 	h.mu.Lock()
 	h.draining = true
 	if h.inflight == 0 {
@@ -287,6 +285,10 @@ func (h *storeHolder) Destruct() error {
 		case <-time.After(drainLimit):
 			h.logger.Error("closing wallet store with requests still unsettled; their reservations expire and are released by the sweeper")
 		}
+		// The sweeper, which also keeps the draining requests'
+		// reservations alive, stops only once they have left.
+		close(h.stop)
+		<-h.done
 		if err := h.store.Close(); err != nil {
 			h.logger.Error("closing wallet store", zap.Error(err))
 		}
