@@ -62,14 +62,16 @@ type bill struct {
 	price     wallet.Price
 	meter     *provider.Meter
 	hideUsage func(streamgate.Event) bool
-	// delivered counts the bytes of the attempt that reached the client,
-	// the stand-in for output tokens the upstream never reported.
-	delivered int64
 	channel   string
 	closed    bool
-	// inputBound is the most input tokens the request can have; it is
-	// charged when an upstream never reported usage.
-	inputBound int64
+	// inputBound and outputBound are the most tokens the request can have
+	// (what the reservation covers); a report beyond them is implausible.
+	inputBound, outputBound int64
+	// free: the call costs nothing (count_tokens), so nothing is reserved
+	// and nothing settled.
+	free bool
+	// live ends the reservation's keep-alive.
+	live func()
 }
 
 // admit finds the account and reserves the largest cost the request can
@@ -83,12 +85,29 @@ func (rt *walletRuntime) admit(x *exchange) (*bill, *provider.Error) {
 	}
 
 	m := x.model
+	if x.api == provider.AnthropicCountTokens {
+		// Counting tokens generates none and the upstream does not bill
+		// it: the key is checked, nothing is reserved or charged.
+		return &bill{rt: rt, x: x, free: true}, nil
+	}
 	maxOut := x.req.MaxOutput
 	if maxOut == 0 {
 		maxOut = m.maxOutput
 	}
-	amount, inputBound := wallet.MaxCost(wallet.Estimate{BodyBytes: len(x.body), Images: x.req.Images, MaxOutput: maxOut, N: x.req.N}, m.price)
-	b := &bill{rt: rt, x: x, price: m.price, inputBound: inputBound}
+	est := wallet.Estimate{BodyBytes: len(x.body), Images: x.req.Images, MaxOutput: maxOut, N: x.req.N}
+	if x.req.StoredContext != "" {
+		// The upstream adds input the body does not show; only the
+		// operator knows how much there can be.
+		if m.maxInput == 0 {
+			return nil, &provider.Error{Status: http.StatusBadRequest, Message: fmt.Sprintf(
+				"%q refers to input stored upstream, which this gateway cannot bound for billing; the operator can allow it by setting max_input_tokens on model %q",
+				x.req.StoredContext, x.req.Model)}
+		}
+		est.StoredInputTokens = m.maxInput
+	}
+	amount, _ := wallet.MaxCost(est, m.price)
+	inputBound, outputBound := est.Bounds()
+	b := &bill{rt: rt, x: x, price: m.price, inputBound: inputBound, outputBound: outputBound}
 	b.res = wallet.Reservation{
 		ID: requestID(x), Account: account, KeyID: keyID, Model: x.req.Model,
 		Amount: amount, ExpiresAt: time.Now().Add(rt.w.ReservationTTL()),
@@ -107,6 +126,9 @@ func (rt *walletRuntime) admit(x *exchange) (*bill, *provider.Error) {
 		return rt.storeError(x, "reserve", err)
 	}
 	walletTotal.WithLabelValues("reserve", "ok").Inc()
+	// While the request runs, its reservation is kept from expiring; only
+	// a crashed instance's reservations are left for the sweeper.
+	b.live = rt.w.KeepAlive(b.res.ID)
 	return b, nil
 }
 
@@ -161,7 +183,6 @@ func (rt *walletRuntime) storeError(x *exchange, op string, err error) (*bill, *
 // client that did not ask for it.
 func (b *bill) prepare(body []byte) []byte {
 	b.meter = b.x.api.NewMeter()
-	b.delivered = 0
 	body, b.hideUsage = b.x.api.AskUsage(body, b.x.req)
 	return body
 }
@@ -171,53 +192,22 @@ func (b *bill) streamOptions(o *streamgate.Options) {
 	o.Drop = b.hideUsage
 }
 
-func (b *bill) meterBody(body []byte) {
-	b.meter.Body(body)
-	b.deliver(int64(len(body)))
-}
-
-// deliver records n bytes of the answer delivered to the client, the
-// stand-in for output tokens when the answer ended before its usage report.
-func (b *bill) deliver(n int64) {
-	if n > 0 {
-		b.delivered += n
-	}
-}
-
-// billable returns the tokens to charge for the attempt that served. When
-// the upstream reported usage it is that. Otherwise each missing count is
-// replaced by a stand-in: input by inputBound (the bound MaxCost returned,
-// which the real count cannot exceed), output by the larger of any partial
-// report and the bytes delivered. Byte-level BPE emits at least one byte per
-// token, so delivered bytes bound the visible output tokens from above; they
-// cannot see hidden reasoning tokens, so for reasoning models this can
-// undercharge what the upstream billed. Either way Settle caps the charge at
-// the reservation, so the fallback can never overdraw.
-func billable(u provider.Usage, inputBound, delivered int64) (in, out int64) {
-	in, out = u.Input, u.Output
-	if !u.InputKnown {
-		in = inputBound
-	}
-	if !u.OutputKnown && delivered > out {
-		out = delivered
-	}
-	return in, out
-}
+func (b *bill) meterBody(body []byte) { b.meter.Body(body) }
 
 func (b *bill) servedBy(channel string) { b.channel = channel }
 
 // attemptFailed writes a zero-charge ledger row so that an operator sees
-// failed attempts next to the charge of the one that served.
+// failed attempts next to the charge of the one that served. The row is
+// written in the background, with the store's next group commit: failing
+// over never waits on the store.
 func (b *bill) attemptFailed(channel, reason string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(b.x.r.Context()), 10*time.Second)
-	defer cancel()
-	err := b.rt.w.RecordAttempt(ctx, wallet.Entry{
+	if b.free {
+		return
+	}
+	b.rt.w.RecordAttemptAsync(wallet.Entry{
 		Account: b.res.Account, KeyID: b.res.KeyID, Model: b.res.Model, Channel: channel,
 		RequestID: b.res.RequestID, Note: reason,
 	})
-	if err != nil {
-		b.rt.logger.Error("recording a failed attempt", zap.String("request_id", b.res.RequestID), zap.Error(err))
-	}
 }
 
 // close settles the reservation: it charges the usage of the attempt that
@@ -225,25 +215,42 @@ func (b *bill) attemptFailed(channel, reason string) {
 // once, deferred, so panics and client disconnects settle too.
 func (b *bill) close() {
 	// b is nil when on_store_error allow admitted the request unbilled.
-	if b == nil || b.closed {
+	if b == nil || b.closed || b.free {
 		return
 	}
 	b.closed = true
+	defer b.live()
 	e := wallet.Entry{
 		Account: b.res.Account, KeyID: b.res.KeyID, Model: b.res.Model,
 		Channel: b.channel, RequestID: b.res.RequestID,
 	}
+	// Only the attempt that served is billed; a failed one never set
+	// channel, whatever it sent.
 	if b.channel != "" && b.meter != nil {
-		e.TokensIn, e.TokensOut = billable(b.meter.Usage(), b.inputBound, b.delivered)
+		var c charge
+		e.TokensIn, e.TokensOut, c = b.billable(b.meter.Usage())
 		e.Cost = b.price.Cost(e.TokensIn, e.TokensOut)
+		e.Note = c.note
+		if c.note != "" {
+			walletTotal.WithLabelValues("usage", c.kind).Inc()
+			b.rt.logger.Warn("charging without a plausible usage report", zap.String("request_id", b.res.RequestID),
+				zap.String("model", b.res.Model), zap.String("channel", b.channel), zap.String("reason", c.note),
+				zap.Int64("tokens_in", e.TokensIn), zap.Int64("tokens_out", e.TokensOut))
+		}
 	}
 	// The client may be gone; the settlement must still happen.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(b.x.r.Context()), 30*time.Second)
 	defer cancel()
 	charged, err := b.rt.w.Settle(ctx, b.res.ID, e)
-	if err != nil {
+	switch {
+	case errors.Is(err, wallet.ErrNotFound):
+		walletTotal.WithLabelValues("settle", "not_found").Inc()
+		b.rt.logger.Error("the reservation was already released (it expired and was swept); this request was not charged",
+			zap.String("request_id", b.res.RequestID), zap.String("account", b.res.Account), zap.String("usage_cost", e.Cost.String()))
+		return
+	case err != nil:
 		walletTotal.WithLabelValues("settle", "error").Inc()
-		b.rt.logger.Error("settling a reservation failed; the sweeper will release it when it expires",
+		b.rt.logger.Error("settling a reservation failed; it stays reserved until it expires, then the sweeper releases it uncharged",
 			zap.String("request_id", b.res.RequestID), zap.String("account", b.res.Account), zap.Error(err))
 		return
 	}

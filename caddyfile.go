@@ -45,6 +45,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			route <channel> [cost <input_per_mtok> <output_per_mtok>] [upstream_model <name>] [weight <n>]
 //			price <input_per_mtok> <output_per_mtok>
 //			max_output_tokens <n>
+//			max_input_tokens <n>
 //		}
 //		max_hops            <n>
 //		header_timeout      <duration>
@@ -319,7 +320,8 @@ func (h *Handler) unmarshalModel(d *caddyfile.Dispenser, at map[string]string) e
 				return err
 			}
 			m.Price = p
-		case "max_output_tokens":
+		case "max_output_tokens", "max_input_tokens":
+			opt := d.Val()
 			n, err := caddykit.IntArg(d, 1)
 			if err == nil {
 				err = caddykit.NoMoreArgs(d)
@@ -327,7 +329,11 @@ func (h *Handler) unmarshalModel(d *caddyfile.Dispenser, at map[string]string) e
 			if err != nil {
 				return err
 			}
-			m.MaxOutputTokens = int64(n)
+			if opt == "max_output_tokens" {
+				m.MaxOutputTokens = int64(n)
+			} else {
+				m.MaxInputTokens = int64(n)
+			}
 		default:
 			return d.Errf("unrecognized model option '%s'", d.Val())
 		}

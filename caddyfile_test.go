@@ -29,6 +29,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			route a cost 0.15 0.60 weight 100
 			price 1 2
 			max_output_tokens 4096
+			max_input_tokens 128000
 		}
 		max_hops 2
 		header_timeout 30s
@@ -64,7 +65,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 	}
 	m := h.Models[0]
 	if m.Policy != "weighted" || len(m.Routes) != 2 || m.Routes[0].UpstreamModel != "gpt-2024" || m.Routes[0].Weight != 80 ||
-		m.Routes[1].Cost.Input != "0.15" || m.Price.Output != "2" || m.MaxOutputTokens != 4096 {
+		m.Routes[1].Cost.Input != "0.15" || m.Price.Output != "2" || m.MaxOutputTokens != 4096 || m.MaxInputTokens != 128000 {
 		t.Fatalf("model: %+v routes %+v", m, m.Routes)
 	}
 	if h.MaxHops != 2 || h.HeaderTimeout != caddy.Duration(30*time.Second) || h.Deadline != caddy.Duration(90*time.Second) ||
@@ -108,6 +109,8 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		"bad cost":                  `llm_failover { model m { route a cost 1.2.3 4 } }`,
 		"cost missing output":       `llm_failover { model m { route a cost 1 } }`,
 		"negative price":            `llm_failover { model m { route a ; price -1 2 } }`,
+		"max_input_tokens zero":     `llm_failover { model m { route a ; max_input_tokens 0 } }`,
+		"max_input_tokens two args": `llm_failover { model m { route a ; max_input_tokens 1 2 } }`,
 		"bad weight":                `llm_failover { model m { route a weight zero } }`,
 		"unknown model option":      `llm_failover { model m { route a ; fallback b } }`,
 		"bad duration":              `llm_failover { header_timeout soon }`,
@@ -167,6 +170,8 @@ func TestProvisionErrors(t *testing.T) {
 		"model without routes":     `{"channels":[{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m"}]}`,
 		"openai without base url":  `{"channels":[{"name":"a"}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
 		"unknown provider":         `{"channels":[{"name":"a","base_url":"http://x:1","provider":{"name":"no-such-provider"}}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
+		"negative max_input":       `{"channels":[{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m","max_input_tokens":-1,"routes":[{"channel":"a"}]}]}`,
+		"huge max_input":           `{"channels":[{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m","max_input_tokens":100000001,"routes":[{"channel":"a"}]}]}`,
 	}
 	for name, cfg := range cases {
 		t.Run(name, func(t *testing.T) {

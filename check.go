@@ -135,6 +135,9 @@ func (h *Handler) check() error {
 		if m.MaxOutputTokens < 0 {
 			return mistake(modelKey(m.Name), "model %q: max_output_tokens must not be negative", m.Name)
 		}
+		if m.MaxInputTokens < 0 || m.MaxInputTokens > provider.MaxTokenLimit {
+			return mistake(modelKey(m.Name), "model %q: max_input_tokens must be between 0 and %d", m.Name, provider.MaxTokenLimit)
+		}
 		if _, err := m.Price.parse(); err != nil {
 			return mistake(modelKey(m.Name), "model %q: price: %w", m.Name, err)
 		}

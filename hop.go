@@ -468,9 +468,6 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		x.bill.streamOptions(&opts)
 	}
 	out := streamgate.Relay(src, cancel, d, opts)
-	if x.bill != nil && out.Committed {
-		x.bill.deliver(out.BytesSent)
-	}
 	if x.r.Context().Err() != nil && out.Outcome != streamgate.Complete {
 		return attemptResult{done: true, clientGone: true}
 	}

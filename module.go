@@ -181,6 +181,12 @@ type Model struct {
 	// MaxOutputTokens bounds the output of a request that sets no limit of
 	// its own, for the wallet's reservation. Default: 16384.
 	MaxOutputTokens int64 `json:"max_output_tokens,omitempty"`
+	// MaxInputTokens bounds, for the wallet, the input of a request that
+	// refers to state the upstream keeps (previous_response_id,
+	// conversation, a stored prompt), whose size the body does not show:
+	// typically the model's context window. Without it a billed gateway
+	// refuses such requests with 400.
+	MaxInputTokens int64 `json:"max_input_tokens,omitempty"`
 }
 
 // Route is one channel serving a model.
@@ -274,6 +280,7 @@ type model struct {
 	byAPI     [provider.NumAPIs]*chain.Model
 	price     wallet.Price
 	maxOutput int64
+	maxInput  int64
 }
 
 // CaddyModule returns the Caddy module information.
@@ -381,7 +388,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	for _, m := range h.Models {
 		// check has vetted every value below; only the parsing remains.
 		policy, _ := chain.ParsePolicy(m.Policy)
-		pm := &model{maxOutput: m.MaxOutputTokens}
+		pm := &model{maxOutput: m.MaxOutputTokens, maxInput: m.MaxInputTokens}
 		if pm.maxOutput == 0 {
 			pm.maxOutput = DefaultMaxOutputTokens
 		}

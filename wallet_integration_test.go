@@ -316,7 +316,7 @@ func TestWalletFailoverChargesOnce(t *testing.T) {
 	}
 	noSecretUpstream(t, a, secret)
 	noSecretUpstream(t, b, secret)
-	rows := requestRows(t, "acct")
+	rows := attemptsFirst(t, "acct", 2)
 	if len(rows) != 2 || rows[0].Kind != wallet.KindFailedAttempt || rows[0].Channel != "a" ||
 		rows[1].Kind != wallet.KindCharge || rows[1].Channel != "b" {
 		t.Fatalf("ledger rows: %s", kinds(rows))
@@ -520,7 +520,7 @@ func TestWalletAllChannelsFailNoCharge(t *testing.T) {
 	}
 	hits(t, a, 1)
 	hits(t, b, 1)
-	rows := requestRows(t, "acct")
+	rows := attemptsFirst(t, "acct", 3)
 	if len(rows) != 3 || rows[0].Kind != wallet.KindFailedAttempt || rows[1].Kind != wallet.KindFailedAttempt || rows[2].Kind != wallet.KindRelease {
 		t.Fatalf("ledger rows: %s", kinds(rows))
 	}
@@ -770,6 +770,7 @@ func runInvariant(t *testing.T, store string) {
 	if charged != wallet.Micros(ok.Load())*perRequest {
 		t.Errorf("charged %s for %d requests", charged, ok.Load())
 	}
+	auditClean(t)
 }
 
 func TestWalletInvariantSQLite(t *testing.T) {

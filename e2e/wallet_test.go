@@ -487,6 +487,18 @@ func TestBinaryTwoInstancesSharePostgres(t *testing.T) {
 	if charged != spent || charges != ok {
 		t.Errorf("ledger: %d charges summing to %s; balance went down by %s over %d successes", charges, charged, spent, ok)
 	}
+	// Both instances' audits agree that the books balance.
+	for _, in := range []*instance{a, b} {
+		var audit struct {
+			Clean       bool  `json:"clean"`
+			Accounts    int   `json:"accounts"`
+			Differences []any `json:"differences"`
+		}
+		in.admin(http.MethodGet, "/llm_wallet/audit", nil, 200, &audit)
+		if !audit.Clean || audit.Accounts == 0 {
+			t.Errorf("audit after the load: %+v", audit)
+		}
+	}
 }
 
 // stream is a streamed chat request in progress.

@@ -4,7 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math/big"
+	"strconv"
+	"strings"
 	"testing"
+
+	"github.com/llmfailover/caddy-llm-failover/streamgate"
 )
 
 // topLevelKeys returns the decoded top-level keys of a JSON object, in
@@ -42,6 +47,8 @@ func FuzzParseRequest(f *testing.F) {
 		`[1,2,3]`,
 		`{"model":""}`,
 		` { "model" : "m" , "max_completion_tokens" : 9 } `,
+		`{"model":"m","max_tokens":1e5,"n":8.0}`,
+		`{"model":"m","max_tokens":"100"}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -55,7 +62,8 @@ func FuzzParseRequest(f *testing.F) {
 		if !valid && !errors.Is(err, ErrMalformed) {
 			t.Fatalf("invalid JSON %q: err = %v, want ErrMalformed", body, err)
 		}
-		if err != nil && !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrNoModel) {
+		var le *LimitError
+		if err != nil && !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrNoModel) && !errors.As(err, &le) {
 			t.Fatalf("unexpected error %v", err)
 		}
 
@@ -117,16 +125,103 @@ func FuzzParseRequest(f *testing.F) {
 		var want string
 		isString := hasModel && json.Unmarshal(raw, &want) == nil && len(raw) > 0 && raw[0] == '"'
 		if !isString || want == "" {
-			if !errors.Is(err, ErrNoModel) {
+			if !errors.Is(err, ErrNoModel) && !errors.As(err, &le) {
 				t.Fatalf("%q: err = %v, want ErrNoModel", body, err)
 			}
 			return
+		}
+		if errors.As(err, &le) {
+			return // a bad limit, which FuzzLimitValue checks
 		}
 		if err != nil {
 			t.Fatalf("%q: err = %v, want model %q", body, err, want)
 		}
 		if r.Model != want {
 			t.Fatalf("%q: Model = %q, encoding/json says %q", body, r.Model, want)
+		}
+	})
+}
+
+// FuzzLimitValue checks the exact integer reading of JSON numbers against
+// math/big: every number with an integer value up to the maximum is
+// accepted as that value, everything else is refused.
+func FuzzLimitValue(f *testing.F) {
+	for _, s := range []string{"0", "1e5", "100000.0", "1.5", "-1", "1e18", "12000e-2", "0.0e7", "1E+2", "18446744073709551616", "\"100\"", "null"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, set, err := limitValue("max_tokens", []byte(s), MaxTokenLimit)
+		// ParseRequest hands over a value without surrounding whitespace.
+		if !json.Valid([]byte(s)) || len(s) > 64 || strings.TrimSpace(s) != s {
+			return
+		}
+		dec := json.NewDecoder(strings.NewReader(s))
+		dec.UseNumber()
+		var v any
+		if dec.Decode(&v) != nil {
+			return
+		}
+		num, isNumber := v.(json.Number)
+		if !isNumber {
+			if (v == nil) != (err == nil) || set {
+				t.Fatalf("limitValue(%q) = %d, %v, %v for a non-number", s, n, set, err)
+			}
+			return
+		}
+		if i := strings.IndexAny(s, "eE"); i >= 0 {
+			if e, err := strconv.Atoi(s[i+1:]); err != nil || e > 400 || e < -400 {
+				return // too large an exponent for math/big to expand quickly
+			}
+		}
+		r, ok := new(big.Rat).SetString(num.String())
+		if !ok {
+			t.Fatalf("math/big cannot read %q", s)
+		}
+		want := r.IsInt() && r.Sign() >= 0 && r.Cmp(new(big.Rat).SetInt64(MaxTokenLimit)) <= 0 && !strings.HasPrefix(s, "-")
+		if want != (err == nil) {
+			t.Fatalf("limitValue(%q) = %d, %v; want accepted=%v", s, n, err, want)
+		}
+		if want && (!set || r.Cmp(new(big.Rat).SetInt64(n)) != 0) {
+			t.Fatalf("limitValue(%q) = %d, want %s", s, n, r.RatString())
+		}
+	})
+}
+
+// FuzzDeliveredContent: any event data, however malformed, is walked
+// without a panic, the estimate never exceeds one token per byte, and
+// text split anywhere estimates the same as whole.
+func FuzzDeliveredContent(f *testing.F) {
+	for _, s := range []string{
+		`{"choices":[{"delta":{"content":"Hello, world"}}]}`,
+		`{"type":"content_block_delta","delta":{"type":"text_delta","text":"a\nb\u00e9"}}`,
+		`{"type":"response.output_text.delta","delta":"Hi"}`,
+		`{"choices":[{"delta":{"content":"unterminated`,
+		`[[[[[[[[[[{"text":"deep"}]]]]]]]]]]`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		for _, api := range []API{OpenAIChat, OpenAIResponses, AnthropicMessages, OpenAIEmbeddings} {
+			m := api.NewMeter()
+			m.Event(streamgate.Event{Data: data})
+			m.Body(data)
+			if n := m.DeliveredTokens(); n < 0 || n > 2*int64(len(data)) {
+				t.Fatalf("%s: %d tokens from %d bytes", api, n, len(data))
+			}
+		}
+		if n := EstimateInputTokens(data); n < 0 || n > int64(len(data)) {
+			t.Fatalf("input estimate %d for %d bytes", n, len(data))
+		}
+		whole := EstimateTokens(data)
+		if whole > int64(len(data)) {
+			t.Fatalf("%d tokens for %d bytes", whole, len(data))
+		}
+		var e TokenEstimator
+		for i := range data {
+			e.Write(data[i : i+1])
+		}
+		if e.Tokens() != whole {
+			t.Fatalf("byte by byte %d, whole %d", e.Tokens(), whole)
 		}
 	})
 }

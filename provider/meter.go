@@ -20,6 +20,8 @@ type Usage struct {
 type Meter struct {
 	format usageFormat
 	u      Usage
+	// content estimates the tokens of the content delivered so far.
+	content TokenEstimator
 }
 
 // NewMeter returns a Meter for answers of the API.
@@ -35,6 +37,8 @@ type usageFormat struct {
 	// inputOnly: the API produces no output tokens, so the report is
 	// complete once the input count is known (embeddings).
 	inputOnly bool
+	// content feeds the answer's text to the delivered-content estimate.
+	content contentFormat
 }
 
 var (
@@ -44,20 +48,27 @@ var (
 
 // Event feeds one server-sent event; streamgate.Options.Observe takes it.
 func (m *Meter) Event(ev streamgate.Event) {
-	// Most chunks are content deltas; skipping the ones that cannot carry
-	// usage keeps the per-chunk cost to a byte search.
-	if !bytes.Contains(ev.Data, usageKey) || bytes.Equal(bytes.TrimSpace(ev.Data), doneEvent) {
+	if len(ev.Data) == 0 || bytes.Equal(bytes.TrimSpace(ev.Data), doneEvent) {
 		return
 	}
-	m.format.event(&m.u, ev.Name, ev.Data)
+	m.format.content.feed(&m.content, ev.Data)
+	// Only a chunk that mentions usage can carry it.
+	if bytes.Contains(ev.Data, usageKey) {
+		m.format.event(&m.u, ev.Name, ev.Data)
+	}
 }
 
 // Body feeds a complete non-streaming JSON response body.
 func (m *Meter) Body(body []byte) {
+	m.format.content.feed(&m.content, body)
 	if bytes.Contains(body, usageKey) {
 		m.format.body(&m.u, body)
 	}
 }
+
+// DeliveredTokens estimates the output tokens of the content seen so far
+// (see TokenEstimator), for when the upstream reported no output count.
+func (m *Meter) DeliveredTokens() int64 { return m.content.Tokens() }
 
 // Usage returns what the upstream reported so far.
 func (m *Meter) Usage() Usage {
@@ -100,10 +111,11 @@ func openAIUsageBody(u *Usage, data []byte) {
 
 var (
 	openAIUsageFormat = usageFormat{
-		event: func(u *Usage, _ string, data []byte) { openAIUsageBody(u, data) },
-		body:  openAIUsageBody,
+		event:   func(u *Usage, _ string, data []byte) { openAIUsageBody(u, data) },
+		body:    openAIUsageBody,
+		content: openAIContent,
 	}
-	embeddingsUsageFormat = usageFormat{event: openAIUsageFormat.event, body: openAIUsageBody, inputOnly: true}
+	embeddingsUsageFormat = usageFormat{event: openAIUsageFormat.event, body: openAIUsageBody, inputOnly: true, content: noContent}
 )
 
 // OpenAI Responses.
@@ -114,6 +126,7 @@ type responsesUsage struct {
 }
 
 var responsesUsageFormat = usageFormat{
+	content: responsesContent,
 	// response.completed, and also response.incomplete and
 	// response.failed, carry the final response with its usage.
 	event: func(u *Usage, _ string, data []byte) {
@@ -155,6 +168,7 @@ func (a *anthropicUsage) setInput(u *Usage) {
 }
 
 var anthropicUsageFormat = usageFormat{
+	content: anthropicContent,
 	event: func(u *Usage, name string, data []byte) {
 		var c struct {
 			Type    string `json:"type"`

@@ -194,3 +194,42 @@ func BenchmarkMeterOpenAIChunk(b *testing.B) {
 		m.Event(streamgate.Event{Data: chunk})
 	}
 }
+
+// TestMeterDeliveredTokens: the delivered estimate counts the decoded
+// content text only, never the JSON or SSE around it, and never a
+// completed event's repeat of the whole answer.
+func TestMeterDeliveredTokens(t *testing.T) {
+	for _, tt := range []struct {
+		api    API
+		stream string
+		text   string
+	}{
+		{OpenAIChat, openAIChatStream, `Hello! The word "usage" appears here.`},
+		{OpenAIResponses, responsesStream, "Hi there"},
+		{AnthropicMessages, anthropicStream, "Hello"},
+		{OpenAICompletions, `data: {"choices":[{"text":"def f(x):\n    return x","index":0}]}`, "def f(x):\n    return x"},
+		{OpenAIChat, `data: {"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":\"Paris\"}"}}]}}]}`, `{"city":"Paris"}`},
+		{AnthropicMessages, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\"Let me think step by step\"}}", "Let me think step by step"},
+	} {
+		m := tt.api.NewMeter()
+		sse(m, tt.stream)
+		if got, want := m.DeliveredTokens(), EstimateTokens([]byte(tt.text)); got != want || want == 0 {
+			t.Errorf("%s: delivered %d tokens, the text alone is %d", tt.api, got, want)
+		}
+	}
+	for _, tt := range []struct {
+		api  API
+		body string
+		text string
+	}{
+		{OpenAIChat, `{"choices":[{"message":{"role":"assistant","content":"Four score and seven years ago"}}]}`, "Four score and seven years ago"},
+		{OpenAIResponses, `{"output":[{"type":"message","content":[{"type":"output_text","text":"Hi there"}]}]}`, "Hi there"},
+		{AnthropicMessages, `{"content":[{"type":"text","text":"Hello, world"}]}`, "Hello, world"},
+	} {
+		m := tt.api.NewMeter()
+		m.Body([]byte(tt.body))
+		if got, want := m.DeliveredTokens(), EstimateTokens([]byte(tt.text)); got != want || want == 0 {
+			t.Errorf("%s body: delivered %d tokens, the text alone is %d", tt.api, got, want)
+		}
+	}
+}

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/llmfailover/caddy-llm-failover/internal/jsonscan"
 	"github.com/llmfailover/caddy-llm-failover/streamgate"
@@ -34,6 +36,11 @@ type Request struct {
 	// Images counts image parts (an over-estimate: each may be counted more
 	// than once), because images cost tokens their bytes do not show.
 	Images int
+	// StoredContext names the field through which the request refers to
+	// input kept by the upstream (previous_response_id, conversation, a
+	// stored prompt), or is "" when it refers to none. Such input is not in
+	// the body, so the body does not bound the request's input tokens.
+	StoredContext string
 
 	modelStart, modelEnd int // byte span of the "model" value, quotes included
 }
@@ -62,12 +69,27 @@ func (API) ParseRequest(body []byte) (Request, error) {
 		case "stream":
 			req.Stream = string(val) == "true"
 		case "max_tokens", "max_completion_tokens", "max_output_tokens":
-			if n, err := strconv.ParseInt(string(val), 10, 64); err == nil && n > req.MaxOutput {
+			n, set, err := limitValue(string(key), val, MaxTokenLimit)
+			if err != nil {
+				return err
+			}
+			if set && n > req.MaxOutput {
 				req.MaxOutput = n
 			}
 		case "n":
-			if n, err := strconv.Atoi(string(val)); err == nil && n > 1 {
-				req.N = n
+			n, set, err := limitValue("n", val, MaxChoices)
+			if err != nil {
+				return err
+			}
+			// n of 0 asks for nothing more than the default of 1.
+			if set && n > 1 {
+				req.N = int(n)
+			}
+		case "previous_response_id", "conversation", "prompt":
+			// State the upstream keeps and the body does not show: its
+			// tokens are input the body's size cannot bound.
+			if !jsonscan.IsEmpty(val) {
+				req.StoredContext = string(key)
 			}
 		case "stream_options":
 			req.HasStreamOptions = val[0] == '{'
@@ -88,6 +110,98 @@ func (API) ParseRequest(body []byte) (Request, error) {
 	}
 	req.Images = bytes.Count(body, []byte(`"image_url"`)) + bytes.Count(body, []byte(`"input_image"`)) + bytes.Count(body, []byte(`"image"`))
 	return req, nil
+}
+
+// The largest limits a request may set. They keep every bound the wallet
+// computes (tokens × choices × price) far inside int64 micro-dollars, and
+// lie above what any current model accepts (OpenAI caps n at 128).
+const (
+	MaxTokenLimit = 100_000_000
+	MaxChoices    = 128
+)
+
+// LimitError is a token or choice limit that is not an integer the gateway
+// can bound: a fraction, a negative, a string, a non-number or a value
+// above the field's maximum. It is the client's mistake (400).
+type LimitError struct {
+	Field, Value, Reason string
+}
+
+func (e *LimitError) Error() string {
+	v := e.Value
+	if len(v) > 40 {
+		v = v[:40] + "..."
+	}
+	return fmt.Sprintf("invalid %q: %s %s", e.Field, v, e.Reason)
+}
+
+// limitValue reads a limit that JSON may write as any number with an
+// integer value (100000, 1e5, 100000.0). null means not set. Anything
+// else is a *LimitError: a lenient upstream could honour a value the
+// gateway ignored, and the wallet's bound would no longer hold.
+func limitValue(field string, val []byte, maxValue uint64) (n int64, set bool, err error) {
+	if jsonscan.IsNull(val) {
+		return 0, false, nil
+	}
+	bad := func(reason string) (int64, bool, error) {
+		return 0, false, &LimitError{Field: field, Value: string(val), Reason: reason}
+	}
+	if len(val) == 0 || (val[0] != '-' && (val[0] < '0' || val[0] > '9')) {
+		return bad("must be a JSON number")
+	}
+	if val[0] == '-' {
+		return bad("must not be negative")
+	}
+	u, ok, tooBig := integerValue(string(val))
+	switch {
+	case tooBig || (ok && u > maxValue):
+		return bad(fmt.Sprintf("exceeds the maximum of %d", maxValue))
+	case !ok:
+		return bad("must be an integer")
+	}
+	return int64(u), true, nil
+}
+
+// integerValue evaluates a non-negative JSON number exactly, without
+// floating point: ok is false for a fraction, tooBig is true above
+// math.MaxUint64.
+func integerValue(num string) (u uint64, ok, tooBig bool) {
+	mant, exp := num, ""
+	if i := strings.IndexAny(num, "eE"); i >= 0 {
+		mant, exp = num[:i], num[i+1:]
+	}
+	intPart, frac, _ := strings.Cut(mant, ".")
+	digits := strings.TrimLeft(intPart+frac, "0")
+	// The value is digits × 10^shift.
+	shift := -len(frac)
+	for len(digits) > 0 && digits[len(digits)-1] == '0' {
+		digits = digits[:len(digits)-1]
+		shift++
+	}
+	if digits == "" {
+		return 0, true, false
+	}
+	if exp != "" {
+		e, err := strconv.ParseInt(exp, 10, 32)
+		if err != nil {
+			// An exponent beyond ±2^31 on a non-zero mantissa: a
+			// fraction when negative, too big otherwise.
+			negative := strings.HasPrefix(exp, "-")
+			return 0, !negative, !negative
+		}
+		shift += int(e)
+	}
+	if shift < 0 {
+		return 0, false, false
+	}
+	if len(digits)+shift > 20 {
+		return 0, true, true
+	}
+	v, err := strconv.ParseUint(digits+strings.Repeat("0", shift), 10, 64)
+	if err != nil {
+		return 0, true, true
+	}
+	return v, true, false
 }
 
 // WithModel returns body with the value of its top-level "model" replaced.

@@ -75,11 +75,20 @@ func TestParseRequestFields(t *testing.T) {
 		{"max_completion_tokens", `{"max_completion_tokens":300,"model":"m"}`, Request{Model: "m", MaxOutput: 300, N: 1}},
 		{"max_output_tokens", `{"model":"m","max_output_tokens":77}`, Request{Model: "m", MaxOutput: 77, N: 1}},
 		{"largest max wins", `{"model":"m","max_tokens":10,"max_completion_tokens":500,"max_output_tokens":20}`, Request{Model: "m", MaxOutput: 500, N: 1}},
-		{"max_tokens float ignored", `{"model":"m","max_tokens":1.5}`, Request{Model: "m", N: 1}},
 		{"max_tokens null", `{"model":"m","max_tokens":null}`, Request{Model: "m", N: 1}},
-		{"max_tokens negative", `{"model":"m","max_tokens":-5}`, Request{Model: "m", N: 1}},
+		{"max_tokens exponent", `{"model":"m","max_tokens":1e5}`, Request{Model: "m", MaxOutput: 100000, N: 1}},
+		{"max_tokens decimal", `{"model":"m","max_tokens":100000.0}`, Request{Model: "m", MaxOutput: 100000, N: 1}},
+		{"max_tokens fraction exponent", `{"model":"m","max_tokens":1.5E3}`, Request{Model: "m", MaxOutput: 1500, N: 1}},
+		{"max_tokens negative exponent", `{"model":"m","max_tokens":12000e-2}`, Request{Model: "m", MaxOutput: 120, N: 1}},
+		{"max_tokens at the maximum", `{"model":"m","max_tokens":1e8}`, Request{Model: "m", MaxOutput: MaxTokenLimit, N: 1}},
+		{"n decimal", `{"model":"m","n":8.0}`, Request{Model: "m", N: 8}},
+		{"previous_response_id", `{"model":"m","previous_response_id":"resp_1"}`, Request{Model: "m", N: 1, StoredContext: "previous_response_id"}},
+		{"conversation", `{"model":"m","conversation":{"id":"conv_1"}}`, Request{Model: "m", N: 1, StoredContext: "conversation"}},
+		{"stored prompt", `{"model":"m","prompt":{"id":"pmpt_1"}}`, Request{Model: "m", N: 1, StoredContext: "prompt"}},
+		{"previous_response_id null", `{"model":"m","previous_response_id":null}`, Request{Model: "m", N: 1}},
 		{"n", `{"model":"m","n":4}`, Request{Model: "m", N: 4}},
 		{"n zero stays 1", `{"model":"m","n":0}`, Request{Model: "m", N: 1}},
+		{"n zero decimal stays 1", `{"model":"m","n":0.0e7}`, Request{Model: "m", N: 1}},
 		{"n null stays 1", `{"model":"m","n":null}`, Request{Model: "m", N: 1}},
 		{"stream_options include_usage", `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`,
 			Request{Model: "m", Stream: true, N: 1, IncludeUsage: true, HasStreamOptions: true}},
@@ -155,6 +164,35 @@ func TestParseRequestErrors(t *testing.T) {
 				t.Errorf("OpenAIChat.ParseRequest(%s) error = %v, want %v", tt.body, err, tt.want)
 			}
 		})
+	}
+}
+
+func TestParseRequestLimitErrors(t *testing.T) {
+	for _, body := range []string{
+		`{"model":"m","max_tokens":1.5}`,
+		`{"model":"m","max_tokens":100.000001}`,
+		`{"model":"m","max_tokens":1e-1}`,
+		`{"model":"m","max_tokens":-5}`,
+		`{"model":"m","max_tokens":-0}`,
+		`{"model":"m","max_tokens":"100"}`,
+		`{"model":"m","max_tokens":true}`,
+		`{"model":"m","max_tokens":[100]}`,
+		`{"model":"m","max_completion_tokens":100000001}`,
+		`{"model":"m","max_output_tokens":1e18}`,
+		`{"model":"m","max_tokens":9223372036854775808}`,
+		`{"model":"m","max_tokens":1e99999999999}`,
+		`{"model":"m","max_tokens":5e-99999999999}`,
+		`{"model":"m","n":1e9}`,
+		`{"model":"m","n":129}`,
+		`{"model":"m","n":-1}`,
+		`{"model":"m","n":2.5}`,
+		`{"model":"m","n":"2"}`,
+	} {
+		_, err := OpenAIChat.ParseRequest([]byte(body))
+		var le *LimitError
+		if !errors.As(err, &le) {
+			t.Errorf("OpenAIChat.ParseRequest(%s) error = %v, want a *LimitError", body, err)
+		}
 	}
 }
 

@@ -191,22 +191,33 @@ type Estimate struct {
 	MaxOutput int64
 	// N is the number of choices requested; values below 1 mean 1.
 	N int
+	// StoredInputTokens, when > 0, is the most input a request that refers
+	// to input stored upstream (a previous response, a conversation) can
+	// have: the body shows only the new part of it.
+	StoredInputTokens int64
 }
 
 // MaxCost returns the reservation for a request: a cost that the request
 // cannot exceed at price p, and the input-token bound it was computed from.
 func MaxCost(e Estimate, p Price) (Micros, int64) {
+	in, out := e.Bounds()
+	return p.Cost(in, out), in
+}
+
+// Bounds returns the most input and output tokens the request can have.
+// A usage report beyond them is implausible.
+func (e Estimate) Bounds() (in, out int64) {
 	perImage := e.ImageTokens
 	if perImage <= 0 {
 		perImage = ImageTokenAllowance
 	}
-	in := satAdd(satAdd(nonNeg(int64(e.BodyBytes)), satMul(nonNeg(int64(e.Images)), nonNeg(perImage))), RequestOverheadTokens)
+	bound := satAdd(satAdd(nonNeg(int64(e.BodyBytes)), satMul(nonNeg(int64(e.Images)), nonNeg(perImage))), RequestOverheadTokens)
+	bound = max(bound, nonNeg(e.StoredInputTokens))
 	n := int64(e.N)
 	if n < 1 {
 		n = 1
 	}
-	out := satMul(nonNeg(e.MaxOutput), uint64(n))
-	return p.Cost(int64(in), int64(out)), int64(in)
+	return int64(bound), int64(satMul(nonNeg(e.MaxOutput), uint64(n)))
 }
 
 // satAdd and satMul saturate at math.MaxInt64 so absurd inputs give an

@@ -328,6 +328,65 @@ func (s *sqlStore) RecordAttempt(ctx context.Context, e Entry) error {
 	})
 }
 
+// attemptTimeout bounds a RecordAttemptAsync that had to write
+// synchronously because the background queue was full.
+const attemptTimeout = 10 * time.Second
+
+func (s *sqlStore) RecordAttemptAsync(e Entry, done func(error)) {
+	report := func(err error) {
+		if done != nil {
+			done(err)
+		}
+	}
+	if err := validID("account", e.Account); err != nil {
+		report(fmt.Errorf("recording failed attempt: %w", err))
+		return
+	}
+	e.Kind = KindFailedAttempt
+	e.Cost = 0
+	e.Time = s.now() // when it failed, not when the row lands
+	what := "recording failed attempt for request " + e.RequestID
+	fn := func(t *stx) error { return s.insertEntry(t, e) }
+	if s.w.background(what, e.Account, fn, done) {
+		return
+	}
+	// Full (or closing): write now rather than lose the row.
+	ctx, cancel := context.WithTimeout(context.Background(), attemptTimeout)
+	defer cancel()
+	report(s.write(ctx, what, e.Account, fn))
+}
+
+// extendChunk bounds the IDs one Extend statement names.
+const extendChunk = 256
+
+func (s *sqlStore) Extend(ctx context.Context, ids []string, until time.Time) (int, error) {
+	total := 0
+	for len(ids) > 0 {
+		chunk := ids[:min(len(ids), extendChunk)]
+		ids = ids[len(chunk):]
+		args := make([]any, 0, len(chunk)+2)
+		args = append(args, toDB(until), toDB(until))
+		for _, id := range chunk {
+			args = append(args, id)
+		}
+		query := s.q(`UPDATE reservations SET expires_at = ? WHERE expires_at < ? AND id IN (?` + strings.Repeat(", ?", len(chunk)-1) + `)`)
+		var n int64
+		err := s.write(ctx, fmt.Sprintf("extending %d reservations", len(chunk)), "", func(t *stx) error {
+			res, err := t.tx.ExecContext(t.ctx, query, args...)
+			if err != nil {
+				return err
+			}
+			n, err = res.RowsAffected()
+			return err
+		})
+		if err != nil {
+			return total, err
+		}
+		total += int(n)
+	}
+	return total, nil
+}
+
 // sweepBatch bounds how long one Sweep transaction holds locks (on SQLite,
 // the whole database's write lock).
 const sweepBatch = 256

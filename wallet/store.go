@@ -120,6 +120,21 @@ type Store interface {
 	Settle(ctx context.Context, reservationID string, e Entry) (charged Micros, err error)
 	// RecordAttempt writes a KindFailedAttempt row with zero cost.
 	RecordAttempt(ctx context.Context, e Entry) error
+	// RecordAttemptAsync is RecordAttempt in the background: it returns at
+	// once and the row commits with the store's next group commit; done,
+	// if not nil, gets the outcome. At most MaxBackgroundWrites wait at a
+	// time; beyond that the call writes synchronously, so nothing is
+	// dropped. Close waits for every row submitted before it.
+	RecordAttemptAsync(e Entry, done func(error))
+	// Extend keeps live reservations from expiring: it moves the expiry of
+	// each of ids that is still reserved to until (never earlier), and
+	// returns how many it moved. A settled or swept ID is skipped.
+	Extend(ctx context.Context, ids []string, until time.Time) (int, error)
+	// Audit checks the ledger against the balances: per account (all
+	// accounts when account is ""), balance must equal credits minus
+	// charges, and reserved the sum of its live reservations. It returns
+	// every account checked, with the differences it found.
+	Audit(ctx context.Context, account string) ([]AuditRow, error)
 	// Sweep releases, uncharged, every reservation that expired at or
 	// before now, each with a KindExpired row.
 	Sweep(ctx context.Context, now time.Time) (released int, err error)
@@ -150,6 +165,16 @@ type Store interface {
 	Ping(ctx context.Context) error
 	Close() error
 }
+
+// AuditRow is one account's audit. Ledger is the sum of its credit rows
+// minus the sum of its charge rows; Live the sum of its reservations.
+type AuditRow struct {
+	Account                         string
+	Balance, Ledger, Reserved, Live Micros
+}
+
+// Clean reports whether the account's books agree.
+func (r AuditRow) Clean() bool { return r.Balance == r.Ledger && r.Reserved == r.Live }
 
 // KeyPrefix starts every API key, so leaked keys are recognisable by secret
 // scanners and Authenticate can reject garbage without a query.

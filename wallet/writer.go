@@ -154,11 +154,16 @@ type writer struct {
 	retryable  func(error) bool
 	queue      chan *writeOp
 
-	mu      sync.RWMutex // guards closed against sends on a closed queue
-	closed  bool
-	once    sync.Once
-	workers int
-	exited  sync.WaitGroup
+	mu     sync.RWMutex // guards closed against sends on a closed queue
+	closed bool
+	// Background ops (see background): bgSlots bounds them, bg counts
+	// them so that close waits for them, bgClosed refuses new ones.
+	bgSlots  chan struct{}
+	bg       sync.WaitGroup
+	bgClosed bool
+	once     sync.Once
+	workers  int
+	exited   sync.WaitGroup
 
 	// batches counts transactions holding more than one op, reruns the
 	// batches re-run one op per transaction (tests and diagnostics).
@@ -184,6 +189,7 @@ func newWriter(db *sql.DB, st *stmts, savepoints bool, retryable func(error) boo
 		savepoints: savepoints,
 		retryable:  retryable,
 		queue:      make(chan *writeOp, 4*maxBatch),
+		bgSlots:    make(chan struct{}, MaxBackgroundWrites),
 		workers:    max(1, workers),
 	}
 	for range w.workers {
@@ -243,8 +249,45 @@ func (w *writer) do(ctx context.Context, what, key string, fn func(t *stx) error
 	return nil
 }
 
-// close stops the writer after it has run every op already queued.
+// MaxBackgroundWrites bounds the writes waiting in the background (failed
+// attempts' rows), and so the memory a stalled store can make them hold.
+const MaxBackgroundWrites = 4096
+
+// background submits fn without waiting: it returns false, having done
+// nothing, when MaxBackgroundWrites are already waiting or the writer is
+// closing; otherwise done gets the outcome, from another goroutine.
+func (w *writer) background(what, key string, fn func(t *stx) error, done func(error)) bool {
+	select {
+	case w.bgSlots <- struct{}{}:
+	default:
+		return false
+	}
+	w.mu.RLock()
+	if w.bgClosed {
+		w.mu.RUnlock()
+		<-w.bgSlots
+		return false
+	}
+	w.bg.Add(1)
+	w.mu.RUnlock()
+	go func() {
+		defer w.bg.Done()
+		err := w.do(context.Background(), what, key, fn, nil)
+		<-w.bgSlots
+		if done != nil {
+			done(err)
+		}
+	}()
+	return true
+}
+
+// close stops the writer after it has run every op already queued,
+// background ones included.
 func (w *writer) close() {
+	w.mu.Lock()
+	w.bgClosed = true
+	w.mu.Unlock()
+	w.bg.Wait()
 	w.once.Do(func() {
 		w.mu.Lock()
 		w.closed = true

@@ -36,6 +36,7 @@ func init() {
 //	POST accounts/<id>/keys  {"label"}        create a key; the secret is in this answer only
 //	GET  accounts/<id>/usage?before=&limit=   ledger, newest first, paged
 //	POST keys/<key_id>/revoke                 revoke a key
+//	GET  audit[?account=<id>]                 per account: balance = credits − charges, reserved = live reservations
 //
 // Caddy re-creates admin modules on every config load, so the module holds
 // nothing: it reads the active config's llm_wallet app per request.
@@ -55,7 +56,7 @@ func (a *adminAPI) Routes() []caddy.AdminRoute {
 }
 
 // endpoints are the first path segments of the short form.
-var endpoints = map[string]bool{"status": true, "accounts": true, "keys": true}
+var endpoints = map[string]bool{"status": true, "accounts": true, "keys": true, "audit": true}
 
 // activeWallet finds the wallet a request addresses and the rest of its
 // path, in the active config.
@@ -217,6 +218,15 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 			out.Next = rows[len(rows)-1].ID
 		}
 		return caddykit.WriteJSON(w, out)
+	case path == "audit":
+		if err := caddykit.OnlyMethod(r, http.MethodGet); err != nil {
+			return err
+		}
+		rows, err := st.Audit(ctx, r.URL.Query().Get("account"))
+		if err != nil {
+			return walletAPIError(err)
+		}
+		return caddykit.WriteJSON(w, viewAudit(rows))
 	case len(parts) == 3 && parts[0] == "keys" && parts[2] == "revoke":
 		if err := caddykit.OnlyMethod(r, http.MethodPost); err != nil {
 			return err
@@ -240,6 +250,36 @@ type AccountView struct {
 
 func viewAccount(a wallet.Account) AccountView {
 	return AccountView{ID: a.ID, Balance: a.Balance.String(), Reserved: a.Reserved.String(), Available: a.Available().String(), CreatedAt: a.CreatedAt}
+}
+
+// AuditView is the admin API's audit: the accounts checked and those
+// whose books disagree.
+type AuditView struct {
+	Accounts    int                `json:"accounts"`
+	Clean       bool               `json:"clean"`
+	Differences []AuditAccountView `json:"differences"`
+}
+
+// AuditAccountView is one account whose books disagree: the balance next
+// to credits − charges, reserved next to the live reservations' sum.
+type AuditAccountView struct {
+	Account  string `json:"account"`
+	Balance  string `json:"balance"`
+	Ledger   string `json:"ledger"`
+	Reserved string `json:"reserved"`
+	Live     string `json:"live_reservations"`
+}
+
+func viewAudit(rows []wallet.AuditRow) AuditView {
+	v := AuditView{Accounts: len(rows), Differences: []AuditAccountView{}}
+	for _, r := range rows {
+		if !r.Clean() {
+			v.Differences = append(v.Differences, AuditAccountView{Account: r.Account, Balance: r.Balance.String(),
+				Ledger: r.Ledger.String(), Reserved: r.Reserved.String(), Live: r.Live.String()})
+		}
+	}
+	v.Clean = len(v.Differences) == 0
+	return v
 }
 
 // EntryView is a ledger row as the admin API shows it.

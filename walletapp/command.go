@@ -18,7 +18,7 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "llm-wallet",
-		Usage: "[--address <admin>] [--wallet <name>] <status|accounts|create-account|balance|credit|keys|create-key|revoke-key|usage> [args]",
+		Usage: "[--address <admin>] [--wallet <name>] <status|accounts|create-account|balance|credit|keys|create-key|revoke-key|usage|audit> [args]",
 		Short: "Administers the llm_wallet wallets through Caddy's admin API",
 		Long: `
 Administers a prepaid wallet of a running Caddy (the llm_wallet app),
@@ -34,6 +34,7 @@ without touching the database: every subcommand calls the admin API.
   caddy llm-wallet create-key <account> [label]         prints the key once; it cannot be shown again
   caddy llm-wallet revoke-key <key_id>
   caddy llm-wallet usage <account> [limit]
+  caddy llm-wallet audit [<wallet>]                      checks every account's books; exits non-zero on a difference
 `,
 		CobraFunc: func(cmd *cobra.Command) {
 			cmd.Flags().StringP("address", "a", "", "The address of Caddy's admin API (default: from the config, else localhost:2019)")
@@ -68,6 +69,9 @@ without touching the database: every subcommand calls the admin API.
 // RunCommand runs one `caddy llm-wallet` subcommand against the wallet called name
 // (empty: the only one).
 func RunCommand(out io.Writer, admin, name string, args []string) error {
+	if args[0] == "audit" && len(args) > 1 {
+		name = args[1]
+	}
 	prefix := "/llm_wallet/"
 	if name != "" {
 		prefix += url.PathEscape(name) + "/"
@@ -190,6 +194,20 @@ func RunCommand(out io.Writer, admin, name string, args []string) error {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", e.Time.Format("2006-01-02 15:04:05"), e.Kind, e.Model, e.Channel, e.TokensIn, e.TokensOut, human(e.Cost), e.Note)
 		}
 		return nil
+	case "audit":
+		var a AuditView
+		if err := adminCall(http.MethodGet, "audit", nil, &a); err != nil {
+			return err
+		}
+		if a.Clean {
+			fmt.Fprintf(tw, "clean: %d account(s); every balance equals credits minus charges, every reserved amount its live reservations\n", a.Accounts)
+			return nil
+		}
+		fmt.Fprintln(tw, "ACCOUNT\tBALANCE\tCREDITS-CHARGES\tRESERVED\tLIVE RESERVATIONS")
+		for _, d := range a.Differences {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", d.Account, d.Balance, d.Ledger, d.Reserved, d.Live)
+		}
+		return fmt.Errorf("audit: %d of %d account(s) disagree with the ledger", len(a.Differences), a.Accounts)
 	}
 	return fmt.Errorf("unknown subcommand %q; see caddy help llm-wallet", args[0])
 }

@@ -17,8 +17,12 @@ var (
 		Namespace: "caddy", Subsystem: "llm_failover", Name: "wallet_sweep_total",
 		Help: "Sweeper results: expired reservations released, and failed sweeps.",
 	}, []string{"result"})
+	keepAliveTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "llm_failover", Name: "wallet_keepalive_total",
+		Help: "Batched extensions of live requests' reservations, by result.",
+	}, []string{"result"})
 )
 
 func registerMetrics(reg prometheus.Registerer) error {
-	return caddykit.Register(reg, sweepHeartbeat, sweepTotal)
+	return caddykit.Register(reg, sweepHeartbeat, sweepTotal, keepAliveTotal)
 }

@@ -90,6 +90,7 @@ func (w *Wallet) open() (*storeHolder, error) {
 			h := &storeHolder{store: st, kind: w.backend.Kind(), logger: w.logger,
 				job:  caddykit.Jobs.Job(SweepJobPrefix+w.name, SweepEvery),
 				stop: make(chan struct{}), done: make(chan struct{}), drained: make(chan struct{})}
+			h.live.noteTTL(w.ttl) // before the sweeper reads its tick
 			go h.sweeper()
 			return h, nil
 		})
@@ -98,6 +99,7 @@ func (w *Wallet) open() (*storeHolder, error) {
 			return
 		}
 		w.holder = v.(*storeHolder)
+		w.holder.live.noteTTL(w.ttl)
 	})
 	return w.holder, w.openErr
 }
@@ -153,13 +155,30 @@ func (w *Wallet) Settle(ctx context.Context, reservationID string, e wallet.Entr
 	return st.Settle(ctx, reservationID, e)
 }
 
-// RecordAttempt writes a zero-charge row for a failed upstream attempt.
-func (w *Wallet) RecordAttempt(ctx context.Context, e wallet.Entry) error {
+// RecordAttemptAsync writes a zero-charge row for a failed upstream
+// attempt in the background (see wallet.Store); a failure is logged.
+func (w *Wallet) RecordAttemptAsync(e wallet.Entry) {
 	st, err := w.Store()
-	if err != nil {
-		return err
+	if err == nil {
+		st.RecordAttemptAsync(e, func(err error) {
+			if err != nil {
+				w.logger.Error("recording a failed attempt", zap.String("request_id", e.RequestID), zap.Error(err))
+			}
+		})
+		return
 	}
-	return st.RecordAttempt(ctx, e)
+	w.logger.Error("recording a failed attempt", zap.String("request_id", e.RequestID), zap.Error(err))
+}
+
+// KeepAlive keeps a reserved request's reservation from expiring until
+// the returned func is called (after its settlement).
+func (w *Wallet) KeepAlive(reservationID string) (done func()) {
+	h, err := w.open()
+	if err != nil {
+		return func() {}
+	}
+	h.live.add(reservationID, w.ttl)
+	return func() { h.live.remove(reservationID) }
 }
 
 // Heartbeat reports when the sweeper last ran and its last error.
@@ -184,6 +203,7 @@ type storeHolder struct {
 	logger *zap.Logger
 	stop   chan struct{}
 	done   chan struct{}
+	live   liveSet
 
 	mu       sync.Mutex
 	inflight int
@@ -206,18 +226,19 @@ func (h *storeHolder) exit() {
 	}
 }
 
-// sweeper releases expired reservations on start and then every
-// SweepEvery. A panic in a sweep is logged and the sweeper goes on.
+// sweeper extends the live requests' reservations (see keepalive.go) and
+// releases expired ones, on start and then every tick: SweepEvery, or a
+// third of the shortest reservation TTL when that is shorter. It extends
+// first, so that a live reservation never reaches the sweep expired. A
+// panic is logged and the sweeper goes on.
 func (h *storeHolder) sweeper() {
 	defer close(h.done)
-	t := time.NewTicker(SweepEvery)
-	defer t.Stop()
 	for {
 		h.sweepRecovering()
 		select {
 		case <-h.stop:
 			return
-		case <-t.C:
+		case <-time.After(h.live.tick()):
 		}
 	}
 }
@@ -229,6 +250,10 @@ func (h *storeHolder) sweepRecovering() {
 				zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
 		}
 	}()
+	// Keeping live reservations alive comes first: a reservation the
+	// sweep would release while its request still streams is the bug
+	// the extension exists for.
+	h.extend()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_ = h.job.Run(ctx, h.sweep)
@@ -257,8 +282,6 @@ func (h *storeHolder) sweep(ctx context.Context) (jobs.Summary, error) {
 // only once every request that entered has exited (bounded), and in the
 // background: a reload must not block on the longest open stream.
 func (h *storeHolder) Destruct() error {
-	close(h.stop)
-	<-h.done
 	h.mu.Lock()
 	h.draining = true
 	if h.inflight == 0 {
@@ -271,6 +294,10 @@ func (h *storeHolder) Destruct() error {
 		case <-time.After(drainLimit):
 			h.logger.Error("closing wallet store with requests still unsettled; their reservations expire and are released by the sweeper")
 		}
+		// The sweeper, which also keeps the draining requests'
+		// reservations alive, stops only once they have left.
+		close(h.stop)
+		<-h.done
 		if err := h.store.Close(); err != nil {
 			h.logger.Error("closing wallet store", zap.Error(err))
 		}

@@ -189,6 +189,15 @@ func (it *Iter) Next() (key []byte, ok bool) {
 // (valid after Next, before Value).
 func (it *Iter) Pos() int { return it.i }
 
+// Peek returns the first byte of the current value (valid after Next,
+// before Value), so a caller can decide whether to descend into it.
+func (it *Iter) Peek() byte {
+	if it.i < len(it.b) {
+		return it.b[it.i]
+	}
+	return 0
+}
+
 // Value consumes the current value and returns it raw.
 func (it *Iter) Value() []byte {
 	it.pending = false

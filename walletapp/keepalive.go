@@ -1,0 +1,95 @@
+package walletapp
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Keep-alive: a reservation expires reservation_ttl after it was made, and
+// the sweeper releases it uncharged, so a request that outlives the TTL (a
+// long stream: the client decides how long it lasts) would be free. Each
+// store therefore keeps the reservations of its live requests from
+// expiring: every TTL/3 one batched UPDATE per TTL moves them all another
+// TTL ahead. A live request costs a map insert and delete, not a ticker or a
+// statement of its own; a crashed instance stops extending, so its
+// reservations expire and are swept as before.
+
+// liveSet is the reservations a store's live requests hold, by ID, with
+// each one's wallet TTL.
+type liveSet struct {
+	mu  sync.Mutex
+	ids map[string]time.Duration
+	// minTTL is the shortest TTL of the wallets using the store: it sets
+	// how often the holder extends and sweeps.
+	minTTL time.Duration
+}
+
+func (l *liveSet) add(id string, ttl time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ids == nil {
+		l.ids = map[string]time.Duration{}
+	}
+	l.ids[id] = ttl
+}
+
+func (l *liveSet) remove(id string) {
+	l.mu.Lock()
+	delete(l.ids, id)
+	l.mu.Unlock()
+}
+
+// noteTTL records a wallet's TTL; the holder's loop reads the minimum.
+func (l *liveSet) noteTTL(ttl time.Duration) {
+	l.mu.Lock()
+	if l.minTTL == 0 || ttl < l.minTTL {
+		l.minTTL = ttl
+	}
+	l.mu.Unlock()
+}
+
+// byTTL snapshots the live IDs grouped by TTL.
+func (l *liveSet) byTTL() map[time.Duration][]string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[time.Duration][]string{}
+	for id, ttl := range l.ids {
+		out[ttl] = append(out[ttl], id)
+	}
+	return out
+}
+
+// tick is the holder loop's period: a third of the shortest TTL (so a
+// reservation is extended twice before it could expire), at most
+// SweepEvery.
+func (l *liveSet) tick() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.minTTL == 0 {
+		return SweepEvery
+	}
+	return max(min(l.minTTL/3, SweepEvery), 10*time.Millisecond)
+}
+
+// extend moves every live reservation's expiry a TTL ahead of now.
+func (h *storeHolder) extend() {
+	groups := h.live.byTTL()
+	if len(groups) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	now := time.Now()
+	for ttl, ids := range groups {
+		if _, err := h.store.Extend(ctx, ids, now.Add(ttl)); err != nil {
+			keepAliveTotal.WithLabelValues("error").Inc()
+			h.logger.Error("extending live reservations failed; they expire unless a later extension succeeds",
+				zap.Int("count", len(ids)), zap.Error(err))
+			continue
+		}
+		keepAliveTotal.WithLabelValues("ok").Inc()
+	}
+}
