@@ -181,6 +181,17 @@ func (r *Recorder) view(m map[string]*series, name string, now time.Time, window
 	return v
 }
 
+// LastChannelFailure is the named channel's last failure, nil when none.
+func (r *Recorder) LastChannelFailure(name string) *Attempt {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s := r.channels[name]; s != nil && s.lastFailure != nil {
+		f := *s.lastFailure
+		return &f
+	}
+	return nil
+}
+
 // Incidents returns copies of the incidents, newest first.
 func (r *Recorder) Incidents() []Incident {
 	r.mu.Lock()
