@@ -53,6 +53,10 @@ type App struct {
 
 	// status is the history and decision journal, shared across reloads.
 	status *statusState
+	// historyCfg is the store the handlers asked for (nil: memory only)
+	// and historyKey the pool reference Start took on it.
+	historyCfg *HistoryStoreConfig
+	historyKey string
 
 	mu       sync.Mutex
 	channels []registeredChannel
@@ -105,7 +109,7 @@ func (a *App) Start() error {
 		c.state.breaker.SetConfig(c.cfg)
 	}
 	warnUnauthenticated(a.ctx, a.logger)
-	return nil
+	return a.startHistory()
 }
 
 // Stop implements caddy.App; the breakers outlive the config.

@@ -151,6 +151,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if hb, err = caddykit.UnmarshalHeartbeat(d); err == nil {
 				h.Heartbeats = append(h.Heartbeats, hb)
 			}
+		case "history":
+			h.History, err = unmarshalHistory(d)
 		case "breaker":
 			err = h.unmarshalBreaker(d)
 		case "wallet":

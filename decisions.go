@@ -48,16 +48,17 @@ func serveDecisions(w http.ResponseWriter, r *http.Request) error {
 	if reg == nil || reg.status == nil {
 		return caddykit.WriteJSON(w, ans)
 	}
+	_, jr := reg.status.sources(time.Now())
 	if g := q.Get("group_by"); g != "" {
 		by, err := journal.ParseGroupBy(g)
 		if err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 		}
-		rows := reg.status.journal.Query(f, 0)
+		rows := jr.Query(f, 0)
 		ans.GroupBy, ans.Counts, ans.Total = string(by), journal.Group(rows, by), len(rows)
 		return caddykit.WriteJSON(w, ans)
 	}
-	for _, d := range reg.status.journal.Query(f, maxDecisionRows) {
+	for _, d := range jr.Query(f, maxDecisionRows) {
 		ans.Decisions = append(ans.Decisions, decisionView{Decision: d, Runbook: runbookURL(d.Reason)})
 	}
 	ans.Total = len(ans.Decisions)

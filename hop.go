@@ -640,7 +640,7 @@ func (h *Handler) record(x *exchange, route *chain.Route, res attemptResult, too
 	if !x.committedAt.IsZero() {
 		ttft = x.committedAt.Sub(now.Add(-took))
 	}
-	h.app.recordHistory(x.req.Model, ch.name, res, outcome, status, ttft)
+	h.app.recordHistory(x.req.Model, ch.name, res, outcome, status, ttft, x.bill.outputTokens())
 	if tr.Changed() {
 		if reason == "" {
 			reason = outcome

@@ -102,6 +102,10 @@ type Handler struct {
 	// wallet's sweeper, wallet_sweep.<wallet>. See the jobs view at
 	// /llm_failover/jobs for the names.
 	Heartbeats []caddykit.HeartbeatConfig `json:"heartbeats,omitempty"`
+	// History keeps the status page's history and the decision journal
+	// in SQLite or PostgreSQL, so they survive restarts (and, on
+	// PostgreSQL, add up across instances). Default: memory only.
+	History *HistoryStoreConfig `json:"history,omitempty"`
 	// Wallet, when set, makes requests prepaid: a client must present a
 	// key of an account whose balance covers the request's largest cost.
 	Wallet *WalletConfig `json:"wallet,omitempty"`
@@ -448,6 +452,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("loading channel registry: %w", err)
 	}
 	h.app = app.(*App)
+	if err := h.app.useHistory(h.History); err != nil {
+		return err
+	}
 	h.app.register(h, breakerCfg)
 	return nil
 }

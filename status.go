@@ -30,6 +30,11 @@ type statusState struct {
 	// started.
 	since   map[string]time.Time
 	started time.Time
+
+	// holder is the store the history flushes to and reader caches what
+	// the page reads from it; nil without a store (status_store.go).
+	holder *historyHolder
+	reader *historyReader
 }
 
 // Destruct implements caddy.Destructor.
@@ -57,6 +62,7 @@ func (s *statusState) stateSince(channel string) time.Time {
 
 // Cleanup releases this config's reference to the history.
 func (a *App) Cleanup() error {
+	a.releaseHistory()
 	if a.status == nil {
 		return nil
 	}
@@ -83,14 +89,23 @@ func historyClass(res attemptResult, outcome string, status int) (history.Class,
 	return history.Success, true
 }
 
+// outputTokens is the output the upstream reported for the current
+// attempt; 0 without a meter (a request no wallet bills).
+func (b *bill) outputTokens() int64 {
+	if b == nil || b.meter == nil {
+		return 0
+	}
+	return b.meter.Usage().Output
+}
+
 // recordHistory adds one attempt to the history. ttft is the time to
 // first content; 0 when the attempt committed nothing.
-func (a *App) recordHistory(model, channel string, res attemptResult, outcome string, status int, ttft time.Duration) {
+func (a *App) recordHistory(model, channel string, res attemptResult, outcome string, status int, ttft time.Duration, outputTokens int64) {
 	class, ok := historyClass(res, outcome, status)
 	if !ok || a.status == nil {
 		return
 	}
-	at := history.Attempt{At: time.Now(), Model: model, Channel: channel, Class: class, Status: status, TTFT: ttft}
+	at := history.Attempt{At: time.Now(), Model: model, Channel: channel, Class: class, Status: status, TTFT: ttft, OutputTokens: outputTokens}
 	if res.fail != nil {
 		at.Reason = res.fail.reason
 	} else if res.passed != 0 {

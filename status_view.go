@@ -191,14 +191,18 @@ func (a *App) statusSnapshot(now time.Time, title string, hide bool) statusView 
 		v.WindowKeys = append(v.WindowKeys, w.key)
 	}
 	st := a.status
+	// hist and journal are the fleet's with a store; incidents and last
+	// failures are this instance's.
+	hist, jr := st.sources(now)
 	for _, m := range snap.Models {
-		hv := st.history.Model(m.Name, now, durations()...)
+		hv := hist.Model(m.Name, now, durations()...)
 		ms := modelStatus{Name: m.Name, Windows: windowsOf(hv), Hourly: barsOf(hv.Hourly), Daily: barsOf(hv.Daily)}
 		working, limitedOnly := false, true
 		var worstChannel string
 		var earliestBad, latestChange time.Time
 		for _, r := range m.Routes {
-			cv := st.history.Channel(r.Route.Name, now, durations()...)
+			cv := hist.Channel(r.Route.Name, now, durations()...)
+			cv.LastFailure = st.history.LastChannelFailure(r.Route.Name)
 			status, doing, until := channelCondition(r.Health, cv.Windows[5*time.Minute])
 			since := st.stateSince(r.Route.Name)
 			worstChannel = worse(worstChannel, status)
@@ -224,7 +228,7 @@ func (a *App) statusSnapshot(now time.Time, title string, hide bool) statusView 
 				cs.LastFailure = &failureView{At: lf.At.UTC(), Reason: lf.Reason, Status: lf.Status, Runbook: runbookURL(lf.Reason)}
 				v.legend[lf.Reason] = true
 			}
-			for _, d := range st.journal.Query(journal.Filter{Model: m.Name, Channel: r.Route.Name}, recentDecisions) {
+			for _, d := range jr.Query(journal.Filter{Model: m.Name, Channel: r.Route.Name}, recentDecisions) {
 				cs.Decisions = append(cs.Decisions, decisionView{Decision: d, Runbook: runbookURL(d.Reason)})
 				v.legend[d.Reason] = true
 			}

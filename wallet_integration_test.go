@@ -273,12 +273,17 @@ func TestWalletHappyPathNonStream(t *testing.T) {
 	b := upstream(t, fu.OKNamed("b"))
 	walletGateway(t, a, b)
 	secret, keyID := newWalletAccount(t, "acct", "1")
+	tokensBefore := channelWindow(t, fetchStatus(t, adminURL+"/llm_failover/status"), "a", "5m").OutputTokens
 
 	res, body := postSettled(t, "acct", "/v1/chat/completions", fu.ChatRequest("m", false), bearer(secret)...)
 	if res.StatusCode != 200 {
 		t.Fatalf("status %d: %s", res.StatusCode, body)
 	}
 	mustContain(t, body, "Hello from a")
+	// The status history records the output tokens the meter saw.
+	if got := channelWindow(t, fetchStatus(t, adminURL+"/llm_failover/status"), "a", "5m").OutputTokens - tokensBefore; got != 500 {
+		t.Errorf("history recorded %d output tokens, want 500", got)
+	}
 	hits(t, a, 1)
 	hits(t, b, 0)
 	noSecretUpstream(t, a, secret)

@@ -132,9 +132,13 @@ func newRing(width time.Duration, n int) ring {
 	return ring{width: int64(width / time.Second), buckets: make([]bucket, n)}
 }
 
-func (r *ring) periodStart(t time.Time) int64 {
+func (r *ring) periodStart(t time.Time) int64 { return periodStart(t, r.width) }
+
+// periodStart is the first instant, in Unix seconds, of the period of
+// width seconds that holds t.
+func periodStart(t time.Time, width int64) int64 {
 	u := t.Unix()
-	return u - ((u%r.width)+r.width)%r.width
+	return u - ((u%width)+width)%width
 }
 
 func (r *ring) slot(start int64) *bucket {
@@ -142,15 +146,23 @@ func (r *ring) slot(start int64) *bucket {
 }
 
 func (r *ring) add(a Attempt) {
-	start := r.periodStart(a.At)
+	if b := r.bucketAt(r.periodStart(a.At)); b != nil {
+		b.add(a)
+	}
+}
+
+// bucketAt is the bucket of the period starting at start, reset if its
+// slot held an older period; nil when start is older than the ring
+// reaches.
+func (r *ring) bucketAt(start int64) *bucket {
 	b := r.slot(start)
 	if b.start != start {
 		if b.start > start {
-			return // older than the ring reaches
+			return nil
 		}
 		*b = bucket{start: start}
 	}
-	b.add(a)
+	return b
 }
 
 // sum merges the last d of buckets: the one holding now and the full ones

@@ -37,6 +37,9 @@ type Recorder struct {
 	models    map[string]*series
 	incidents []*Incident // oldest first
 	open      map[string]*Incident
+	// changes is what each bucket gained since a store last took them;
+	// nil unless Track.
+	changes map[deltaKey]*Counts
 }
 
 // NewRecorder returns an empty history.
@@ -60,6 +63,7 @@ func (r *Recorder) Record(a Attempt) {
 	defer r.mu.Unlock()
 	seriesOf(r.channels, a.Channel).add(a)
 	seriesOf(r.models, a.Model).add(a)
+	r.track(a)
 	for _, key := range [...]string{incidentKey("channel", a.Channel), incidentKey("model", a.Model)} {
 		if in := r.open[key]; in != nil {
 			in.Attempts++
@@ -175,6 +179,17 @@ func (r *Recorder) view(m map[string]*series, name string, now time.Time, window
 		v.LastFailure = &f
 	}
 	return v
+}
+
+// LastChannelFailure is the named channel's last failure, nil when none.
+func (r *Recorder) LastChannelFailure(name string) *Attempt {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s := r.channels[name]; s != nil && s.lastFailure != nil {
+		f := *s.lastFailure
+		return &f
+	}
+	return nil
 }
 
 // Incidents returns copies of the incidents, newest first.

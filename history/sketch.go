@@ -43,10 +43,22 @@ func (s *Sketch) Observe(d time.Duration) {
 	}
 }
 
+// SketchBuckets is how many buckets a Sketch has, for stores that keep
+// them one per column.
+const SketchBuckets = sketchBuckets
+
+// Bucket is how many values bucket i holds.
+func (s *Sketch) Bucket(i int) uint32 { return s.counts[i] }
+
+// AddBucket adds n values to bucket i, as a store reads them back.
+func (s *Sketch) AddBucket(i int, n uint32) {
+	s.counts[i] = uint32(min(uint64(s.counts[i])+uint64(n), math.MaxUint32))
+}
+
 // Merge adds o's values to s.
 func (s *Sketch) Merge(o *Sketch) {
 	for i, n := range o.counts {
-		s.counts[i] = uint32(min(uint64(s.counts[i])+uint64(n), math.MaxUint32))
+		s.AddBucket(i, n)
 	}
 }
 

@@ -38,6 +38,10 @@ type Journal struct {
 	ring []Decision
 	next int  // where the next decision goes
 	full bool // the ring has wrapped
+	// pending are the decisions added since a store last took them, at
+	// most len(ring); nil unless Track.
+	pending []Decision
+	track   bool
 }
 
 // New returns a journal that keeps the last size decisions.
@@ -56,7 +60,61 @@ func (j *Journal) Add(d Decision) {
 	if j.next == len(j.ring) {
 		j.next, j.full = 0, true
 	}
+	if j.track {
+		j.keep(d)
+	}
 	j.mu.Unlock()
+}
+
+// keep adds d to the pending decisions, dropping the oldest beyond the
+// ring's size; j.mu is held.
+func (j *Journal) keep(ds ...Decision) {
+	j.pending = append(j.pending, ds...)
+	if over := len(j.pending) - len(j.ring); over > 0 {
+		j.pending = append(j.pending[:0], j.pending[over:]...)
+	}
+}
+
+// Track makes the journal keep the decisions added from now on for a
+// store to take (TakeChanges); off forgets them.
+func (j *Journal) Track(on bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.track = on
+	if !on {
+		j.pending = nil
+	}
+}
+
+// TakeChanges returns the pending decisions, oldest first, and forgets
+// them.
+func (j *Journal) TakeChanges() []Decision {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	out := j.pending
+	j.pending = nil
+	return out
+}
+
+// Changes returns a copy of the pending decisions, oldest first.
+func (j *Journal) Changes() []Decision {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return append([]Decision(nil), j.pending...)
+}
+
+// PutBack returns decisions a store failed to write to the pending ones,
+// ahead of those added since.
+func (j *Journal) PutBack(ds []Decision) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if !j.track {
+		return
+	}
+	later := j.pending
+	j.pending = nil
+	j.keep(ds...)
+	j.keep(later...)
 }
 
 // Filter selects decisions; empty fields match all.

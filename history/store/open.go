@@ -1,0 +1,87 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	// Pure-Go SQLite, as the wallet uses it: xcaddy builds need no cgo.
+	_ "modernc.org/sqlite"
+)
+
+// migrationLockKey serialises concurrent migrations of instances sharing
+// one PostgreSQL database ("llmf-his" in ASCII).
+const migrationLockKey = 0x6c6c6d662d686973
+
+// openTimeout bounds connecting and migrating.
+const openTimeout = 30 * time.Second
+
+// OpenSQLite opens (creating if needed) the history database at path, with
+// the wallet's settings: WAL so the page reads while a flush writes,
+// synchronous=NORMAL (durable against process crashes), a busy timeout
+// for another process on the same file.
+func OpenSQLite(path string) (*Store, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("opening SQLite history %s: %w", path, err)
+	}
+	if err := os.MkdirAll(filepath.Dir(abs), 0o700); err != nil {
+		return nil, fmt.Errorf("opening SQLite history %s: creating directory: %w", path, err)
+	}
+	q := url.Values{}
+	q.Set("_txlock", "immediate")
+	q.Add("_pragma", "busy_timeout(10000)")
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(NORMAL)")
+	db, err := sql.Open("sqlite", "file:"+(&url.URL{Path: abs}).EscapedPath()+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("opening SQLite history %s: %w", path, err)
+	}
+	// One writer (the flush job) and a reader (the page) at a time.
+	db.SetMaxOpenConns(2)
+	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+	defer cancel()
+	if err := migrate(ctx, db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("opening SQLite history %s: %w", path, err)
+	}
+	return newStore(db, "sqlite", false), nil
+}
+
+// OpenPostgres connects to PostgreSQL and migrates the schema, in the
+// connection's search_path (add search_path=NAME to the DSN to keep the
+// history in its own schema). Several instances may share it: their
+// flushes add up.
+func OpenPostgres(ctx context.Context, dsn string) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		// The DSN may hold a password, so it is not repeated here.
+		return nil, fmt.Errorf("opening PostgreSQL history: parsing DSN: %w", err)
+	}
+	if _, set := cfg.ConnConfig.RuntimeParams["lock_timeout"]; !set {
+		cfg.ConnConfig.RuntimeParams["lock_timeout"] = "5000"
+	}
+	cfg.MaxConns = 2
+	ctx, cancel := context.WithTimeout(ctx, openTimeout)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("opening PostgreSQL history: %w", err)
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	closeAll := func() { db.Close(); pool.Close() }
+	if err := migrate(ctx, db, "SET LOCAL lock_timeout = 0", fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", int64(migrationLockKey))); err != nil {
+		closeAll()
+		return nil, fmt.Errorf("opening PostgreSQL history: %w", err)
+	}
+	s := newStore(db, "postgres", true)
+	s.onClose = pool.Close
+	return s, nil
+}

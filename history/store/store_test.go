@@ -1,0 +1,218 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/url"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/llmfailover/caddy-llm-failover/history"
+	"github.com/llmfailover/caddy-llm-failover/journal"
+)
+
+// pgSchemaDSN is a DSN for a fresh schema of the test PostgreSQL, dropped
+// when the test ends.
+func pgSchemaDSN(t *testing.T) string {
+	t.Helper()
+	dsn := os.Getenv("LLMF_TEST_POSTGRES_DSN")
+	if dsn == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("LLMF_TEST_POSTGRES_DSN is unset but CI=true: PostgreSQL tests must not be skipped in CI")
+		}
+		t.Skip(`PostgreSQL tests skipped: LLMF_TEST_POSTGRES_DSN is unset (run eval "$(bash scripts/pg-test-server.sh start)")`)
+	}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("connecting to test PostgreSQL: %v", err)
+	}
+	defer conn.Close(ctx)
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	schema := "history_store_test_" + hex.EncodeToString(rnd[:])
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatalf("creating schema: %v", err)
+	}
+	t.Cleanup(func() {
+		c, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Errorf("dropping schema: %v", err)
+			return
+		}
+		defer c.Close(ctx)
+		_, _ = c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
+	})
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+var now = time.Date(2026, 3, 2, 0, 1, 30, 0, time.UTC)
+
+// instance records attempts the way one gateway does and flushes them.
+func instance(t *testing.T, s *Store, attempts []history.Attempt, decisions []journal.Decision) {
+	t.Helper()
+	r := history.NewRecorder()
+	r.Track(true)
+	j := journal.New(10)
+	j.Track(true)
+	for _, a := range attempts {
+		r.Record(a)
+	}
+	for _, d := range decisions {
+		j.Add(d)
+	}
+	if err := s.Flush(context.Background(), r.TakeChanges(), j.TakeChanges()); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.TakeChanges()) != 0 || len(j.TakeChanges()) != 0 {
+		t.Fatal("changes not forgotten after TakeChanges")
+	}
+}
+
+// fleet reads the store back into a recorder, as the page does.
+func fleet(t *testing.T, s *Store) *history.Recorder {
+	t.Helper()
+	ds, err := s.Buckets(context.Background(), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := history.NewRecorder()
+	for _, d := range ds {
+		r.AddDelta(d)
+	}
+	return r
+}
+
+func testStore(t *testing.T, open func() *Store) {
+	s := open()
+	a := []history.Attempt{
+		{At: now.Add(-2 * time.Minute), Model: "m", Channel: "a", Class: history.Success, TTFT: 300 * time.Millisecond, OutputTokens: 7},
+		{At: now.Add(-30 * time.Hour), Model: "m", Channel: "a", Class: history.Down, Reason: "status", Status: 503},
+		{At: now, Model: "m", Channel: "b", Class: history.Limited, Reason: "status", Status: 429},
+	}
+	b := []history.Attempt{
+		{At: now.Add(-2 * time.Minute), Model: "m", Channel: "a", Class: history.Success, TTFT: 3 * time.Second, OutputTokens: 5},
+		{At: now, Model: "m", Channel: "a", Class: history.Client, Reason: "status", Status: 400},
+	}
+	d := journal.Decision{At: now, RequestID: "r1", Model: "m", Channel: "a", Attempt: 1, Reason: "status", UpstreamStatus: 503,
+		Elapsed: time.Second, Remaining: time.Minute, Next: "b"}
+	instance(t, s, a, []journal.Decision{d})
+	instance(t, s, b, nil)
+
+	v := fleet(t, s).Channel("a", now, 5*time.Minute, 48*time.Hour)
+	if c := v.Windows[5*time.Minute]; c.Attempts != 3 || c.Successes != 2 || c.Client != 1 || c.OutputTokens != 12 || c.TTFT.Count() != 2 {
+		t.Fatalf("5m of the two instances: %+v", c)
+	}
+	if c := v.Windows[48*time.Hour]; c.Attempts != 4 || c.Down != 1 {
+		t.Fatalf("48h: %+v", c)
+	}
+	w5 := v.Windows[5*time.Minute]
+	if p95 := w5.TTFT.Quantile(0.95); p95 < 3*time.Second {
+		t.Fatalf("p95 %v lost the slow instance's sketch", p95)
+	}
+	if c := fleet(t, s).Model("m", now, 5*time.Minute).Windows[5*time.Minute]; c.Attempts != 4 || c.Limited != 1 {
+		t.Fatalf("model 5m: %+v", c)
+	}
+
+	// Reopened (a restart), the store has the same.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open()
+	defer s.Close()
+	if c := fleet(t, s).Channel("a", now, 5*time.Minute).Windows[5*time.Minute]; c.Attempts != 3 {
+		t.Fatalf("after reopening: %+v", c)
+	}
+	got, err := s.Decisions(context.Background(), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || !got[0].At.Equal(d.At) || got[0].Next != "b" || got[0].Remaining != time.Minute || got[0].UpstreamStatus != 503 {
+		t.Fatalf("decisions %+v", got)
+	}
+
+	// Pruning a week on drops the minutes and hours and the decision,
+	// keeps the days.
+	later := now.Add(8 * 24 * time.Hour)
+	if err := s.Prune(context.Background(), later); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.Decisions(context.Background(), 10); len(got) != 0 {
+		t.Fatalf("decisions after prune: %d", len(got))
+	}
+	ds, err := s.Buckets(context.Background(), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range ds {
+		if d.Res != history.ByDay {
+			t.Fatalf("a %s bucket outlived its reach", d.Res)
+		}
+	}
+	if len(ds) == 0 {
+		t.Fatal("pruning dropped the day buckets")
+	}
+}
+
+func TestSQLiteStore(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sub", "history.db")
+	testStore(t, func() *Store {
+		s, err := OpenSQLite(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	})
+}
+
+func TestPostgresStore(t *testing.T) {
+	dsn := pgSchemaDSN(t)
+	testStore(t, func() *Store {
+		s, err := OpenPostgres(context.Background(), dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	})
+}
+
+// A failed flush writes nothing and its changes go back to be flushed
+// again.
+func TestFailedFlushPutsBack(t *testing.T) {
+	s, err := OpenSQLite(filepath.Join(t.TempDir(), "h.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := history.NewRecorder()
+	r.Track(true)
+	r.Record(history.Attempt{At: now, Model: "m", Channel: "a", Class: history.Success})
+	ds := r.TakeChanges()
+	s.Close()
+	if err := s.Flush(context.Background(), ds, nil); err == nil {
+		t.Fatal("flush to a closed store succeeded")
+	}
+	r.PutBack(ds, now)
+	if got := r.Changes(); len(got) != len(ds) {
+		t.Fatalf("%d changes after PutBack, want %d", len(got), len(ds))
+	}
+	// Changes beyond their rollup's reach are dropped, not kept forever.
+	r.TakeChanges()
+	r.PutBack(ds, now.Add(7*time.Hour))
+	for _, d := range r.Changes() {
+		if d.Res == history.ByMinute {
+			t.Fatal("a minute bucket 7 h old was put back")
+		}
+	}
+}
