@@ -171,6 +171,13 @@ func TestStatusHistoryFromScriptedMix(t *testing.T) {
 	send(2, 200)
 	a.Set(fu.Status(400, fu.OpenAIErrorBody("bad request", "invalid_request_error", "")))
 	send(2, 400)
+	// An attempt is recorded once its answer is written: the client can
+	// read the last answer a moment before the history counts it.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if channelWindow(t, fetchStatus(t, adminURL+"/llm_failover/status"), "stA", "5m").Attempts >= 9 {
+			break
+		}
+	}
 
 	check := func(v statusJSON) {
 		t.Helper()
