@@ -2,6 +2,7 @@ package llmfailover
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddytest"
 
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
@@ -372,5 +374,46 @@ func TestPortFreeRefusesAForeignListener(t *testing.T) {
 	ln.Close()
 	if err := portFree(port); err != nil {
 		t.Errorf("a closed port: %v", err)
+	}
+}
+
+// A channel key given as an {env.*} placeholder is resolved when the
+// config loads: neither `caddy adapt` nor the admin API's /config/ ever
+// holds the secret itself.
+func TestEnvSecretsNeverInConfig(t *testing.T) {
+	const secret = "sk-envsecret-7f3a9c1e5b"
+	t.Setenv("LLMF_TEST_CHANNEL_KEY", secret)
+	up := upstream(t, fu.OK())
+	body := `
+		channel a %s {
+			header Authorization "Bearer {env.LLMF_TEST_CHANNEL_KEY}"
+		}
+		model m {
+			route a
+		}
+		auth off
+	`
+	adapted, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(gatewayConfig(body, up.URL)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(adapted, []byte(secret)) || !bytes.Contains(adapted, []byte("{env.LLMF_TEST_CHANNEL_KEY}")) {
+		t.Fatalf("adapted config: %s", adapted)
+	}
+	gateway(t, body, up.URL)
+	if res, _ := post(t, "/v1/chat/completions", fu.ChatRequest("m", false)); res.StatusCode != 200 {
+		t.Fatalf("status %d", res.StatusCode)
+	}
+	if got := up.LastRequest().Header.Get("Authorization"); got != "Bearer "+secret {
+		t.Fatalf("the upstream got %q: the placeholder was not resolved", got)
+	}
+	res, err := http.Get(adminURL + "/config/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if bytes.Contains(cfg, []byte(secret)) {
+		t.Fatal("the admin API's /config/ holds the channel key")
 	}
 }

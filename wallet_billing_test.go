@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"sort"
@@ -272,6 +273,41 @@ func TestWalletOnlyTheServedAnswerIsBilled(t *testing.T) {
 			if e.Channel == "a" && (e.Kind != wallet.KindFailedAttempt || e.Cost != "0") {
 				t.Errorf("the failed channel's row %+v", e)
 			}
+		}
+	})
+}
+
+// A CDN's text/html 200 is a channel failure (unexpected_content_type):
+// never billed, and the backup's answer is billed once.
+func TestWalletForeignContent200IsNotBilled(t *testing.T) {
+	eachWalletStore(t, func(t *testing.T, s walletStore) {
+		cdn := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/html; charset=utf-8")
+			_, _ = io.WriteString(w, "<html><body>502 Bad Gateway</body></html>")
+		}))
+		defer cdn.Close()
+		b := upstream(t, fu.OKNamed("b").WithUsage(100, 20))
+		gatewayWith(t, walletOptions(s.option), walletChannels, cdn.URL, b.URL)
+		secret, _ := newWalletAccount(t, "acct", "1")
+		for _, stream := range []bool{false, true} {
+			res, got := postSettled(t, "acct", "/v1/chat/completions", chatStreamBody(stream), bearer(secret)...)
+			if res.StatusCode != 200 || res.Header.Get("X-Served-By") != "b" || bytes.Contains(got, []byte("<html>")) {
+				t.Fatalf("stream=%v: status %d served by %q: %s", stream, res.StatusCode, res.Header.Get("X-Served-By"), got)
+			}
+		}
+		rows := attemptsFirst(t, "acct", 4)
+		charged := wallet.Micros(0)
+		for _, e := range rows {
+			if e.Channel == "a" && (e.Kind != wallet.KindFailedAttempt || e.Cost != "0") {
+				t.Errorf("the CDN channel's row %+v", e)
+			}
+			if e.Kind == wallet.KindCharge {
+				c, _ := wallet.ParseMicros(e.Cost)
+				charged += c
+			}
+		}
+		if want := 2 * priceM.Cost(100, 20); charged != want {
+			t.Errorf("charged %s, want %s: %s", charged, want, kinds(rows))
 		}
 	})
 }
