@@ -232,14 +232,24 @@ func TestWalletFreeCalls(t *testing.T) {
 		if res, got := post(t, "/v1/messages/count_tokens", body, "anthropic-version", "2023-06-01"); res.StatusCode != 401 {
 			t.Fatalf("count_tokens without a key: status %d: %s", res.StatusCode, got)
 		}
-		req, _ := http.NewRequest(http.MethodGet, gatewayURL+"/v1/models", nil)
-		mres, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		mres.Body.Close()
-		if mres.StatusCode != 200 {
-			t.Fatalf("GET /v1/models without a key: status %d", mres.StatusCode)
+		// The model list needs a key like every endpoint (the security
+		// rule), and costs nothing: no reservation, no ledger row.
+		for _, tc := range []struct {
+			hdr  []string
+			want int
+		}{{nil, 401}, {[]string{"Authorization", "Bearer " + secret}, 200}} {
+			req, _ := http.NewRequest(http.MethodGet, gatewayURL+"/v1/models", nil)
+			for i := 0; i+1 < len(tc.hdr); i += 2 {
+				req.Header.Set(tc.hdr[i], tc.hdr[i+1])
+			}
+			mres, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mres.Body.Close()
+			if mres.StatusCode != tc.want {
+				t.Fatalf("GET /v1/models with %v: status %d, want %d", tc.hdr, mres.StatusCode, tc.want)
+			}
 		}
 		bal, reserved := balanceOf(t, "free")
 		if bal != 0 || reserved != 0 {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"net/http"
 	"net/url"
@@ -164,12 +165,15 @@ func (h *Heartbeat) request(ctx context.Context, p Ping) (*http.Request, error) 
 }
 
 // Pinger sends pings in the background, retrying failures with backoff.
-// Send never blocks: when the queue is full the ping is dropped and
-// reported. Failures are reported through Report with the job, style and a
+// Pings to one receiver go out in the order they were sent (a run's start
+// before its end: receivers pair them, and an end overtaken by its start
+// would read as a run that never finished); different receivers do not
+// wait for each other. Send never blocks: when a receiver's queue is full
+// the ping is dropped and reported. Failures are reported through Report with the job, style and a
 // URL-free error; the URL is never passed on.
 type Pinger struct {
 	client  *http.Client
-	queue   chan pending
+	queues  []chan pending // one per worker; a receiver always uses the same
 	retries []time.Duration
 	// Report is told about each ping that failed for good (dropped, or
 	// every retry failed). It must not block.
@@ -187,8 +191,8 @@ type pending struct {
 // DefaultRetries are the waits before each retry of a failed ping.
 var DefaultRetries = []time.Duration{time.Second, 5 * time.Second, 30 * time.Second}
 
-// NewPinger starts a pinger with workers goroutines and a queue of size
-// queue. Close stops it.
+// NewPinger starts a pinger with workers goroutines, each with a queue of
+// size queue. Close stops it.
 func NewPinger(client *http.Client, workers, queue int, retries []time.Duration) *Pinger {
 	if client == nil {
 		client = &http.Client{}
@@ -197,18 +201,22 @@ func NewPinger(client *http.Client, workers, queue int, retries []time.Duration)
 	// receivers do not redirect pings.
 	c := *client
 	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	p := &Pinger{client: &c, queue: make(chan pending, queue), retries: retries, stop: make(chan struct{})}
-	for range workers {
+	p := &Pinger{client: &c, retries: retries, stop: make(chan struct{})}
+	for range max(workers, 1) {
+		q := make(chan pending, queue)
+		p.queues = append(p.queues, q)
 		p.wg.Add(1)
-		go p.work()
+		go p.work(q)
 	}
 	return p
 }
 
 // Send queues p for hb. It never blocks.
 func (pg *Pinger) Send(hb Heartbeat, p Ping) {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(hb.URL))
 	select {
-	case pg.queue <- pending{hb, p}:
+	case pg.queues[h.Sum32()%uint32(len(pg.queues))] <- pending{hb, p}:
 	default:
 		pg.report(p.Job, hb.Style, p.State, errors.New("heartbeat queue full; ping dropped"))
 	}
@@ -220,13 +228,13 @@ func (pg *Pinger) Close() {
 	pg.wg.Wait()
 }
 
-func (pg *Pinger) work() {
+func (pg *Pinger) work(queue chan pending) {
 	defer pg.wg.Done()
 	for {
 		select {
 		case <-pg.stop:
 			return
-		case it := <-pg.queue:
+		case it := <-queue:
 			pg.deliver(it)
 		}
 	}
