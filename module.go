@@ -101,6 +101,13 @@ type Handler struct {
 	// wallet's sweeper, wallet_sweep.<wallet>. See the jobs view at
 	// /llm_failover/jobs for the names.
 	Heartbeats []caddykit.HeartbeatConfig `json:"heartbeats,omitempty"`
+	// ProbeAccount is the wallet account synthetic checks are charged to
+	// (required when a model probes and a wallet is set).
+	ProbeAccount string `json:"probe_account,omitempty"`
+	// ProbeLeader is the DSN of a PostgreSQL database the instances of a
+	// fleet share: only the instance holding its advisory lock probes,
+	// and another takes over when it dies.
+	ProbeLeader string `json:"probe_leader,omitempty"`
 	// Wallet, when set, makes requests prepaid: a client must present a
 	// key of an account whose balance covers the request's largest cost.
 	Wallet *WalletConfig `json:"wallet,omitempty"`
@@ -153,6 +160,9 @@ type Model struct {
 	// MaxOutputTokens bounds the output of a request that sets no limit of
 	// its own, for the wallet's reservation. Default: 16384.
 	MaxOutputTokens int64 `json:"max_output_tokens,omitempty"`
+	// Probe, when set, runs synthetic checks of the model's idle and
+	// half-open channels.
+	Probe *ProbeConfig `json:"probe,omitempty"`
 }
 
 // Route is one channel serving a model.
@@ -245,6 +255,7 @@ type model struct {
 	byAPI     [provider.NumAPIs]*chain.Model
 	price     wallet.Price
 	maxOutput int64
+	probe     *probePlan // nil when the model is not probed
 }
 
 // CaddyModule returns the Caddy module information.
@@ -344,6 +355,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		// check has vetted every value below; only the parsing remains.
 		policy, _ := chain.ParsePolicy(m.Policy)
 		pm := &model{maxOutput: m.MaxOutputTokens}
+		pm.probe, _ = m.Probe.plan()
 		if pm.maxOutput == 0 {
 			pm.maxOutput = DefaultMaxOutputTokens
 		}
