@@ -1,6 +1,7 @@
 package llmfailover
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -10,7 +11,9 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddytest"
 
+	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
+	"github.com/llmfailover/caddy-llm-failover/jobs"
 )
 
 // In-process tests of the synthetic checks through a real Caddy and real
@@ -175,5 +178,25 @@ func TestProbeBudgetStops(t *testing.T) {
 	}
 	if _, p := probedChannel(t, "prBudgetA"); p["spent_today"] == "0" {
 		t.Fatalf("no spend shown: %v", p)
+	}
+}
+
+// Readiness answers 200 while nothing is wrong, and 503 with the reason
+// when a job is overdue.
+func TestReadiness(t *testing.T) {
+	up := fu.New(fu.OK())
+	defer up.Close()
+	probeGateway(t, "prReady", "http://"+up.Addr(), "interval 1h")
+	url := fmt.Sprintf("http://localhost:%d/status/ready", httpPort)
+	if res, body := getBody(t, url); res.StatusCode != 200 || string(body) != "ready\n" {
+		t.Fatalf("ready: %d %q", res.StatusCode, body)
+	}
+	// A job that last succeeded long ago is overdue.
+	job := caddykit.Jobs.Job("ready_test_overdue", time.Millisecond)
+	_ = job.Run(t.Context(), func(context.Context) (jobs.Summary, error) { return "", nil })
+	time.Sleep(10 * time.Millisecond)
+	res, body := getBody(t, url)
+	if res.StatusCode != 503 || !strings.Contains(string(body), "job ready_test_overdue is overdue") {
+		t.Fatalf("overdue job: %d %q", res.StatusCode, body)
 	}
 }
