@@ -61,6 +61,9 @@ type App struct {
 	mu       sync.Mutex
 	channels []registeredChannel
 	models   []registeredModel
+	handlers []*Handler
+	// prober runs the synthetic checks while the config runs.
+	prober *prober
 }
 
 // registeredChannel is one handler's channel and the breaker settings its
@@ -109,11 +112,22 @@ func (a *App) Start() error {
 		c.state.breaker.SetConfig(c.cfg)
 	}
 	warnUnauthenticated(a.ctx, a.logger)
+	if a.prober = newProber(a.handlers, a.logger); a.prober != nil {
+		a.prober.start()
+	}
 	return a.startHistory()
 }
 
-// Stop implements caddy.App; the breakers outlive the config.
-func (a *App) Stop() error { return nil }
+// Stop ends the synthetic checks; the breakers outlive the config.
+func (a *App) Stop() error {
+	a.mu.Lock()
+	p := a.prober
+	a.mu.Unlock()
+	if p != nil {
+		p.stop()
+	}
+	return nil
+}
 
 // register adds a provisioned handler's channels and models.
 func (a *App) register(h *Handler, cfg breaker.Config) {
@@ -125,6 +139,7 @@ func (a *App) register(h *Handler, cfg breaker.Config) {
 	for _, name := range h.modelList {
 		a.models = append(a.models, registeredModel{chain: h.models[name].chain, channels: h.channels})
 	}
+	a.handlers = append(a.handlers, h)
 }
 
 // activeRegistry is the registry of the running config, nil when there is

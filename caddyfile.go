@@ -170,6 +170,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.MaxHeldBytes, err = caddykit.SizeArg(d)
 		case "request_body_timeout":
 			h.RequestBodyTimeout, err = caddykit.DurationArg(d)
+		case "probe_account":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			h.ProbeAccount = d.Val()
+		case "probe_leader":
+			if !d.NextArg() || d.Val() != "postgres" || !d.NextArg() {
+				return d.Errf("probe_leader needs: postgres <dsn>")
+			}
+			h.ProbeLeader = d.Val()
 		default:
 			return d.Errf("unrecognized subdirective '%s'", opt)
 		}
@@ -195,7 +205,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 var singleArgument = map[string]bool{
 	"max_hops": true, "header_timeout": true, "deadline": true, "first_byte_timeout": true,
 	"max_request_body": true, "max_response_body": true, "stream_idle_timeout": true,
-	"auth": true, "max_held_bytes": true, "request_body_timeout": true,
+	"auth": true, "max_held_bytes": true, "request_body_timeout": true, "probe_account": true, "probe_leader": true,
 	"window": true, "failures": true, "cooldown": true, "max_park": true, "trials": true,
 }
 
@@ -336,6 +346,12 @@ func (h *Handler) unmarshalModel(d *caddyfile.Dispenser, at map[string]string) e
 			} else {
 				m.MaxInputTokens = int64(n)
 			}
+		case "probe":
+			p, err := unmarshalProbe(d)
+			if err != nil {
+				return err
+			}
+			m.Probe = p
 		default:
 			return d.Errf("unrecognized model option '%s'", d.Val())
 		}

@@ -141,6 +141,12 @@ func (h *Handler) check() error {
 		if _, err := m.Price.parse(); err != nil {
 			return mistake(modelKey(m.Name), "model %q: price: %w", m.Name, err)
 		}
+		if _, err := m.Probe.plan(); err != nil {
+			return mistake(modelKey(m.Name), "model %q: probe: %w", m.Name, err)
+		}
+		if m.Probe != nil && h.Wallet != nil && h.ProbeAccount == "" {
+			return mistake(modelKey(m.Name), "model %q: probe: with a wallet, probes need a probe_account to be charged to", m.Name)
+		}
 		routed := make(map[string]bool, len(m.Routes))
 		for _, r := range m.Routes {
 			at := routeKey(m.Name, r.Channel)

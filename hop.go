@@ -91,6 +91,10 @@ type exchange struct {
 	attempts int
 	bill     *bill
 	probe    bool // every channel was open; this request probes one
+	// synthetic marks a synthetic check (probe.go): it is recorded apart
+	// from real traffic; meter counts its usage when no bill does.
+	synthetic bool
+	meter     *provider.Meter
 	// committedAt is when the current attempt's answer was committed to
 	// the client: its time to first content.
 	committedAt time.Time
@@ -466,6 +470,8 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 	opts.IdleTimeout = time.Duration(h.StreamIdleTimeout)
 	if x.bill != nil {
 		x.bill.streamOptions(&opts)
+	} else if x.meter != nil {
+		opts.Observe = x.meter.Event
 	}
 	out := streamgate.Relay(src, cancel, d, opts)
 	if x.r.Context().Err() != nil && out.Outcome != streamgate.Complete {
@@ -630,7 +636,7 @@ func (h *Handler) record(x *exchange, route *chain.Route, res attemptResult, too
 	if x.bill != nil && res.fail != nil && !res.done {
 		x.bill.attemptFailed(ch.name, res.fail.reason)
 	}
-	if res.done && !res.clientGone {
+	if res.done && !res.clientGone && !x.synthetic {
 		requestsTotal.WithLabelValues(x.req.Model, "served").Inc()
 	}
 	attemptsTotal.WithLabelValues(x.req.Model, ch.name, outcome).Inc()
@@ -640,7 +646,11 @@ func (h *Handler) record(x *exchange, route *chain.Route, res attemptResult, too
 	if !x.committedAt.IsZero() {
 		ttft = x.committedAt.Sub(now.Add(-took))
 	}
-	h.app.recordHistory(x.req.Model, ch.name, res, outcome, status, ttft, x.bill.outputTokens())
+	if !x.synthetic {
+		// Probes keep a history of their own (probe.go).
+		ch.state.touch(now)
+		h.app.recordHistory(x.req.Model, ch.name, res, outcome, status, ttft, x.bill.outputTokens())
+	}
 	if tr.Changed() {
 		if reason == "" {
 			reason = outcome

@@ -39,11 +39,24 @@ var (
 		Namespace: "caddy", Subsystem: "llm_failover", Name: "wallet_charged_micros_total",
 		Help: "Money charged, in millionths of a dollar, by model.",
 	}, []string{"model"})
+	probesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "llm_failover", Name: "probes_total",
+		Help: "Synthetic checks by channel and result (passed, failed, rate_limited, probe_config_error).",
+	}, []string{"channel", "result"})
+	probeSpend = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "llm_failover", Name: "probe_spend_dollars_total",
+		Help: "What synthetic checks cost, at the route's cost, by channel.",
+	}, []string{"channel"})
+	probeBudgetSpent = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "caddy", Subsystem: "llm_failover", Name: "probe_budget_spent",
+		Help: "1 while a channel's daily probe budget is spent and its probes are stopped.",
+	}, []string{"channel"})
 )
 
 func registerMetrics(reg prometheus.Registerer) error {
 	return caddykit.Register(reg, requestsTotal, attemptsTotal, attemptDuration, channelSkipped,
-		breakerTransitions, breakerStates{}, walletTotal, walletCharged, caddykit.JobMetrics{})
+		breakerTransitions, breakerStates{}, walletTotal, walletCharged, caddykit.JobMetrics{},
+		probesTotal, probeSpend, probeBudgetSpent)
 }
 
 var breakerStateDesc = prometheus.NewDesc("caddy_llm_failover_breaker_state",

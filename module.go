@@ -106,6 +106,13 @@ type Handler struct {
 	// in SQLite or PostgreSQL, so they survive restarts (and, on
 	// PostgreSQL, add up across instances). Default: memory only.
 	History *HistoryStoreConfig `json:"history,omitempty"`
+	// ProbeAccount is the wallet account synthetic checks are charged to
+	// (required when a model probes and a wallet is set).
+	ProbeAccount string `json:"probe_account,omitempty"`
+	// ProbeLeader is the DSN of a PostgreSQL database the instances of a
+	// fleet share: only the instance holding its advisory lock probes,
+	// and another takes over when it dies.
+	ProbeLeader string `json:"probe_leader,omitempty"`
 	// Wallet, when set, makes requests prepaid: a client must present a
 	// key of an account whose balance covers the request's largest cost.
 	Wallet *WalletConfig `json:"wallet,omitempty"`
@@ -191,6 +198,9 @@ type Model struct {
 	// typically the model's context window. Without it a billed gateway
 	// refuses such requests with 400.
 	MaxInputTokens int64 `json:"max_input_tokens,omitempty"`
+	// Probe, when set, runs synthetic checks of the model's idle and
+	// half-open channels.
+	Probe *ProbeConfig `json:"probe,omitempty"`
 }
 
 // Route is one channel serving a model.
@@ -285,6 +295,7 @@ type model struct {
 	price     wallet.Price
 	maxOutput int64
 	maxInput  int64
+	probe     *probePlan // nil when the model is not probed
 }
 
 // CaddyModule returns the Caddy module information.
@@ -393,6 +404,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		// check has vetted every value below; only the parsing remains.
 		policy, _ := chain.ParsePolicy(m.Policy)
 		pm := &model{maxOutput: m.MaxOutputTokens, maxInput: m.MaxInputTokens}
+		pm.probe, _ = m.Probe.plan()
 		if pm.maxOutput == 0 {
 			pm.maxOutput = DefaultMaxOutputTokens
 		}

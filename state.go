@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -24,6 +25,20 @@ type channelState struct {
 	name    string
 	baseURL string // redacted, for views and events
 	breaker *breaker.Breaker
+	// lastUsed is when real traffic last reached the channel (Unix
+	// nanoseconds), so that only idle channels are probed.
+	lastUsed atomic.Int64
+}
+
+func (s *channelState) touch(now time.Time) { s.lastUsed.Store(now.UnixNano()) }
+
+// lastTraffic is when real traffic last reached the channel; zero time
+// when none has.
+func (s *channelState) lastTraffic() time.Time {
+	if n := s.lastUsed.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
 }
 
 // Destruct implements caddy.Destructor.

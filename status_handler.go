@@ -55,6 +55,10 @@ func (p *StatusPage) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyht
 		w.Header().Set("Allow", "GET, HEAD")
 		return caddyhttp.Error(http.StatusMethodNotAllowed, fmt.Errorf("the status page answers GET"))
 	}
+	if strings.HasSuffix(r.URL.Path, "/ready") {
+		serveReady(w, r)
+		return nil
+	}
 	title := p.Title
 	if title == "" {
 		title = defaultStatusTitle

@@ -75,6 +75,9 @@ type channelStatus struct {
 	Daily        []barView             `json:"daily"`
 	Decisions    []decisionView        `json:"recent_decisions"`
 	StateRunbook string                `json:"state_runbook"`
+	// Probes are the synthetic checks of the channel, apart from its real
+	// traffic above; absent when it was never probed.
+	Probes *probeView `json:"probes,omitempty"`
 }
 
 type windowView struct {
@@ -232,6 +235,7 @@ func (a *App) statusSnapshot(now time.Time, title string, hide bool) statusView 
 				cs.Decisions = append(cs.Decisions, decisionView{Decision: d, Runbook: runbookURL(d.Reason)})
 				v.legend[d.Reason] = true
 			}
+			cs.Probes = probeViewOf(r.Route.Name, now)
 			ms.Channels = append(ms.Channels, cs)
 		}
 		switch {

@@ -485,3 +485,20 @@ func (r *outcomeRing) successRate() (float64, int) {
 var (
 	_ fmt.Stringer = State(0)
 )
+
+// Trip opens the breaker now, for a failure that is decisive on its own:
+// a synthetic check of a channel nobody else is using is the only evidence
+// there will be for an interval, so waiting for Failures of them would
+// leave a dead channel shown as working for several intervals. An open
+// breaker keeps its deadline.
+func (b *Breaker) Trip(now time.Time) Transition {
+	n := now.UnixNano()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.settleLocked(n)
+	from := b.stateLocked(n)
+	if n >= b.openUntil {
+		b.tripLocked(n)
+	}
+	return Transition{From: from, To: b.stateLocked(n)}
+}

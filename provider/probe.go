@@ -1,0 +1,58 @@
+package provider
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+)
+
+// probeAPIs are the APIs a synthetic check can speak, most common first:
+// a channel is probed over the first one its adapter serves.
+var probeAPIs = [...]API{OpenAIChat, AnthropicMessages}
+
+// ProbeAPI returns the API a synthetic check of a channel served by a
+// speaks, and false when a serves none a probe can be written in.
+func ProbeAPI(a Adapter) (API, bool) {
+	for _, api := range probeAPIs {
+		if a.Serves(api) {
+			return api, true
+		}
+	}
+	return Unknown, false
+}
+
+// ProbeRequest writes the path and body of a synthetic check in api: a
+// streaming request of one user message with at most maxTokens of output.
+// Reasoning is kept to what the API does by default with no reasoning
+// parameter: none on Anthropic (thinking is opt-in), the model's own
+// default on OpenAI-style hosts, whose non-reasoning models refuse
+// reasoning_effort. header holds what a client would send.
+func ProbeRequest(api API, model, prompt string, maxTokens int) (path string, header http.Header, body []byte, err error) {
+	header = http.Header{"Content-Type": {"application/json"}}
+	msgs := []map[string]string{{"role": "user", "content": prompt}}
+	var v any
+	switch api {
+	case OpenAIChat:
+		path = "/v1/chat/completions"
+		v = struct {
+			Model         string              `json:"model"`
+			Messages      []map[string]string `json:"messages"`
+			MaxTokens     int                 `json:"max_tokens"`
+			Stream        bool                `json:"stream"`
+			StreamOptions map[string]bool     `json:"stream_options"`
+		}{model, msgs, maxTokens, true, map[string]bool{"include_usage": true}}
+	case AnthropicMessages:
+		path = "/v1/messages"
+		header.Set("Anthropic-Version", "2023-06-01")
+		v = struct {
+			Model     string              `json:"model"`
+			Messages  []map[string]string `json:"messages"`
+			MaxTokens int                 `json:"max_tokens"`
+			Stream    bool                `json:"stream"`
+		}{model, msgs, maxTokens, true}
+	default:
+		return "", nil, nil, fmt.Errorf("no synthetic check is written in the %s API", api)
+	}
+	body, err = json.Marshal(v)
+	return path, header, body, err
+}
