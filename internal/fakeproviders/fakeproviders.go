@@ -40,6 +40,14 @@ const (
 	// ContentFilteredStream streams some content that ends with
 	// finish_reason content_filter.
 	ContentFilteredStream
+	// QuotaZero answers Vertex's 429 of a new project's zero quota.
+	QuotaZero
+	// ModelNotEnabled answers Vertex's FAILED_PRECONDITION of a model not
+	// enabled in Model Garden.
+	ModelNotEnabled
+	// TokenRefused makes the token endpoint refuse the service account
+	// (its key deleted or disabled).
+	TokenRefused
 )
 
 // state is what every fake shares: its mode, its hit count, and the
