@@ -23,6 +23,7 @@ func init() {
 //	GET  /llm_failover/channels                each channel's breaker state
 //	GET  /llm_failover/jobs                    each background job: last run, success, error, next due
 //	POST /llm_failover/channels/<name>/reset   close one channel's breaker by hand
+//	POST /llm_failover/channels/<name>/check   one cheap real request per model route (doctor.go)
 //	GET  /llm_failover/status                  the status page's JSON (status_handler.go)
 //	GET  /llm_failover/decisions?...           the failover decision journal (decisions.go)
 //
@@ -68,6 +69,8 @@ func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		}
 		name := strings.TrimSuffix(strings.TrimPrefix(path, "channels/"), "/reset")
 		return resetChannel(w, activeRegistry(), name)
+	case strings.HasPrefix(path, "channels/") && strings.HasSuffix(path, "/check"):
+		return serveCheck(w, r, activeRegistry(), strings.TrimSuffix(strings.TrimPrefix(path, "channels/"), "/check"))
 	case path == "status":
 		return serveStatus(w, r)
 	case path == "decisions":

@@ -391,7 +391,7 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 		return attemptResult{fail: statusFailure(x.api, res)}
 	}
 	src := ch.adapter.ResponseBody(res)
-	if route.UpstreamModel != "" && route.UpstreamModel != x.req.Model && provider.RenamesBack(ch.adapter) {
+	if route.UpstreamModel != "" && route.UpstreamModel != x.req.Model {
 		// The client sees the model it asked for, never the route's rename.
 		src = provider.RestoreModel(src, x.req.Model)
 	}

@@ -16,10 +16,12 @@ import (
 
 // gateChannels serves model m (OpenAI paths) and model claude (Anthropic
 // path) from channel a, then b. Each channel is sent its own upstream model
-// name, and every stream event that echoes the model (chat chunks,
-// message_start, response.created) therefore names the channel that
-// produced it: "from-a" anywhere in a client's body means the failed
-// primary leaked through the gate.
+// name, which the gateway renames back to the client's in every event that
+// echoes it (chat chunks, message_start, response.created): the channel
+// that answered is told by the X-Served-By and X-Fault-Upstream headers
+// and by the upstream's text ("primary" anywhere in a client's body means
+// the failed primary leaked through the gate), and "from-a" or "from-b"
+// anywhere means a rename leaked.
 const gateChannels = `
 		channel a %s {
 			pass_response_header X-Fault-Upstream
@@ -157,10 +159,10 @@ func cleanChatFromBackup(t *testing.T, s streamed) {
 	t.Helper()
 	okStream(t, s)
 	servedBy(t, s, "b", "backup")
-	mustNotContain(t, s.body, "from-a", "primary")
+	mustNotContain(t, s.body, "from-a", "from-b", "primary")
 	mustNotContain(t, s.body, upstreamErrorTexts...)
 	fs := frames(s.body)
-	if len(fs) == 0 || !strings.HasPrefix(fs[0], "data: {") || !strings.Contains(fs[0], `"role":"assistant"`) || !strings.Contains(fs[0], `"model":"from-b"`) {
+	if len(fs) == 0 || !strings.HasPrefix(fs[0], "data: {") || !strings.Contains(fs[0], `"role":"assistant"`) || !strings.Contains(fs[0], `"model":"m"`) {
 		t.Fatalf("first frame is not the backup's role chunk:\n%s", s.body)
 	}
 	if n := count(s.body, `"role":"assistant"`); n != 1 {
@@ -233,7 +235,7 @@ func TestStreamAnthropicErrorAfterPreambleFailsOver(t *testing.T) {
 	mustNotContain(t, s.body, "from-a", "primary", "event: error")
 	mustNotContain(t, s.body, upstreamErrorTexts...)
 	fs := frames(s.body)
-	if len(fs) == 0 || !strings.HasPrefix(fs[0], "event: message_start\n") || !strings.Contains(fs[0], `"model":"from-b"`) {
+	if len(fs) == 0 || !strings.HasPrefix(fs[0], "event: message_start\n") || !strings.Contains(fs[0], `"model":"claude"`) {
 		t.Fatalf("first frame is not the backup's message_start:\n%s", s.body)
 	}
 	if n := count(s.body, "event: message_start"); n != 1 {
@@ -264,7 +266,7 @@ func TestStreamResponsesFailedFailsOver(t *testing.T) {
 	mustNotContain(t, s.body, "from-a", "primary")
 	mustNotContain(t, s.body, upstreamErrorTexts...)
 	fs := frames(s.body)
-	if len(fs) == 0 || !strings.HasPrefix(fs[0], "event: response.created\n") || !strings.Contains(fs[0], `"model":"from-b"`) {
+	if len(fs) == 0 || !strings.HasPrefix(fs[0], "event: response.created\n") || !strings.Contains(fs[0], `"model":"m"`) {
 		t.Fatalf("first frame is not the backup's response.created:\n%s", s.body)
 	}
 	for _, ev := range []string{"event: response.created", "event: response.in_progress", "event: response.completed"} {
@@ -293,7 +295,8 @@ func TestStreamSlowFirstTokenUnderGate(t *testing.T) {
 	if got := fu.StreamText(mustSSE(t, s.body)); got != "Hello from primary" {
 		t.Fatalf("text %q:\n%s", got, s.body)
 	}
-	mustContain(t, s.body, `"model":"from-a"`, "data: [DONE]")
+	mustContain(t, s.body, `"model":"m"`, "data: [DONE]")
+	mustNotContain(t, s.body, "from-a")
 	if s.endAt < 450*time.Millisecond {
 		t.Fatalf("ended after %s, before the first token was even sent", s.endAt)
 	}
@@ -494,7 +497,7 @@ func TestStreamNonStreamingBadBodiesFailOver(t *testing.T) {
 		leak []string
 	}{
 		"200 with error body": {fu.JSONErrorWith200(), []string{"The server had an error", `"error"`}},
-		"truncated body":      {fu.TruncatedJSON(), []string{"from-a"}},
+		"truncated body":      {fu.TruncatedJSON(), []string{"from-a", "primary"}},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -505,7 +508,8 @@ func TestStreamNonStreamingBadBodiesFailOver(t *testing.T) {
 			if res.StatusCode != 200 {
 				t.Fatalf("status %d: %s", res.StatusCode, body)
 			}
-			mustContain(t, body, "Hello from backup", `"model":"from-b"`)
+			mustContain(t, body, "Hello from backup", `"model":"m"`)
+			mustNotContain(t, body, "from-b")
 			mustNotContain(t, body, c.leak...)
 			if got := res.Header.Get("X-Served-By"); got != "b" {
 				t.Errorf("X-Served-By = %q", got)

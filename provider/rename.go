@@ -133,15 +133,3 @@ func skipWS(b []byte, i int) int {
 	}
 	return i
 }
-
-// RenamesBack reports whether a channel of the adapter gets RestoreModel
-// on its answers. Channels of the cloud providers do; OpenAI-compatible
-// and Anthropic channels still pass the upstream's model name as they
-// always have, which existing deployments and tests rely on.
-func RenamesBack(a Adapter) bool {
-	switch a.(type) {
-	case *OpenAI, *Anthropic:
-		return false
-	}
-	return true
-}

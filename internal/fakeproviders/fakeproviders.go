@@ -1,8 +1,10 @@
 // Package fakeproviders runs local stand-ins for the cloud providers'
 // LLM endpoints, speaking their real wire formats, for tests: a Vertex AI
 // with its own OAuth token endpoint (a service-account JSON whose
-// token_uri points at it), and a Bedrock that verifies SigV4 signatures
-// and streams AWS event-stream frames. Each checks what a real provider
+// token_uri points at it), a Bedrock that verifies SigV4 signatures
+// and streams AWS event-stream frames, an Azure OpenAI (api-key, both path
+// styles, retry-after-ms, content filtering) and Google AI Studio's
+// OpenAI-compatible endpoint (array-wrapped errors). Each checks what a real provider
 // would refuse (a missing or expired token, a bad signature, a model in
 // the body) and answers the Mode it is set to.
 //
@@ -33,6 +35,19 @@ const (
 	// ExceptionAfterContent streams some content, then an
 	// internalServerException frame.
 	ExceptionAfterContent
+	// ContentFiltered answers Azure's 400 content_filter.
+	ContentFiltered
+	// ContentFilteredStream streams some content that ends with
+	// finish_reason content_filter.
+	ContentFilteredStream
+	// QuotaZero answers Vertex's 429 of a new project's zero quota.
+	QuotaZero
+	// ModelNotEnabled answers Vertex's FAILED_PRECONDITION of a model not
+	// enabled in Model Garden.
+	ModelNotEnabled
+	// TokenRefused makes the token endpoint refuse the service account
+	// (its key deleted or disabled).
+	TokenRefused
 )
 
 // state is what every fake shares: its mode, its hit count, and the

@@ -101,10 +101,15 @@ func (v *Vertex) serve(w http.ResponseWriter, r *http.Request) {
 		v.refuse(w, http.StatusBadRequest, "stream %v sent to :%s", stream, verb)
 		return
 	}
-	if Mode(v.mode.Load()) == RateLimited {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusTooManyRequests)
-		_, _ = io.WriteString(w, `[{"error":{"code":429,"message":"Resource exhausted, please try again later.","status":"RESOURCE_EXHAUSTED"}}]`)
+	switch Mode(v.mode.Load()) {
+	case RateLimited:
+		writeJSON(w, http.StatusTooManyRequests, `[{"error":{"code":429,"message":"Resource exhausted, please try again later.","status":"RESOURCE_EXHAUSTED"}}]`)
+		return
+	case QuotaZero:
+		writeJSON(w, http.StatusTooManyRequests, `{"error":{"code":429,"message":"Quota exceeded for aiplatform.googleapis.com/online_prediction_requests_per_base_model with base model: anthropic-claude-sonnet-4-5. Please submit a quota increase request. https://cloud.google.com/vertex-ai/docs/generative-ai/quotas-genai.","status":"RESOURCE_EXHAUSTED"}}`)
+		return
+	case ModelNotEnabled:
+		writeJSON(w, http.StatusBadRequest, `{"error":{"code":400,"message":"Project `+"`"+v.Project+"`"+` is not allowed to use Publisher Model `+"`"+`projects/`+v.Project+`/locations/`+v.Region+`/publishers/anthropic/models/`+model+"`"+`","status":"FAILED_PRECONDITION"}}`)
 		return
 	}
 	if !stream {
@@ -122,6 +127,10 @@ func (v *Vertex) serve(w http.ResponseWriter, r *http.Request) {
 
 // token answers the JWT-bearer grant a service account makes.
 func (v *Vertex) token(w http.ResponseWriter, r *http.Request) {
+	if Mode(v.mode.Load()) == TokenRefused {
+		writeJSON(w, http.StatusBadRequest, `{"error":"invalid_grant","error_description":"Invalid JWT Signature."}`)
+		return
+	}
 	if err := r.ParseForm(); err != nil || r.PostForm.Get("grant_type") != "urn:ietf:params:oauth:grant-type:jwt-bearer" || r.PostForm.Get("assertion") == "" {
 		http.Error(w, `{"error":"invalid_grant"}`, http.StatusBadRequest)
 		return
