@@ -67,15 +67,10 @@ func portFree(port int) error {
 	return fmt.Errorf("port %d already answers before the tests started a Caddy (another Caddy or test run?)", port)
 }
 
-// gatewayConfig is the whole Caddyfile the tests load: global options
-// for the shared in-process Caddy, and one site whose llm_failover block
-// is body, with %s verbs filled by args (typically upstream URLs).
-func gatewayConfig(body string, args ...any) string {
-	return gatewayConfigWith("", body, args...)
-}
-
-// gatewayConfigWith is gatewayConfig with more global options (globals).
-func gatewayConfigWith(globals, body string, args ...any) string {
+// testGlobals is the global options block of every in-process test
+// config: the shared Caddy's admin and HTTP ports, errors-only logs, and
+// extra options.
+func testGlobals(extra string) string {
 	return fmt.Sprintf(`{
 	skip_install_trust
 	admin localhost:%d
@@ -87,14 +82,26 @@ func gatewayConfigWith(globals, body string, args ...any) string {
 	}
 %s
 }
-http://localhost:%d {
+`, adminPort, httpPort, 9443+portOffset, extra)
+}
+
+// gatewayConfig is the whole Caddyfile the tests load: global options
+// for the shared in-process Caddy, and one site whose llm_failover block
+// is body, with %s verbs filled by args (typically upstream URLs).
+func gatewayConfig(body string, args ...any) string {
+	return gatewayConfigWith("", body, args...)
+}
+
+// gatewayConfigWith is gatewayConfig with more global options (globals).
+func gatewayConfigWith(globals, body string, args ...any) string {
+	return testGlobals(globals) + fmt.Sprintf(`http://localhost:%d {
 	header {
 		defer
 		X-Served-By {http.llm_failover.channel}
 		X-Attempts {http.llm_failover.attempts}
 	}
 	llm_failover {
-`, adminPort, httpPort, 9443+portOffset, globals, httpPort) + fmt.Sprintf(body, args...) + `
+`, httpPort) + fmt.Sprintf(body, args...) + `
 	}
 }
 `

@@ -24,17 +24,7 @@ import (
 // (primary) and <prefix>B (backup) for the model <prefix>m. Each test has
 // its own prefix: the history outlives configs.
 func statusConfig(prefix, primary, backup, breakerOpts string) string {
-	return strings.NewReplacer("stA", prefix+"A", "stB", prefix+"B", "stm", prefix+"m").Replace(fmt.Sprintf(`{
-	skip_install_trust
-	admin localhost:%d
-	http_port %d
-	https_port %d
-	grace_period 1ns
-	log {
-		level ERROR
-	}
-}
-http://localhost:%d {
+	return strings.NewReplacer("stA", prefix+"A", "stB", prefix+"B", "stm", prefix+"m").Replace(testGlobals("") + fmt.Sprintf(`http://localhost:%d {
 	header {
 		defer
 		X-Served-By {http.llm_failover.channel}
@@ -66,7 +56,7 @@ http://localhost:%d {
 		}
 	}
 }
-`, adminPort, httpPort, 9443+portOffset, httpPort, primary, backup, breakerOpts))
+`, httpPort, primary, backup, breakerOpts))
 }
 
 func statusGateway(t *testing.T, prefix, primary, backup, breakerOpts string) {
