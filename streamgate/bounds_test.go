@@ -18,13 +18,13 @@ import (
 func TestRelayOverlongLineBeforeContentFails(t *testing.T) {
 	for _, drop := range []bool{false, true} {
 		dst := newFakeDown()
-		opts := gate(provider.OpenAIChat, Options{MaxHeld: 4096, GateTimeout: time.Hour})
+		opts := gate(provider.OpenAIChat, Options{GateTimeout: time.Hour})
 		if drop {
 			opts.Drop = func(Event) bool { return false }
 		}
 		res, _ := relayWith(t, dst, opts, func(u *upstream) {
 			u.send(sse(shapes.ChatRole))
-			u.send("data: " + strings.Repeat("x", 10000)) // no line end yet
+			u.send("data: " + strings.Repeat("x", DefaultMaxEvent)) // no line end yet
 			u.send(strings.Repeat("y", 10000))
 		})
 		if ops, _ := dst.snapshot(); res.Outcome != Oversized || res.Committed || len(ops) != 0 {
@@ -64,6 +64,7 @@ func TestRelayEndlessLineAfterCommitIsBounded(t *testing.T) {
 			for i := range chunks {
 				_, _ = pw.Write(piece)
 				if i%32 == 31 {
+					runtime.GC() // live memory, not garbage yet to collect
 					runtime.ReadMemStats(&now)
 					grown = max(grown, int64(now.HeapInuse)-int64(before.HeapInuse))
 				}
@@ -74,10 +75,8 @@ func TestRelayEndlessLineAfterCommitIsBounded(t *testing.T) {
 		if res.Outcome != Truncated || dst.n.Load() < chunk*chunks {
 			t.Fatalf("drop=%v: res %+v, %d bytes forwarded", drop, res, dst.n.Load())
 		}
-		// The parser keeps at most MaxHeld of the line (DefaultMaxEvent
-		// otherwise); the rest is garbage the GC has not met yet, which
-		// is why the bound is a few MiB and not 64 KiB.
-		if grown > 16<<20 {
+		// The parser keeps at most DefaultMaxEvent (1 MiB) of the line.
+		if grown > 4<<20 {
 			t.Fatalf("drop=%v: heap grew by %d bytes while a 20 MiB line streamed", drop, grown)
 		}
 		t.Logf("drop=%v: heap growth %d KiB over a 20 MiB line", drop, grown>>10)

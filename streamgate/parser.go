@@ -170,9 +170,9 @@ func (p *Parser) Finish(inspect func(Event)) bool {
 	return pending
 }
 
-// LineOverflow reports whether the line being read has grown past
-// MaxEvent (its tail is being discarded).
-func (p *Parser) LineOverflow() bool { return p.lineOver }
+// LineLen is how many bytes of an unterminated line the parser holds
+// (MaxEvent once the line grew past it).
+func (p *Parser) LineLen() int { return len(p.line) }
 
 func (p *Parser) appendLine(b []byte) {
 	if p.lineOver {

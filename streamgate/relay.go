@@ -282,7 +282,7 @@ func Relay(src io.Reader, cancel context.CancelCauseFunc, dst Downstream, opts O
 		panic("streamgate: Relay needs Options.Classify")
 	}
 	r := &relay{src: src, cancel: cancel, dst: dst, opts: opts.withDefaults(), start: time.Now()}
-	r.p.MaxEvent = min(r.opts.MaxHeld, DefaultMaxEvent)
+	r.p.MaxEvent = max(r.opts.MaxHeld, DefaultMaxEvent)
 	r.emit = r.onEvent
 
 	bp := readBufPool.Get().(*[]byte)
@@ -341,7 +341,7 @@ func (r *relay) hold(c []byte) bool {
 	}
 	r.p.Feed(c, r.emit)
 	switch {
-	case r.failed, r.overlong():
+	case r.failed:
 		return true
 	case r.decided && len(r.held) == 0:
 		r.commitLocked(c) // common case: no copy
@@ -350,6 +350,9 @@ func (r *relay) hold(c []byte) bool {
 		r.commitLocked(nil)
 	default:
 		r.held = append(r.held, c...)
+		if r.overlong() {
+			return true
+		}
 		if len(r.held) > r.opts.MaxHeld {
 			r.commitLocked(nil)
 		}
@@ -357,10 +360,13 @@ func (r *relay) hold(c []byte) bool {
 	return r.clientGone
 }
 
-// overlong reports, before a decisive event, a line longer than the hold
-// cap: the stream fails (Oversized) rather than commit unjudged bytes.
+// overlong reports whether, before a decisive event, the bytes held
+// passed the hold cap with most of them in one unterminated line: no LLM
+// API sends such a line before its first content, so the stream fails
+// (Oversized) rather than commit unjudged bytes. Many small preamble
+// events over the cap still commit, as a slow model's keep-alives would.
 func (r *relay) overlong() bool {
-	if !r.decided && r.p.LineOverflow() {
+	if !r.decided && len(r.held)+len(r.pending) > r.opts.MaxHeld && r.p.LineLen() > r.opts.MaxHeld/2 {
 		r.oversized = true
 	}
 	return r.oversized
@@ -398,9 +404,10 @@ func (r *relay) feedDrop(c []byte) (wrote bool, boundary int) {
 		r.ws = b
 	}
 	r.pending = append(r.pending, c[r.ws:]...)
-	if len(r.pending) > r.opts.MaxHeld {
+	if len(r.pending) > r.p.MaxEvent {
 		// An event this large is no usage report: it is kept whatever
-		// Drop says, and its bytes go on instead of piling up.
+		// Drop says (as an Overflow event would be), and its bytes go on
+		// instead of piling up.
 		r.sink(r.pending)
 		r.pending = r.pending[:0]
 		r.keep = true
@@ -471,7 +478,8 @@ func (r *relay) onEvent(ev Event) {
 			return
 		}
 	}
-	if r.opts.Drop != nil && r.chunk != nil && !r.keep && r.opts.Drop(ev) {
+	// An event too large to keep (Overflow) is no usage report either.
+	if r.opts.Drop != nil && r.chunk != nil && !r.keep && !ev.Overflow && r.opts.Drop(ev) {
 		r.dropEvent()
 	}
 	r.keep = false
