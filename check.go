@@ -46,7 +46,7 @@ func (h *Handler) check() error {
 		opt string
 		v   caddy.Duration
 	}{
-		{"header_timeout", h.HeaderTimeout}, {"deadline", h.Deadline}, {"first_byte_timeout", h.FirstByteTimeout},
+		{"header_timeout", h.HeaderTimeout}, {"stream_header_timeout", h.StreamHeaderTimeout}, {"deadline", h.Deadline}, {"first_byte_timeout", h.FirstByteTimeout},
 		{"stream_gate", h.StreamGate}, {"stream_idle_timeout", h.StreamIdleTimeout}, {"request_body_timeout", h.RequestBodyTimeout},
 	} {
 		if d.v < 0 {

@@ -361,7 +361,7 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 	// them may cut a stream that is already on its way to the client.
 	budgetTimer := time.AfterFunc(budget, func() { cancel(errBudget) })
 	defer budgetTimer.Stop()
-	headerTimer := time.AfterFunc(time.Duration(h.HeaderTimeout), func() { cancel(errHeaderTimeout) })
+	headerTimer := time.AfterFunc(h.headerTimeout(x), func() { cancel(errHeaderTimeout) })
 	var firstByte *time.Timer
 	if h.FirstByteTimeout > 0 {
 		firstByte = time.AfterFunc(time.Duration(h.FirstByteTimeout), func() { cancel(errFirstByte) })
