@@ -55,6 +55,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		max_request_body    <size>
 //		max_response_body   <size>
 //		retry_status        <status...>
+//		retry_same          <status...> [max_wait <duration>]
 //		stream_gate         <duration> [failover]
 //		stream_idle_timeout <duration>
 //		breaker {
@@ -137,6 +138,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				}
 				h.RetryStatus = append(h.RetryStatus, code)
 			}
+		case "retry_same":
+			h.RetrySame, err = unmarshalRetrySame(d)
 		case "stream_gate":
 			if h.StreamGate, err = caddykit.DurationArg(d); err == nil && d.NextArg() {
 				if d.Val() != "failover" {

@@ -66,6 +66,9 @@ func (h *Handler) check() error {
 			return mistake(optionKey("retry_status"), "retry_status: %d is not an HTTP status code", s)
 		}
 	}
+	if err := h.checkRetrySame(); err != nil {
+		return err
+	}
 	if err := h.Breaker.config().Validate(); err != nil {
 		return mistake(optionKey("breaker"), "breaker: %w", err)
 	}

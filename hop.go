@@ -221,7 +221,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 		budget := remaining / time.Duration(len(candidates)-i)
 		x.attempts++
 		x.setVar("http.llm_failover.attempts", strconv.Itoa(x.attempts))
-		res := h.try(x, route, ticket, budget)
+		res := h.tryRoute(x, route, ticket, budget)
 		if res.done {
 			return nil
 		}

@@ -92,6 +92,9 @@ type Handler struct {
 	// RetryStatus are the upstream statuses that fail over. Network errors
 	// and timeouts always do. Default: 408 429 500 502 503 504 529.
 	RetryStatus []int `json:"retry_status,omitempty"`
+	// RetrySame, when set, retries a channel once after a transient
+	// failure before the chain moves on. Off by default.
+	RetrySame *RetrySame `json:"retry_same,omitempty"`
 	// StreamGate bounds how long an SSE stream is held back waiting for
 	// its first decisive frame. Default: 30s.
 	StreamGate caddy.Duration `json:"stream_gate,omitempty"`
