@@ -49,11 +49,13 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		}
 //		max_hops            <n>
 //		header_timeout      <duration>
+//		stream_header_timeout <duration>
 //		deadline            <duration>
 //		first_byte_timeout  <duration>
 //		max_request_body    <size>
 //		max_response_body   <size>
 //		retry_status        <status...>
+//		retry_same          <status...> [max_wait <duration>]
 //		stream_gate         <duration> [failover]
 //		stream_idle_timeout <duration>
 //		breaker {
@@ -113,6 +115,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.MaxHops, err = caddykit.IntArg(d, 1)
 		case "header_timeout":
 			h.HeaderTimeout, err = caddykit.DurationArg(d)
+		case "stream_header_timeout":
+			h.StreamHeaderTimeout, err = caddykit.DurationArg(d)
 		case "deadline":
 			h.Deadline, err = caddykit.DurationArg(d)
 		case "first_byte_timeout":
@@ -134,6 +138,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				}
 				h.RetryStatus = append(h.RetryStatus, code)
 			}
+		case "retry_same":
+			h.RetrySame, err = unmarshalRetrySame(d)
 		case "stream_gate":
 			if h.StreamGate, err = caddykit.DurationArg(d); err == nil && d.NextArg() {
 				if d.Val() != "failover" {
@@ -203,7 +209,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 // singleArgument lists the options that take exactly one argument.
 var singleArgument = map[string]bool{
-	"max_hops": true, "header_timeout": true, "deadline": true, "first_byte_timeout": true,
+	"max_hops": true, "header_timeout": true, "stream_header_timeout": true, "deadline": true, "first_byte_timeout": true,
 	"max_request_body": true, "max_response_body": true, "stream_idle_timeout": true,
 	"auth": true, "max_held_bytes": true, "request_body_timeout": true, "probe_account": true, "probe_leader": true,
 	"window": true, "failures": true, "cooldown": true, "max_park": true, "trials": true,

@@ -46,7 +46,7 @@ func (h *Handler) check() error {
 		opt string
 		v   caddy.Duration
 	}{
-		{"header_timeout", h.HeaderTimeout}, {"deadline", h.Deadline}, {"first_byte_timeout", h.FirstByteTimeout},
+		{"header_timeout", h.HeaderTimeout}, {"stream_header_timeout", h.StreamHeaderTimeout}, {"deadline", h.Deadline}, {"first_byte_timeout", h.FirstByteTimeout},
 		{"stream_gate", h.StreamGate}, {"stream_idle_timeout", h.StreamIdleTimeout}, {"request_body_timeout", h.RequestBodyTimeout},
 	} {
 		if d.v < 0 {
@@ -65,6 +65,9 @@ func (h *Handler) check() error {
 		if s < 100 || s > 599 {
 			return mistake(optionKey("retry_status"), "retry_status: %d is not an HTTP status code", s)
 		}
+	}
+	if err := h.checkRetrySame(); err != nil {
+		return err
 	}
 	if err := h.Breaker.config().Validate(); err != nil {
 		return mistake(optionKey("breaker"), "breaker: %w", err)

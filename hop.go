@@ -221,7 +221,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 		budget := remaining / time.Duration(len(candidates)-i)
 		x.attempts++
 		x.setVar("http.llm_failover.attempts", strconv.Itoa(x.attempts))
-		res := h.try(x, route, ticket, budget)
+		res := h.tryRoute(x, route, ticket, budget)
 		if res.done {
 			return nil
 		}
@@ -361,7 +361,7 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 	// them may cut a stream that is already on its way to the client.
 	budgetTimer := time.AfterFunc(budget, func() { cancel(errBudget) })
 	defer budgetTimer.Stop()
-	headerTimer := time.AfterFunc(time.Duration(h.HeaderTimeout), func() { cancel(errHeaderTimeout) })
+	headerTimer := time.AfterFunc(h.headerTimeout(x), func() { cancel(errHeaderTimeout) })
 	var firstByte *time.Timer
 	if h.FirstByteTimeout > 0 {
 		firstByte = time.AfterFunc(time.Duration(h.FirstByteTimeout), func() { cancel(errFirstByte) })

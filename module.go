@@ -68,6 +68,12 @@ type Handler struct {
 	// HeaderTimeout bounds the wait for response headers of each attempt.
 	// Default: 240s.
 	HeaderTimeout caddy.Duration `json:"header_timeout,omitempty"`
+	// StreamHeaderTimeout bounds the wait for response headers of a
+	// streaming request (a body with "stream": true, or a :stream path),
+	// when it is shorter than HeaderTimeout: a provider answers a stream's
+	// headers at once, while the 240s of HeaderTimeout exist for
+	// non-streaming jobs that answer only when done. Default: 30s.
+	StreamHeaderTimeout caddy.Duration `json:"stream_header_timeout,omitempty"`
 	// Deadline bounds a request from its arrival until a response is
 	// committed; each candidate gets an equal share of what remains, so
 	// that a silent first channel cannot eat the whole deadline. It never
@@ -86,6 +92,9 @@ type Handler struct {
 	// RetryStatus are the upstream statuses that fail over. Network errors
 	// and timeouts always do. Default: 408 429 500 502 503 504 529.
 	RetryStatus []int `json:"retry_status,omitempty"`
+	// RetrySame, when set, retries a channel once after a transient
+	// failure before the chain moves on. Off by default.
+	RetrySame *RetrySame `json:"retry_same,omitempty"`
 	// StreamGate bounds how long an SSE stream is held back waiting for
 	// its first decisive frame. Default: 30s.
 	StreamGate caddy.Duration `json:"stream_gate,omitempty"`
@@ -317,6 +326,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	if h.HeaderTimeout == 0 {
 		h.HeaderTimeout = caddy.Duration(DefaultHeaderTimeout)
+	}
+	if h.StreamHeaderTimeout == 0 {
+		h.StreamHeaderTimeout = caddy.Duration(DefaultStreamHeaderTimeout)
 	}
 	if h.Deadline == 0 {
 		h.Deadline = caddy.Duration(DefaultDeadline)
