@@ -93,6 +93,9 @@ func OpenPostgres(ctx context.Context, dsn string, opts ...Options) (Store, erro
 	if o.StatementTimeout > 0 {
 		params["statement_timeout"] = fmt.Sprint(o.StatementTimeout.Milliseconds())
 	}
+	if o.tracer != nil {
+		cfg.ConnConfig.Tracer = o.tracer
+	}
 	// Half the pool writes (see writer.go), each writer goroutine holding
 	// one connection; the rest is left for reads (Authenticate, listings),
 	// so the pool needs at least two.
