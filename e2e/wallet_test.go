@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -367,6 +368,25 @@ func TestBinaryKill9SweepsReservation(t *testing.T) {
 // ten: neither instance may let an eleventh through, and the ledger must
 // add up to the balance.
 func TestBinaryTwoInstancesSharePostgres(t *testing.T) {
+	instancesSharePostgres(t, []ports{portsPGA, portsPGB}, 300)
+}
+
+// TestBinaryFourInstancesSharePostgres is the same invariant at the scale
+// of the wallet-at-scale issue: 1,000 concurrent requests spread over four
+// instances, money for ten.
+func TestBinaryFourInstancesSharePostgres(t *testing.T) {
+	instancesSharePostgres(t, portsPG4[:], 1000)
+}
+
+// portsPG4: the four instances of TestBinaryFourInstancesSharePostgres.
+var portsPG4 = [4]ports{{19391, 19392}, {19393, 19394}, {19395, 19396}, {19397, 19398}}
+
+// instancesSharePostgres starts one gateway per ports on one fresh
+// PostgreSQL database, sends total concurrent requests round-robin against
+// a balance for exactly ten $1 requests, and checks: exactly ten admitted,
+// every instance refused some, nothing left reserved, balance ≥ 0, the
+// ledger agrees with the balance and every instance's audit is clean.
+func instancesSharePostgres(t *testing.T, pp []ports, total int) {
 	caddyBin(t)
 	adminDSN := postgresDSN(t)
 	dsn := createDatabase(t, adminDSN)
@@ -386,25 +406,26 @@ func TestBinaryTwoInstancesSharePostgres(t *testing.T) {
 		wallet
 `, up.URL)
 	pg := "\t\tstore postgres {env.LLMF_E2E_DSN}"
-	a := newInstance(t, "pg-a", portsPGA, withWallet(globalOptions(portsPGA), pg)+site(portsPGA, body), "LLMF_E2E_DSN="+dsn)
-	b := newInstance(t, "pg-b", portsPGB, withWallet(globalOptions(portsPGB), pg)+site(portsPGB, body), "LLMF_E2E_DSN="+dsn)
+	ins := make([]*instance, len(pp))
+	for i, p := range pp {
+		ins[i] = newInstance(t, fmt.Sprintf("pg-%c", 'a'+i), p, withWallet(globalOptions(p), pg)+site(p, body), "LLMF_E2E_DSN="+dsn)
+	}
+	a := ins[0]
 	secret := a.newAccount("acme", "10")
-	// Instance b sees what a created: the store is shared.
-	if acct := b.account("acme"); acct.Balance != "10" {
-		t.Fatalf("instance b sees acme as %+v, want balance 10", acct)
+	// The other instances see what a created: the store is shared.
+	for _, b := range ins[1:] {
+		if acct := b.account("acme"); acct.Balance != "10" {
+			t.Fatalf("instance %s sees acme as %+v, want balance 10", b.gatewayURL(), acct)
+		}
 	}
 
-	const total = 300
 	statuses := make([]int, total)
 	bodies := make([]string, total)
 	var wg sync.WaitGroup
 	startGate := make(chan struct{})
 	reqBody := fu.ChatRequest("gpt-pg", false)
 	for i := 0; i < total; i++ {
-		target := a
-		if i%2 == 1 {
-			target = b
-		}
+		target := ins[i%len(ins)]
 		wg.Add(1)
 		go func(i int, gw string) {
 			defer wg.Done()
@@ -424,17 +445,17 @@ func TestBinaryTwoInstancesSharePostgres(t *testing.T) {
 	start := time.Now()
 	close(startGate)
 	wg.Wait()
-	t.Logf("%d requests across two instances in %v", total, time.Since(start).Round(time.Millisecond))
+	t.Logf("%d requests across %d instances in %v", total, len(ins), time.Since(start).Round(time.Millisecond))
 
 	ok, refused := 0, 0
-	perInstance := [2]int{}
+	perInstance := make([]int, len(ins))
 	for i, s := range statuses {
 		switch s {
 		case 200:
 			ok++
 		case 402:
 			refused++
-			perInstance[i%2]++
+			perInstance[i%len(ins)]++
 			var e struct {
 				Error struct {
 					Code string `json:"code"`
@@ -447,15 +468,15 @@ func TestBinaryTwoInstancesSharePostgres(t *testing.T) {
 			t.Errorf("request %d: status %d body %q, want 200 or 402", i, s, bodies[i])
 		}
 	}
-	t.Logf("200: %d, 402: %d (a: %d, b: %d)", ok, refused, perInstance[0], perInstance[1])
+	t.Logf("200: %d, 402: %d (per instance: %v)", ok, refused, perInstance)
 	if ok > 10 {
 		t.Errorf("%d requests succeeded with money for 10: the shared wallet was overdrawn", ok)
 	}
 	if ok != 10 {
 		t.Errorf("%d requests succeeded, want exactly 10 (money for 10, each charged exactly its reservation)", ok)
 	}
-	if perInstance[0] == 0 || perInstance[1] == 0 {
-		t.Errorf("one instance refused nothing (%v): it did not see the shared balance", perInstance)
+	if slices.Contains(perInstance, 0) {
+		t.Errorf("an instance refused nothing (%v): it did not see the shared balance", perInstance)
 	}
 	if int(up.Hits()) != ok {
 		t.Errorf("the upstream was called %d times for %d successes: refused requests must not reach it", up.Hits(), ok)
@@ -465,8 +486,10 @@ func TestBinaryTwoInstancesSharePostgres(t *testing.T) {
 	if !waitFor(10*time.Second, func() bool { acct = a.account("acme"); return micros(t, acct.Reserved) == 0 }) {
 		t.Fatalf("reservations still held 10s after the last answer: %+v", acct)
 	}
-	if acct2 := b.account("acme"); acct2 != acct {
-		t.Errorf("the instances disagree: a %+v, b %+v", acct, acct2)
+	for _, b := range ins[1:] {
+		if acct2 := b.account("acme"); acct2 != acct {
+			t.Errorf("the instances disagree: a %+v, %s %+v", acct, b.gatewayURL(), acct2)
+		}
 	}
 	balance := micros(t, acct.Balance)
 	if balance < 0 {
@@ -487,8 +510,8 @@ func TestBinaryTwoInstancesSharePostgres(t *testing.T) {
 	if charged != spent || charges != ok {
 		t.Errorf("ledger: %d charges summing to %s; balance went down by %s over %d successes", charges, charged, spent, ok)
 	}
-	// Both instances' audits agree that the books balance.
-	for _, in := range []*instance{a, b} {
+	// Every instance's audit agrees that the books balance.
+	for _, in := range ins {
 		var audit struct {
 			Clean       bool  `json:"clean"`
 			Accounts    int   `json:"accounts"`

@@ -1,6 +1,10 @@
 package wallet
 
-import "time"
+import (
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
 
 // Options tune a store when it is opened.
 type Options struct {
@@ -9,6 +13,10 @@ type Options struct {
 	// for another process holding the database). Zero keeps the
 	// defaults: no PostgreSQL timeout, a 10 s SQLite busy timeout.
 	StatementTimeout time.Duration
+
+	// tracer, if set, sees every PostgreSQL statement (tests count round
+	// trips with it).
+	tracer pgx.QueryTracer
 }
 
 // lockTimeout is PostgreSQL's lock_timeout for every statement. It is short

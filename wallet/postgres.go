@@ -70,6 +70,44 @@ var postgresSchema = []string{
 	FOR EACH ROW EXECUTE FUNCTION ledger_append_only()`,
 }
 
+// pgReserve is Reserve in one statement and one round trip: the same
+// conditional UPDATE as stmts.reserve (the no-overdraft rule), and the
+// reservation row inserted only if it matched. It answers whether it
+// reserved and whether the account exists, to tell the two refusals apart;
+// a refusal writes nothing and fails no statement, as writer.go needs.
+const pgReserve = `WITH upd AS (
+	UPDATE accounts SET reserved = reserved + $1 WHERE id = $2 AND balance - reserved >= $1 RETURNING id
+), ins AS (
+	INSERT INTO reservations (id, account_id, key_id, model, request_id, amount, expires_at, created_at)
+	SELECT $3::text, upd.id, $4::text, $5::text, $6::text, $1, $7::bigint, $8::bigint FROM upd RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM ins), EXISTS (SELECT 1 FROM accounts WHERE id = $2)`
+
+// pgSettle is Settle in one statement: deleting the reservation (at most
+// once, as stmts.settleDelete), charging min(cost, amount), releasing the
+// amount and writing the ledger row, whose kind, key, model, request and
+// capped note follow sqlStore.Settle. $10 is the capped note's prefix; the
+// reservation's amount is formatted as Micros.String does. No row means
+// ErrNotFound.
+const pgSettle = `WITH r AS (
+	DELETE FROM reservations WHERE id = $1 RETURNING account_id, key_id, model, request_id, amount
+), c AS (
+	SELECT r.*, LEAST($2::bigint, r.amount) AS charged FROM r
+), u AS (
+	UPDATE accounts a SET balance = a.balance - c.charged, reserved = a.reserved - c.amount FROM c WHERE a.id = c.account_id RETURNING 1
+), l AS (
+	INSERT INTO ledger (kind, account_id, key_id, model, channel, request_id, tokens_in, tokens_out, cost, note, created_at)
+	SELECT CASE WHEN c.charged > 0 THEN 'charge' ELSE 'release' END, c.account_id,
+		COALESCE(NULLIF($3::text, ''), c.key_id), COALESCE(NULLIF($4::text, ''), c.model), $5::text,
+		COALESCE(NULLIF($6::text, ''), c.request_id), $7::bigint, $8::bigint, c.charged,
+		CASE WHEN $2::bigint > c.amount THEN concat_ws('; ', NULLIF($9::text, ''), $10::text || (c.amount / 1000000)::text ||
+			CASE WHEN c.amount % 1000000 = 0 THEN '' ELSE '.' || rtrim(lpad((c.amount % 1000000)::text, 6, '0'), '0') END)
+		ELSE $9::text END,
+		$11::bigint
+	FROM c RETURNING 1
+)
+SELECT charged FROM c`
+
 // OpenPostgres connects to PostgreSQL and migrates the schema. Several
 // gateway instances may share one database: reservations serialise on the
 // account row, and concurrent migrations on an advisory lock. The schema is
@@ -92,6 +130,9 @@ func OpenPostgres(ctx context.Context, dsn string, opts ...Options) (Store, erro
 	}
 	if o.StatementTimeout > 0 {
 		params["statement_timeout"] = fmt.Sprint(o.StatementTimeout.Milliseconds())
+	}
+	if o.tracer != nil {
+		cfg.ConnConfig.Tracer = o.tracer
 	}
 	// Half the pool writes (see writer.go), each writer goroutine holding
 	// one connection; the rest is left for reads (Authenticate, listings),
@@ -119,6 +160,8 @@ func OpenPostgres(ctx context.Context, dsn string, opts ...Options) (Store, erro
 			// round trips each. See writer.go.
 			savepoints: false,
 			retryable:  pgRetryable,
+			reserveOne: pgReserve,
+			settleOne:  pgSettle,
 			writers:    writers,
 		},
 		onClose: pool.Close,

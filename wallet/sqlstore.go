@@ -31,6 +31,10 @@ type dialect struct {
 	// retryable reports errors (deadlock, serialization failure) after
 	// which a transaction may simply be run again.
 	retryable func(error) bool
+	// reserveOne and settleOne, when set, do Reserve and Settle each in one
+	// statement (PostgreSQL's data-modifying CTEs; SQLite has none), so a
+	// request's hot path is two round trips (see postgres.go).
+	reserveOne, settleOne string
 	// writers is the number of writer goroutines (see newWriter), each
 	// holding one connection while it runs a batch.
 	writers int
@@ -166,7 +170,7 @@ func (s *sqlStore) writeTx(ctx context.Context, what string, fn func(tx *sql.Tx)
 // once, so it must not depend on state it changed in an earlier run; and
 // when it returns one of this package's errors it must have written nothing.
 func (s *sqlStore) write(ctx context.Context, what, account string, fn func(t *stx) error) error {
-	return s.w.do(ctx, what, account, fn, nil)
+	return s.w.do(ctx, what, account, fn, nil, false)
 }
 
 func (s *sqlStore) migrate(ctx context.Context) error {
@@ -229,6 +233,21 @@ func (s *sqlStore) Reserve(ctx context.Context, r Reservation) error {
 		defer cancel()
 		_, _ = s.Settle(ctx, r.ID, Entry{Note: "released: the caller gave up before the reservation committed"})
 	}
+	if s.d.reserveOne != "" {
+		return s.w.do(ctx, what, r.Account, func(t *stx) error {
+			var reserved, exists bool
+			if err := t.queryRowText(s.d.reserveOne, int64(r.Amount), r.Account, r.ID, r.KeyID, r.Model, r.RequestID, toDB(exp), toDB(now)).Scan(&reserved, &exists); err != nil {
+				return err
+			}
+			switch {
+			case reserved:
+				return nil
+			case exists:
+				return ErrInsufficientFunds
+			}
+			return ErrUnknownAccount
+		}, undo, true)
+	}
 	return s.w.do(ctx, what, r.Account, func(t *stx) error {
 		// The no-overdraft rule: see stmts.reserve.
 		res, err := t.exec(s.st.reserve, int64(r.Amount), r.Account, int64(r.Amount))
@@ -242,7 +261,7 @@ func (s *sqlStore) Reserve(ctx context.Context, r Reservation) error {
 		}
 		_, err = t.exec(s.st.insertReservation, r.ID, r.Account, r.KeyID, r.Model, r.RequestID, int64(r.Amount), toDB(exp), toDB(now))
 		return err
-	}, undo)
+	}, undo, false)
 }
 
 func (s *sqlStore) insertEntry(t *stx, e Entry) error {
@@ -258,6 +277,9 @@ func (s *sqlStore) insertEntry(t *stx, e Entry) error {
 }
 
 func (s *sqlStore) Settle(ctx context.Context, reservationID string, in Entry) (Micros, error) {
+	if s.d.settleOne != "" {
+		return s.settleInOne(ctx, reservationID, in)
+	}
 	var charged Micros
 	err := s.write(ctx, "settling reservation "+reservationID, in.Account, func(t *stx) error {
 		e := in // fn may run twice: never change what it captured
@@ -307,6 +329,37 @@ func (s *sqlStore) Settle(ctx context.Context, reservationID string, in Entry) (
 		return 0, err
 	}
 	return charged, nil
+}
+
+// settleInOne is Settle as one statement (dialect.settleOne): the same
+// rules, with the capped note built in SQL since only the database knows
+// the reservation's amount.
+func (s *sqlStore) settleInOne(ctx context.Context, reservationID string, e Entry) (Micros, error) {
+	var notes []string
+	if e.Note != "" {
+		notes = append(notes, e.Note)
+	}
+	cost := e.Cost
+	if cost < 0 {
+		notes = append(notes, fmt.Sprintf("negative cost %s treated as 0", cost))
+		cost = 0
+	}
+	if e.Time.IsZero() {
+		e.Time = s.now()
+	}
+	var charged int64
+	err := s.w.do(ctx, "settling reservation "+reservationID, e.Account, func(t *stx) error {
+		err := t.queryRowText(s.d.settleOne, reservationID, int64(cost), e.KeyID, e.Model, e.Channel, e.RequestID,
+			e.TokensIn, e.TokensOut, strings.Join(notes, "; "), "capped: usage cost "+cost.String()+" exceeded reservation ", toDB(e.Time)).Scan(&charged)
+		if errors.Is(err, sql.ErrNoRows) {
+			return ErrNotFound
+		}
+		return err
+	}, nil, true)
+	if err != nil {
+		return 0, err
+	}
+	return Micros(charged), nil
 }
 
 // firstNonEmpty returns the first non-empty string.

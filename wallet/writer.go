@@ -108,11 +108,14 @@ const (
 )
 
 type writeOp struct {
-	ctx   context.Context
-	key   string // the account the op locks, if known: orders the batch
-	fn    func(t *stx) error
-	undo  func() // runs if the op commits after its caller gave up
-	state atomic.Int32
+	ctx  context.Context
+	key  string // the account the op locks, if known: orders the batch
+	fn   func(t *stx) error
+	undo func() // runs if the op commits after its caller gave up
+	// single: fn is one statement, atomic by itself, so run alone it needs
+	// no BEGIN and COMMIT (PostgreSQL: one round trip instead of three).
+	single bool
+	state  atomic.Int32
 	// finished is set by finish; only the writer goroutine reads it.
 	finished bool
 	err      error         // set by the writer before done is closed
@@ -123,9 +126,22 @@ type writeOp struct {
 // the store (s.st) are bound to the transaction through stmt, once per
 // transaction.
 type stx struct {
-	ctx   context.Context
+	ctx context.Context
+	// tx is nil when a single op runs alone outside a transaction (see
+	// writeOp.single); then only queryRowText may be used, on conn.
 	tx    *sql.Tx
+	conn  *sql.Conn
 	bound map[*sql.Stmt]*sql.Stmt
+}
+
+// queryRowText runs one statement given as text, in the transaction or, for
+// a single op run alone, on the writer's connection in autocommit. pgx
+// prepares it once per connection (its statement cache).
+func (t *stx) queryRowText(query string, args ...any) *sql.Row {
+	if t.tx == nil {
+		return t.conn.QueryRowContext(t.ctx, query, args...)
+	}
+	return t.tx.QueryRowContext(t.ctx, query, args...)
 }
 
 func (t *stx) stmt(st *sql.Stmt) *sql.Stmt {
@@ -205,12 +221,13 @@ func newWriter(db *sql.DB, st *stmts, savepoints bool, retryable func(error) boo
 }
 
 // do submits fn and waits for its result, wrapped with what. With an undo,
-// do returns when ctx ends even if fn has started (see above).
-func (w *writer) do(ctx context.Context, what, key string, fn func(t *stx) error, undo func()) error {
+// do returns when ctx ends even if fn has started (see above). single says
+// fn is one self-contained statement (see writeOp.single).
+func (w *writer) do(ctx context.Context, what, key string, fn func(t *stx) error, undo func(), single bool) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
-	op := &writeOp{ctx: ctx, key: key, fn: fn, undo: undo, done: make(chan struct{})}
+	op := &writeOp{ctx: ctx, key: key, fn: fn, undo: undo, single: single, done: make(chan struct{})}
 	w.mu.RLock()
 	if w.closed {
 		w.mu.RUnlock()
@@ -272,7 +289,7 @@ func (w *writer) background(what, key string, fn func(t *stx) error, done func(e
 	w.mu.RUnlock()
 	go func() {
 		defer w.bg.Done()
-		err := w.do(context.Background(), what, key, fn, nil)
+		err := w.do(context.Background(), what, key, fn, nil, false)
 		<-w.bgSlots
 		if done != nil {
 			done(err)
@@ -435,6 +452,17 @@ func (w *worker) runTx(ops []*writeOp) (rerun bool) {
 		}
 		w.conn = c
 	}
+	if len(ops) == 1 && ops[0].single && !w.savepoints {
+		// One statement is its own transaction: no BEGIN, no COMMIT.
+		op := ops[0]
+		op.err = op.fn(&stx{ctx: ctx, conn: w.conn})
+		if op.err != nil && !isClean(op.err) {
+			// As after a failed BEGIN: a fresh connection next time, should
+			// this one be broken.
+			w.dropConn()
+		}
+		return false
+	}
 	// On SQLite the driver begins with BEGIN IMMEDIATE (_txlock=immediate),
 	// so the write lock is taken up front; on PostgreSQL it is READ
 	// COMMITTED and correctness comes from conditional UPDATEs, which
@@ -445,7 +473,7 @@ func (w *worker) runTx(ops []*writeOp) (rerun bool) {
 		return fail(fmt.Errorf("beginning transaction: %w", err))
 	}
 	clear(w.bound)
-	t := &stx{ctx: ctx, tx: tx, bound: w.bound}
+	t := &stx{ctx: ctx, tx: tx, conn: w.conn, bound: w.bound}
 	abort := func() bool {
 		if tx.Rollback() != nil {
 			w.dropConn()
