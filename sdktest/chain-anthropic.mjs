@@ -19,23 +19,9 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import Anthropic, { APIError, BadRequestError } from '@anthropic-ai/sdk';
+import { env, GATEWAY_URL, MODEL, EXPECT, clientOptions, T } from './chain-env.mjs';
 
-const env = (name) => {
-  const v = process.env[name];
-  if (!v) throw new Error(`${name} is not set: e2e/sdk_chain_test.go runs this file (see the header)`);
-  return v;
-};
-const GATEWAY_URL = env('GATEWAY_URL');
-const MODEL = env('CHAIN_MODEL');
-const EXPECT = env('CHAIN_EXPECT');
-
-const client = new Anthropic({
-  apiKey: 'sk-client-test',
-  baseURL: GATEWAY_URL.replace(/\/+$/, ''),
-  maxRetries: 0,
-  timeout: 15000,
-});
-const T = { timeout: 20000 };
+const client = new Anthropic({ ...clientOptions, baseURL: GATEWAY_URL });
 const params = { model: MODEL, max_tokens: 64, messages: [{ role: 'user', content: 'Say hello.' }] };
 
 async function drain(stream) {
