@@ -255,12 +255,12 @@ func (a *App) stateChanged(logger *zap.Logger, st *channelState, tr breaker.Tran
 }
 
 // attempted reports one attempt's outcome as an event.
-func (a *App) attempted(model, channel string, attempt int, outcome string, upstreamStatus int, took time.Duration) {
+func (a *App) attempted(model, upstreamModel, channel string, attempt int, outcome string, upstreamStatus int, took time.Duration) {
 	if !a.events.ShouldEmit(EventAttempt) {
 		return
 	}
 	a.events.Emit(a.ctx, EventAttempt, map[string]any{
-		"model": model, "channel": channel, "attempt": attempt,
+		"model": model, "upstream_model": upstreamModel, "channel": channel, "attempt": attempt,
 		"outcome": outcome, "upstream_status": upstreamStatus, "duration_ms": took.Milliseconds(),
 	})
 }

@@ -64,6 +64,8 @@ type bill struct {
 	hideUsage func(streamgate.Event) bool
 	channel   string
 	closed    bool
+	// upstreamModel is what channel knows the model by.
+	upstreamModel string
 	// inputBound and outputBound are the most tokens the request can have
 	// (what the reservation covers); a report beyond them is implausible.
 	inputBound, outputBound int64
@@ -194,19 +196,21 @@ func (b *bill) streamOptions(o *streamgate.Options) {
 
 func (b *bill) meterBody(body []byte) { b.meter.Body(body) }
 
-func (b *bill) servedBy(channel string) { b.channel = channel }
+func (b *bill) servedBy(channel, upstreamModel string) {
+	b.channel, b.upstreamModel = channel, upstreamModel
+}
 
 // attemptFailed writes a zero-charge ledger row so that an operator sees
 // failed attempts next to the charge of the one that served. The row is
 // written in the background, with the store's next group commit: failing
 // over never waits on the store.
-func (b *bill) attemptFailed(channel, reason string) {
+func (b *bill) attemptFailed(channel, upstreamModel, reason string) {
 	if b.free {
 		return
 	}
 	b.rt.w.RecordAttemptAsync(wallet.Entry{
 		Account: b.res.Account, KeyID: b.res.KeyID, Model: b.res.Model, Channel: channel,
-		RequestID: b.res.RequestID, Note: reason,
+		RequestID: b.res.RequestID, Note: reason, UpstreamModel: upstreamModel,
 	})
 }
 
@@ -222,7 +226,7 @@ func (b *bill) close() {
 	defer b.live()
 	e := wallet.Entry{
 		Account: b.res.Account, KeyID: b.res.KeyID, Model: b.res.Model,
-		Channel: b.channel, RequestID: b.res.RequestID,
+		Channel: b.channel, RequestID: b.res.RequestID, UpstreamModel: b.upstreamModel,
 	}
 	// Only the attempt that served is billed; a failed one never set
 	// channel, whatever it sent.

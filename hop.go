@@ -236,6 +236,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 		h.logger.Warn("failover",
 			zap.String("model", x.req.Model),
 			zap.String("channel", route.Name),
+			zap.String("upstream_model", upstreamModel(route, x.req.Model)),
 			zap.Int("attempt", x.attempts),
 			zap.String("reason", res.fail.reason),
 			zap.Int("upstream_status", res.fail.status),
@@ -408,7 +409,7 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 		if x.bill != nil && res.StatusCode >= 200 && res.StatusCode < 300 {
 			// Only a successful answer that reached the client is billed:
 			// an error the upstream passed back cost it nothing.
-			x.bill.servedBy(ch.name)
+			x.bill.servedBy(ch.name, upstreamModel(route, x.req.Model))
 		}
 	}
 	switch {
@@ -634,14 +635,14 @@ func (h *Handler) record(x *exchange, route *chain.Route, res attemptResult, too
 		tr = ch.state.breaker.RecordFailure(now)
 	}
 	if x.bill != nil && res.fail != nil && !res.done {
-		x.bill.attemptFailed(ch.name, res.fail.reason)
+		x.bill.attemptFailed(ch.name, upstreamModel(route, x.req.Model), res.fail.reason)
 	}
 	if res.done && !res.clientGone && !x.synthetic {
 		requestsTotal.WithLabelValues(x.req.Model, "served").Inc()
 	}
 	attemptsTotal.WithLabelValues(x.req.Model, ch.name, outcome).Inc()
 	attemptDuration.WithLabelValues(ch.name).Observe(took.Seconds())
-	h.app.attempted(x.req.Model, ch.name, x.attempts, outcome, status, took)
+	h.app.attempted(x.req.Model, upstreamModel(route, x.req.Model), ch.name, x.attempts, outcome, status, took)
 	var ttft time.Duration
 	if !x.committedAt.IsZero() {
 		ttft = x.committedAt.Sub(now.Add(-took))

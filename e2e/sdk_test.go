@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,19 +17,7 @@ import (
 // says. Node's exit code is the verdict.
 func TestSDKs(t *testing.T) {
 	caddyBin(t)
-	node, err := exec.LookPath("node")
-	if err != nil {
-		prerequisite(t, "node is not on PATH; the official-SDK tests need Node >= 20")
-	}
-	sdkDir, err := filepath.Abs("../sdktest")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, pkg := range []string{"openai", "@anthropic-ai/sdk"} {
-		if _, err := os.Stat(filepath.Join(sdkDir, "node_modules", pkg, "package.json")); err != nil {
-			prerequisite(t, "sdktest/node_modules/%s is missing; run `make sdk-deps` (npm ci in sdktest/)", pkg)
-		}
-	}
+	node, sdkDir := sdkPrerequisites(t)
 
 	// One set of upstreams per model, so that no breaker state is shared
 	// between rows of the contract table.

@@ -155,6 +155,9 @@ func OpenPostgres(ctx context.Context, dsn string, opts ...Options) (Store, erro
 			// lockTimeout.
 			migratePrelude: []string{"SET LOCAL lock_timeout = 0", fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", int64(migrationLockKey))},
 			schema:         postgresSchema,
+			// current_schema: the first schema of search_path, where the
+			// CREATE TABLEs above put the tables.
+			columnExists: `SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = ? AND column_name = ?`,
 			// No savepoints: a failed statement aborts the whole
 			// transaction, and two more statements per op would cost two
 			// round trips each. See writer.go.

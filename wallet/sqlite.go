@@ -120,7 +120,8 @@ func OpenSQLite(path string, opts ...Options) (Store, error) {
 		db: db,
 		// A failed statement leaves an SQLite transaction usable, and a
 		// savepoint costs no I/O: each op of a batch gets one.
-		d:   dialect{name: "sqlite", schema: sqliteSchema, savepoints: true, writers: 1},
+		d: dialect{name: "sqlite", schema: sqliteSchema, savepoints: true, writers: 1,
+			columnExists: `SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ?`},
 		now: time.Now,
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -25,6 +25,9 @@ type dialect struct {
 	// migratePrelude runs first in the migration transaction.
 	migratePrelude []string
 	schema         []string
+	// columnExists counts the columns named by its two arguments, table
+	// and column (see addedColumns).
+	columnExists string
 	// savepoints isolates the ops of a group-committed batch with SAVEPOINT
 	// (see writer.go).
 	savepoints bool
@@ -86,7 +89,7 @@ func (s *sqlStore) prepare(ctx context.Context) error {
 		// gets the row back.
 		{&st.settleDelete, `DELETE FROM reservations WHERE id = ? RETURNING account_id, key_id, model, request_id, amount`},
 		{&st.settleUpdate, `UPDATE accounts SET balance = balance - ?, reserved = reserved - ? WHERE id = ?`},
-		{&st.insertLedger, `INSERT INTO ledger (kind, account_id, key_id, model, channel, request_id, tokens_in, tokens_out, cost, note, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`},
+		{&st.insertLedger, `INSERT INTO ledger (kind, account_id, key_id, model, upstream_model, channel, request_id, tokens_in, tokens_out, cost, note, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`},
 		{&st.authenticate, `SELECT ` + keyColumns + ` FROM api_keys WHERE hash = ?`},
 		{&st.savepoint, `SAVEPOINT op`},
 		{&st.release, `RELEASE SAVEPOINT op`},
@@ -185,7 +188,7 @@ func (s *sqlStore) migrate(ctx context.Context) error {
 				return fmt.Errorf("executing %q: %w", firstLine(stmt), err)
 			}
 		}
-		return nil
+		return s.addColumns(ctx, tx)
 	})
 }
 
@@ -269,7 +272,7 @@ func (s *sqlStore) insertEntry(t *stx, e Entry) error {
 		e.Time = s.now()
 	}
 	_, err := t.exec(s.st.insertLedger,
-		e.Kind, e.Account, e.KeyID, e.Model, e.Channel, e.RequestID, e.TokensIn, e.TokensOut, int64(e.Cost), e.Note, toDB(e.Time))
+		e.Kind, e.Account, e.KeyID, e.Model, e.UpstreamModel, e.Channel, e.RequestID, e.TokensIn, e.TokensOut, int64(e.Cost), e.Note, toDB(e.Time))
 	if err != nil {
 		return fmt.Errorf("writing %s ledger row: %w", e.Kind, err)
 	}
@@ -763,7 +766,7 @@ func (s *sqlStore) Usage(ctx context.Context, account string, before int64, limi
 		limit = DefaultUsageLimit
 	}
 	limit = min(limit, MaxUsageLimit)
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT id, kind, account_id, key_id, model, channel, request_id, tokens_in, tokens_out, cost, note, created_at FROM ledger WHERE account_id = ? AND id < ? ORDER BY id DESC LIMIT ?`),
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT id, kind, account_id, key_id, model, upstream_model, channel, request_id, tokens_in, tokens_out, cost, note, created_at FROM ledger WHERE account_id = ? AND id < ? ORDER BY id DESC LIMIT ?`),
 		account, before, limit)
 	if err != nil {
 		return nil, fmt.Errorf("reading usage of %q: %w", account, err)
@@ -775,7 +778,7 @@ func (s *sqlStore) Usage(ctx context.Context, account string, before int64, limi
 			e             Entry
 			cost, created int64
 		)
-		if err := rows.Scan(&e.ID, &e.Kind, &e.Account, &e.KeyID, &e.Model, &e.Channel, &e.RequestID, &e.TokensIn, &e.TokensOut, &cost, &e.Note, &created); err != nil {
+		if err := rows.Scan(&e.ID, &e.Kind, &e.Account, &e.KeyID, &e.Model, &e.UpstreamModel, &e.Channel, &e.RequestID, &e.TokensIn, &e.TokensOut, &cost, &e.Note, &created); err != nil {
 			return nil, fmt.Errorf("reading usage of %q: %w", account, err)
 		}
 		e.Cost, e.Time = Micros(cost), fromDB(created)

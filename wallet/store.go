@@ -69,6 +69,11 @@ type Entry struct {
 	Cost Micros
 	Note string
 	Time time.Time
+
+	// UpstreamModel is the name Channel knows Model by: a route's
+	// upstream_model, else Model itself. Empty when no channel served and
+	// in rows written before the column existed.
+	UpstreamModel string
 }
 
 // Account is a prepaid balance. Balance never drops below Reserved.

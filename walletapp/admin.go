@@ -212,7 +212,8 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 		}{Entries: make([]EntryView, 0, len(rows))}
 		for _, e := range rows {
 			out.Entries = append(out.Entries, EntryView{ID: e.ID, Kind: e.Kind, KeyID: e.KeyID, Model: e.Model, Channel: e.Channel,
-				RequestID: e.RequestID, TokensIn: e.TokensIn, TokensOut: e.TokensOut, Cost: e.Cost.String(), Note: e.Note, Time: e.Time})
+				RequestID: e.RequestID, TokensIn: e.TokensIn, TokensOut: e.TokensOut, Cost: e.Cost.String(), Note: e.Note, Time: e.Time,
+				UpstreamModel: e.UpstreamModel})
 		}
 		if len(rows) == limit {
 			out.Next = rows[len(rows)-1].ID
@@ -295,6 +296,8 @@ type EntryView struct {
 	Cost      string    `json:"cost"`
 	Note      string    `json:"note,omitempty"`
 	Time      time.Time `json:"time"`
+	// UpstreamModel is the name the channel knows Model by.
+	UpstreamModel string `json:"upstream_model,omitempty"`
 }
 
 func walletAPIError(err error) error {
