@@ -96,9 +96,9 @@ const pgSettle = `WITH r AS (
 ), u AS (
 	UPDATE accounts a SET balance = a.balance - c.charged, reserved = a.reserved - c.amount FROM c WHERE a.id = c.account_id RETURNING 1
 ), l AS (
-	INSERT INTO ledger (kind, account_id, key_id, model, channel, request_id, tokens_in, tokens_out, cost, note, created_at)
+	INSERT INTO ledger (kind, account_id, key_id, model, upstream_model, channel, request_id, tokens_in, tokens_out, cost, note, created_at)
 	SELECT CASE WHEN c.charged > 0 THEN 'charge' ELSE 'release' END, c.account_id,
-		COALESCE(NULLIF($3::text, ''), c.key_id), COALESCE(NULLIF($4::text, ''), c.model), $5::text,
+		COALESCE(NULLIF($3::text, ''), c.key_id), COALESCE(NULLIF($4::text, ''), c.model), $12::text, $5::text,
 		COALESCE(NULLIF($6::text, ''), c.request_id), $7::bigint, $8::bigint, c.charged,
 		CASE WHEN $2::bigint > c.amount THEN concat_ws('; ', NULLIF($9::text, ''), $10::text || (c.amount / 1000000)::text ||
 			CASE WHEN c.amount % 1000000 = 0 THEN '' ELSE '.' || rtrim(lpad((c.amount % 1000000)::text, 6, '0'), '0') END)

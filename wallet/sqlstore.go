@@ -353,7 +353,7 @@ func (s *sqlStore) settleInOne(ctx context.Context, reservationID string, e Entr
 	var charged int64
 	err := s.w.do(ctx, "settling reservation "+reservationID, e.Account, func(t *stx) error {
 		err := t.queryRowText(s.d.settleOne, reservationID, int64(cost), e.KeyID, e.Model, e.Channel, e.RequestID,
-			e.TokensIn, e.TokensOut, strings.Join(notes, "; "), "capped: usage cost "+cost.String()+" exceeded reservation ", toDB(e.Time)).Scan(&charged)
+			e.TokensIn, e.TokensOut, strings.Join(notes, "; "), "capped: usage cost "+cost.String()+" exceeded reservation ", toDB(e.Time), e.UpstreamModel).Scan(&charged)
 		if errors.Is(err, sql.ErrNoRows) {
 			return ErrNotFound
 		}
