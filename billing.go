@@ -192,8 +192,6 @@ func (b *bill) streamOptions(o *streamgate.Options) {
 	o.Drop = b.hideUsage
 }
 
-func (b *bill) meterBody(body []byte) { b.meter.Body(body) }
-
 func (b *bill) servedBy(channel string) { b.channel = channel }
 
 // attemptFailed writes a zero-charge ledger row so that an operator sees
