@@ -79,7 +79,13 @@ func TestProbeChargedToProbeAccount(t *testing.T) {
 
 	perProbe := wallet.Price{Input: 2_000_000, Output: 8_000_000}.Cost(fu.DefaultPromptTokens, fu.DefaultCompletionTokens)
 	var charges []string
-	eventually(t, 5*time.Second, "two probe charges on the probe account", func() bool {
+	defer func() {
+		if t.Failed() {
+			_, p := probedChannelAt(t, adminURL+"/llm_failover/status", ch)
+			t.Logf("the channel's probes: %v; hits %d", p, up.Hits())
+		}
+	}()
+	eventually(t, 15*time.Second, "two probe charges on the probe account", func() bool {
 		charges = charges[:0]
 		for _, e := range requestRows(t, "system-probes") {
 			if e.Kind == wallet.KindCharge && e.Channel == ch {
