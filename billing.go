@@ -194,8 +194,6 @@ func (b *bill) streamOptions(o *streamgate.Options) {
 	o.Drop = b.hideUsage
 }
 
-func (b *bill) meterBody(body []byte) { b.meter.Body(body) }
-
 func (b *bill) servedBy(channel, upstreamModel string) {
 	b.channel, b.upstreamModel = channel, upstreamModel
 }

@@ -59,7 +59,7 @@ func serveDecisions(w http.ResponseWriter, r *http.Request) error {
 		return caddykit.WriteJSON(w, ans)
 	}
 	for _, d := range jr.Query(f, maxDecisionRows) {
-		ans.Decisions = append(ans.Decisions, decisionView{Decision: d, Runbook: runbookURL(d.Reason)})
+		ans.Decisions = append(ans.Decisions, decisionView{Decision: d, Runbook: runbookPath(d.Reason)})
 	}
 	ans.Total = len(ans.Decisions)
 	return caddykit.WriteJSON(w, ans)

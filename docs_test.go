@@ -33,7 +33,7 @@ func TestEveryReasonHasARunbook(t *testing.T) {
 		t.Fatal(err)
 	}
 	names := []string{"rate_limited", "client_gone", "truncated", "stalled", "no_working_channel",
-		"state-closed", "state-open", "state-half_open", "state-parked"}
+		"state-closed", "state-open", "state-half_open", "state-parked", "probe_failed"}
 	for _, m := range regexp.MustCompile(`(?m)^\s+reason\w+\s+=\s+"([a-z_]+)"`).FindAllSubmatch(src, -1) {
 		names = append(names, string(m[1]))
 	}

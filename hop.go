@@ -92,9 +92,11 @@ type exchange struct {
 	bill     *bill
 	probe    bool // every channel was open; this request probes one
 	// synthetic marks a synthetic check (probe.go): it is recorded apart
-	// from real traffic; meter counts its usage when no bill does.
+	// from real traffic.
 	synthetic bool
-	meter     *provider.Meter
+	// meter counts the current attempt's usage (the bill's meter when a
+	// wallet bills the request).
+	meter *provider.Meter
 	// committedAt is when the current attempt's answer was committed to
 	// the client: its time to first content.
 	committedAt time.Time
@@ -372,6 +374,11 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 	body := x.body
 	if x.bill != nil {
 		body = x.bill.prepare(body)
+		x.meter = x.bill.meter
+	} else {
+		// Unbilled, the history still counts the output tokens: a meter
+		// reads the answer on its way past and asks the upstream nothing.
+		x.meter = x.api.NewMeter()
 	}
 	out, err := ch.adapter.NewRequest(ctx, provider.Call{
 		API: x.api, Base: ch.base, Client: x.r, Body: body, Request: x.req,
@@ -471,7 +478,7 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 	opts.IdleTimeout = time.Duration(h.StreamIdleTimeout)
 	if x.bill != nil {
 		x.bill.streamOptions(&opts)
-	} else if x.meter != nil {
+	} else {
 		opts.Observe = x.meter.Event
 	}
 	out := streamgate.Relay(src, cancel, d, opts)
@@ -529,9 +536,7 @@ func (h *Handler) relayJSON(ctx context.Context, x *exchange, ch *channel, res *
 	case err != nil:
 		return attemptResult{fail: &failure{reason: reasonBadBody, status: res.StatusCode, detail: err.Error()}}
 	}
-	if x.bill != nil {
-		x.bill.meterBody(body)
-	}
+	x.meter.Body(body)
 	commit()
 	return h.writeAnswer(x, ch, res, body)
 }
@@ -650,7 +655,7 @@ func (h *Handler) record(x *exchange, route *chain.Route, res attemptResult, too
 	if !x.synthetic {
 		// Probes keep a history of their own (probe.go).
 		ch.state.touch(now)
-		h.app.recordHistory(x.req.Model, ch.name, res, outcome, status, ttft, x.bill.outputTokens())
+		h.app.recordHistory(x.req.Model, ch.name, res, outcome, status, ttft, outputTokens(x.meter))
 	}
 	if tr.Changed() {
 		if reason == "" {

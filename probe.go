@@ -396,8 +396,6 @@ func (h *Handler) probeChannel(ctx context.Context, modelName string, m *model, 
 		}
 		x.bill = bill
 		defer x.bill.close()
-	} else {
-		x.meter = api.NewMeter()
 	}
 	if ticket.HalfOpened {
 		h.app.stateChanged(h.logger, ch.state, breaker.Transition{From: breaker.Open, To: breaker.HalfOpen}, "cooldown_elapsed")
@@ -416,12 +414,8 @@ func (h *Handler) probeChannel(ctx context.Context, modelName string, m *model, 
 			h.app.stateChanged(h.logger, ch.state, tr, "probe_failed")
 		}
 	}
-	meter := x.meter
-	if x.bill != nil {
-		meter = x.bill.meter
-	}
 	var cost wallet.Micros
-	if meter != nil {
+	if meter := x.meter; meter != nil {
 		u := meter.Usage()
 		cost = wallet.Price{Input: wallet.Micros(route.InputCost), Output: wallet.Micros(route.OutputCost)}.Cost(u.Input, u.Output)
 	}

@@ -53,7 +53,13 @@ func probeGateway(t *testing.T, prefix, upstream, probeOpts string) {
 
 func probedChannel(t *testing.T, name string) (state string, probes map[string]any) {
 	t.Helper()
-	_, body := getBody(t, fmt.Sprintf("http://localhost:%d/status?format=json", httpPort))
+	return probedChannelAt(t, fmt.Sprintf("http://localhost:%d/status?format=json", httpPort), name)
+}
+
+// probedChannelAt reads the channel from the status JSON at url.
+func probedChannelAt(t *testing.T, url, name string) (state string, probes map[string]any) {
+	t.Helper()
+	_, body := getBody(t, url)
 	var v struct {
 		Models []struct {
 			Channels []struct {
@@ -95,7 +101,8 @@ func waitFor(t *testing.T, within time.Duration, what string, ok func() bool) {
 func TestProbeIdleChannelDownAndBack(t *testing.T) {
 	up := fu.New(fu.OK())
 	defer up.Close()
-	probeGateway(t, "prIdle", "http://"+up.Addr(), "interval 200ms\n\t\t\t\tmax_tokens 17")
+	prefix := uniqueName("prIdle") // the last probe's record outlives the test
+	probeGateway(t, prefix, "http://"+up.Addr(), "interval 200ms\n\t\t\t\tmax_tokens 17")
 
 	waitFor(t, 2*time.Second, "a first probe", func() bool { return up.Hits() > 0 })
 	var sent struct {
@@ -107,7 +114,7 @@ func TestProbeIdleChannelDownAndBack(t *testing.T) {
 	}
 	// A probe is recorded once its answer is in: wait for the record.
 	waitFor(t, 2*time.Second, "a passing probe recorded", func() bool {
-		st, p := probedChannel(t, "prIdleA")
+		st, p := probedChannel(t, prefix+"A")
 		return st == "closed" && p["last_result"] == probePassed
 	})
 
@@ -116,7 +123,7 @@ func TestProbeIdleChannelDownAndBack(t *testing.T) {
 	// machine blurs).
 	before := up.Hits()
 	up.Set(fu.Status(500, ""))
-	waitFor(t, 3*time.Second, "the channel shown open", func() bool { st, _ := probedChannel(t, "prIdleA"); return st == "open" })
+	waitFor(t, 3*time.Second, "the channel shown open", func() bool { st, _ := probedChannel(t, prefix+"A"); return st == "open" })
 	if n := up.Hits() - before; n > 2 {
 		t.Errorf("%d probes before the channel showed open; want the first failing one (one more may be in flight)", n)
 	}
@@ -124,7 +131,7 @@ func TestProbeIdleChannelDownAndBack(t *testing.T) {
 	up.Set(fu.OK())
 	// The breaker closes a moment before the probe's record is written.
 	waitFor(t, 3*time.Second, "the channel closed again by a passing probe", func() bool {
-		st, p := probedChannel(t, "prIdleA")
+		st, p := probedChannel(t, prefix+"A")
 		return st == "closed" && p["last_result"] == probePassed
 	})
 }
@@ -161,10 +168,11 @@ func TestProbeBusyChannelNotProbed(t *testing.T) {
 func TestProbeBudgetStops(t *testing.T) {
 	up := fu.New(fu.OK())
 	defer up.Close()
-	probeGateway(t, "prBudget", "http://"+up.Addr(), "interval 100ms\n\t\t\t\tbudget 0.00001")
+	prefix := uniqueName("prBudget") // the day's spend outlives the test
+	probeGateway(t, prefix, "http://"+up.Addr(), "interval 100ms\n\t\t\t\tbudget 0.00001")
 	waitFor(t, 2*time.Second, "a probe", func() bool { return up.Hits() > 0 })
 	waitFor(t, 2*time.Second, "the budget stop shown", func() bool {
-		_, p := probedChannel(t, "prBudgetA")
+		_, p := probedChannel(t, prefix+"A")
 		return p["budget_stopped"] == true
 	})
 	n := up.Hits()
@@ -172,7 +180,7 @@ func TestProbeBudgetStops(t *testing.T) {
 	if up.Hits() != n || n != 1 {
 		t.Fatalf("probes after the budget was spent: %d then %d; want 1", n, up.Hits())
 	}
-	if _, p := probedChannel(t, "prBudgetA"); p["spent_today"] == "0" {
+	if _, p := probedChannel(t, prefix+"A"); p["spent_today"] == "0" {
 		t.Fatalf("no spend shown: %v", p)
 	}
 }
@@ -189,7 +197,11 @@ func TestReadiness(t *testing.T) {
 	}
 	// A job that last succeeded long ago is overdue.
 	job := caddykit.Jobs.Job("ready_test_overdue", time.Millisecond)
-	_ = job.Run(t.Context(), func(context.Context) (jobs.Summary, error) { return "", nil })
+	succeed := func(context.Context) (jobs.Summary, error) { return "", nil }
+	_ = job.Run(t.Context(), succeed)
+	// The registry is process-wide: leave the job on time, or the next
+	// run of any readiness test finds it overdue.
+	t.Cleanup(func() { _ = caddykit.Jobs.Job(job.Name(), time.Hour).Run(context.Background(), succeed) })
 	time.Sleep(10 * time.Millisecond)
 	res, body := getBody(t, url)
 	if res.StatusCode != 503 || !strings.Contains(string(body), "job ready_test_overdue is overdue") {

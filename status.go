@@ -10,6 +10,7 @@ import (
 	"github.com/llmfailover/caddy-llm-failover/breaker"
 	"github.com/llmfailover/caddy-llm-failover/history"
 	"github.com/llmfailover/caddy-llm-failover/journal"
+	"github.com/llmfailover/caddy-llm-failover/provider"
 )
 
 // statusStates holds the history and the decision journal across
@@ -89,13 +90,17 @@ func historyClass(res attemptResult, outcome string, status int) (history.Class,
 	return history.Success, true
 }
 
-// outputTokens is the output the upstream reported for the current
-// attempt; 0 without a meter (a request no wallet bills).
-func (b *bill) outputTokens() int64 {
-	if b == nil || b.meter == nil {
+// outputTokens is the output the upstream reported for an attempt, or
+// the estimate of the content delivered when it reported none (an OpenAI
+// stream nobody asked usage of); 0 without a meter.
+func outputTokens(m *provider.Meter) int64 {
+	if m == nil {
 		return 0
 	}
-	return b.meter.Usage().Output
+	if u := m.Usage(); u.OutputKnown {
+		return u.Output
+	}
+	return m.DeliveredTokens()
 }
 
 // recordHistory adds one attempt to the history. ttft is the time to

@@ -59,6 +59,10 @@ func (p *StatusPage) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyht
 		serveReady(w, r)
 		return nil
 	}
+	if i := strings.LastIndex(r.URL.Path, "/runbooks/"); i >= 0 {
+		serveRunbook(w, r.URL.Path[i+len("/runbooks/"):])
+		return nil
+	}
 	title := p.Title
 	if title == "" {
 		title = defaultStatusTitle
@@ -69,7 +73,7 @@ func (p *StatusPage) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyht
 		return caddykit.WriteJSON(w, view)
 	}
 	var buf bytes.Buffer
-	if err := renderStatusPage(&buf, view, time.Duration(p.Refresh)); err != nil {
+	if err := renderStatusPage(&buf, view, time.Duration(p.Refresh), strings.TrimSuffix(r.URL.Path, "/")+"/"); err != nil {
 		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("rendering the status page: %w", err))
 	}
 	h := w.Header()

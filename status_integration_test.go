@@ -192,7 +192,7 @@ func TestStatusHistoryFromScriptedMix(t *testing.T) {
 			t.Errorf("current hour bar %+v", h)
 		}
 		c := m.Channels[0]
-		if c.LastFailure == nil || c.LastFailure.Reason != "status" || c.LastFailure.Status != 429 || !strings.HasSuffix(c.LastFailure.Runbook, "/status.md") {
+		if c.LastFailure == nil || c.LastFailure.Reason != "status" || c.LastFailure.Status != 429 || c.LastFailure.Runbook != "runbooks/status" {
 			t.Errorf("last failure %+v (a 400 is the client's, not the channel's)", c.LastFailure)
 		}
 		if len(c.Decisions) != 4 || c.Decisions[0].UpstreamStatus != 429 || c.Decisions[0].Next != "stB" {
@@ -278,7 +278,7 @@ func TestStatusPageHTMLAndHiddenChannels(t *testing.T) {
 	if res.StatusCode != 200 || !strings.HasPrefix(res.Header.Get("Content-Type"), "text/html") {
 		t.Fatalf("%d %s", res.StatusCode, res.Header.Get("Content-Type"))
 	}
-	mustContain(t, page, "Example gateway", "hpA", "hpB", "Down", "skipping it (breaker open) until", "channel hpA open", "ongoing", "/runbooks/status.md", "/runbooks/state-open.md")
+	mustContain(t, page, "Example gateway", "hpA", "hpB", "Down", "skipping it (breaker open) until", "channel hpA open", "ongoing", `<base href="/status/">`, `href="runbooks/status"`, `href="runbooks/state-open"`)
 	mustNotContain(t, page, "<script", "status-secret", "http://")
 
 	_, public := getBody(t, gatewayURL+"/public")

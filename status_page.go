@@ -11,14 +11,15 @@ import (
 
 // renderStatusPage writes the status page as one self-contained HTML
 // document: inline CSS and SVG, no script, readable on a phone. refresh
-// > 0 adds a meta refresh.
-func renderStatusPage(w io.Writer, v statusView, refresh time.Duration) error {
+// > 0 adds a meta refresh. base is the page's own path, ending in "/":
+// its runbook links are relative to it.
+func renderStatusPage(w io.Writer, v statusView, refresh time.Duration, base string) error {
 	reasons := make([]string, 0, len(v.legend))
 	for r := range v.legend {
 		reasons = append(reasons, r)
 	}
 	sort.Strings(reasons)
-	return statusTemplate.Execute(w, map[string]any{"V": v, "Refresh": int(refresh.Seconds()), "Reasons": reasons})
+	return statusTemplate.Execute(w, map[string]any{"V": v, "Refresh": int(refresh.Seconds()), "Reasons": reasons, "Base": base})
 }
 
 // barColor is a bar's colour by the share of down and limited outcomes:
@@ -94,7 +95,7 @@ var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap
 	"ago":     ago,
 	"label":   func(s string) string { return statusLabels[s] },
 	"lower":   strings.ToLower,
-	"runbook": runbookURL,
+	"runbook": runbookPath,
 	"ts":      func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 UTC") },
 	"ms": func(n int64) string {
 		if n == 0 {
@@ -106,6 +107,7 @@ var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap
 }).Parse(`<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
+<base href="{{.Base}}">
 {{if .Refresh}}<meta http-equiv="refresh" content="{{.Refresh}}">{{end}}
 <title>{{.V.Title}} – {{label .V.Status}}</title>
 <style>

@@ -8,12 +8,6 @@ import (
 	"github.com/llmfailover/caddy-llm-failover/journal"
 )
 
-// runbookBase is where each failure reason's and breaker state's runbook
-// lives (docs/runbooks/<name>.md in this repository).
-const runbookBase = "https://github.com/llmfailover/caddy-llm-failover/blob/main/docs/runbooks/"
-
-func runbookURL(name string) string { return runbookBase + name + ".md" }
-
 // Statuses of a model or a channel, worst last.
 const (
 	statusOperational = "operational"
@@ -226,13 +220,13 @@ func (a *App) statusSnapshot(now time.Time, title string, hide bool) statusView 
 			}
 			cs := channelStatus{Name: r.Route.Name, State: r.Health.State.String(), Status: status, Since: since.UTC(),
 				Doing: doing, Until: until, Windows: windowsOf(cv), Hourly: barsOf(cv.Hourly), Daily: barsOf(cv.Daily),
-				StateRunbook: runbookURL("state-" + r.Health.State.String()), Decisions: []decisionView{}}
+				StateRunbook: runbookPath("state-" + r.Health.State.String()), Decisions: []decisionView{}}
 			if lf := cv.LastFailure; lf != nil {
-				cs.LastFailure = &failureView{At: lf.At.UTC(), Reason: lf.Reason, Status: lf.Status, Runbook: runbookURL(lf.Reason)}
+				cs.LastFailure = &failureView{At: lf.At.UTC(), Reason: lf.Reason, Status: lf.Status, Runbook: runbookPath(lf.Reason)}
 				v.legend[lf.Reason] = true
 			}
 			for _, d := range jr.Query(journal.Filter{Model: m.Name, Channel: r.Route.Name}, recentDecisions) {
-				cs.Decisions = append(cs.Decisions, decisionView{Decision: d, Runbook: runbookURL(d.Reason)})
+				cs.Decisions = append(cs.Decisions, decisionView{Decision: d, Runbook: runbookPath(d.Reason)})
 				v.legend[d.Reason] = true
 			}
 			cs.Probes = probeViewOf(r.Route.Name, now)
