@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/llmfailover/caddy-llm-failover/internal/fakeproviders"
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
@@ -168,5 +169,51 @@ func TestGeminiArrayWrapped429(t *testing.T) {
 	}
 	if msg, _, _ := openAIError(t, body); !strings.Contains(msg, fakeproviders.GeminiQuotaMessage) {
 		t.Fatalf("message %q does not carry Gemini's", msg)
+	}
+}
+
+// Gemini on AI Studio, then Gemini on Vertex's OpenAI-compatible endpoint
+// (OAuth tokens, the publisher-prefixed model id): AI Studio's quota error
+// fails over to Vertex, streamed and not, and the client sees the model
+// it asked for.
+func TestGeminiFailsOverFromAIStudioToVertex(t *testing.T) {
+	g := fakeproviders.NewGemini("gm-key")
+	t.Cleanup(g.Close)
+	g.SetMode(fakeproviders.RateLimited)
+	v := fakeproviders.NewVertex("proj-1", "us-central1", time.Hour)
+	t.Cleanup(v.Close)
+	sa, err := v.WriteServiceAccount(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gateway(t, `
+		channel ai-studio %s {
+			provider gemini {
+				api_key gm-key
+			}
+		}
+		channel vertex-gemini %s {
+			provider vertex {
+				project proj-1
+				region us-central1
+				credentials_file %s
+			}
+		}
+		model gemini-2.5-flash {
+			route ai-studio cost 0.3 2.5
+			route vertex-gemini cost 0.3 2.6 upstream_model google/gemini-2.5-flash
+		}
+	`, g.URL, v.URL, sa)
+	for _, stream := range []bool{false, true} {
+		res, body := post(t, "/v1/chat/completions", fu.ChatRequest("gemini-2.5-flash", stream))
+		if res.StatusCode != 200 || res.Header.Get("X-Served-By") != "vertex-gemini" || !bytes.Contains(body, []byte("Hello from vertex gemini")) {
+			t.Fatalf("stream=%v: status %d by %q: %s", stream, res.StatusCode, res.Header.Get("X-Served-By"), body)
+		}
+		if bytes.Contains(body, []byte("google/")) {
+			t.Fatalf("stream=%v: the upstream's model id reached the client: %s", stream, body)
+		}
+	}
+	for _, p := range v.Problems() {
+		t.Errorf("fake Vertex refused a request: %s", p)
 	}
 }

@@ -78,6 +78,10 @@ func (v *Vertex) serve(w http.ResponseWriter, r *http.Request) {
 		v.refuse(w, http.StatusUnauthorized, "%s", p)
 		return
 	}
+	if r.URL.Path == fmt.Sprintf("/v1/projects/%s/locations/%s/endpoints/openapi/chat/completions", v.Project, v.Region) {
+		v.serveOpenAI(w, r)
+		return
+	}
 	prefix := fmt.Sprintf("/v1/projects/%s/locations/%s/publishers/anthropic/models/", v.Project, v.Region)
 	rest, ok := strings.CutPrefix(r.URL.Path, prefix)
 	model, verb, _ := strings.Cut(rest, ":")
@@ -123,6 +127,27 @@ func (v *Vertex) serve(w http.ResponseWriter, r *http.Request) {
 		_ = json.Unmarshal([]byte(ev), &t)
 		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", t.Type, ev)
 	}
+}
+
+// serveOpenAI is Vertex's OpenAI-compatible endpoint for Gemini: the
+// model is named with its publisher (google/gemini-2.5-flash), errors are
+// Google's, wrapped in an array.
+func (v *Vertex) serveOpenAI(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	var req chatRequest
+	if err := json.Unmarshal(body, &req); err != nil || !strings.HasPrefix(req.Model, "google/") {
+		v.refuse(w, http.StatusBadRequest, "model %q is not publisher/model", req.Model)
+		return
+	}
+	if Mode(v.mode.Load()) == RateLimited {
+		writeJSON(w, http.StatusTooManyRequests, `[{"error":{"code":429,"message":"Resource exhausted, please try again later.","status":"RESOURCE_EXHAUSTED"}}]`)
+		return
+	}
+	if req.Stream {
+		writeChatStream(w, req.Model, "Hello from vertex gemini", "stop")
+		return
+	}
+	writeJSON(w, http.StatusOK, chatCompletion(req.Model, "Hello from vertex gemini", "stop"))
 }
 
 // token answers the JWT-bearer grant a service account makes.
