@@ -155,7 +155,9 @@ type Handler struct {
 	poolKeys    []string
 	// detachHeartbeats undoes this config's heartbeat attachments.
 	detachHeartbeats func()
-	secrets          *redact.Secrets
+	// probeLeaderDSN is ProbeLeader with its placeholders resolved.
+	probeLeaderDSN string
+	secrets        *redact.Secrets
 }
 
 // Channel is one upstream that serves one or more models.
@@ -471,6 +473,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.detachHeartbeats = detach
+	// The DSN may be an {env.*} placeholder; it is a secret, never logged.
+	if h.probeLeaderDSN, err = caddy.NewReplacer().ReplaceOrErr(h.ProbeLeader, true, true); err != nil {
+		return fmt.Errorf("probe_leader: %w", err)
+	}
 	app, err := ctx.App("llm_failover")
 	if err != nil {
 		return fmt.Errorf("loading channel registry: %w", err)

@@ -195,6 +195,10 @@ type prober struct {
 
 	cancel context.CancelFunc
 	done   chan struct{}
+
+	// Only the round goroutine touches these.
+	campaigned time.Time // when this instance last asked to lead
+	leading    bool
 }
 
 type probeKey struct {
@@ -228,8 +232,8 @@ func newProber(handlers []*Handler, logger *zap.Logger) *prober {
 			continue
 		}
 		p.handlers = append(p.handlers, h)
-		if h.ProbeLeader != "" && p.elector == nil {
-			p.elector = leader.New(h.ProbeLeader, proberLockKey())
+		if h.probeLeaderDSN != "" && p.elector == nil {
+			p.elector = leader.New(h.probeLeaderDSN, proberLockKey())
 		}
 	}
 	if len(p.handlers) == 0 {
@@ -275,11 +279,19 @@ func (p *prober) stop() {
 // round probes every channel that is due, concurrently, and waits for them.
 func (p *prober) round(ctx context.Context) (summary jobs.Summary, err error) {
 	if p.elector != nil {
-		lead, err := p.elector.Campaign(ctx)
-		if err != nil {
-			return "", err
+		// Once per interval, not per tick: a follower's campaign opens a
+		// connection. A dead leader is replaced within an interval.
+		if time.Since(p.campaigned) >= p.every {
+			p.campaigned = time.Now()
+			lead, err := p.elector.Campaign(ctx)
+			if err != nil {
+				p.leading = false
+				p.logger.Warn("prober: leader election failed; not probing", zap.Error(err))
+				return "", err
+			}
+			p.leading = lead
 		}
-		if !lead {
+		if !p.leading {
 			return "another instance probes", nil
 		}
 	}
