@@ -2,15 +2,11 @@ package wallet
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
-	"net/url"
-	"os"
-	"path/filepath"
 	"time"
 
 	// Pure-Go SQLite, so that xcaddy builds need no cgo.
-	_ "modernc.org/sqlite"
+	"github.com/llmfailover/caddy-llm-failover/internal/sqlitefile"
 )
 
 // sqliteConns bounds the pool. All writes go through the store's writer on
@@ -86,31 +82,11 @@ func OpenSQLite(path string, opts ...Options) (Store, error) {
 	if path == "" {
 		return nil, fmt.Errorf("opening SQLite wallet: %w: empty path", ErrInvalid)
 	}
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return nil, fmt.Errorf("opening SQLite wallet %s: %w", path, err)
-	}
-	if err := os.MkdirAll(filepath.Dir(abs), 0o700); err != nil {
-		return nil, fmt.Errorf("opening SQLite wallet %s: creating directory: %w", path, err)
-	}
-	// immediate: every transaction takes the write lock at BEGIN, so a
-	// check-then-update can never hit SQLITE_BUSY halfway through.
-	// WAL lets readers run during a write; synchronous=NORMAL is durable
-	// against process crashes in WAL mode and only risks the last commits on
-	// power loss, for a large write-throughput gain. foreign_keys is off by
-	// default in SQLite and must be asked for on every connection.
-	q := url.Values{}
-	q.Set("_txlock", "immediate")
 	busy := 10 * time.Second
 	if o.StatementTimeout > 0 {
 		busy = o.StatementTimeout
 	}
-	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busy.Milliseconds()))
-	q.Add("_pragma", "journal_mode(WAL)")
-	q.Add("_pragma", "synchronous(NORMAL)")
-	q.Add("_pragma", "foreign_keys(1)")
-	dsn := "file:" + (&url.URL{Path: abs}).EscapedPath() + "?" + q.Encode()
-	db, err := sql.Open("sqlite", dsn)
+	db, err := sqlitefile.Open(path, busy)
 	if err != nil {
 		return nil, fmt.Errorf("opening SQLite wallet %s: %w", path, err)
 	}

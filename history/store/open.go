@@ -2,18 +2,14 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
-	"net/url"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	// Pure-Go SQLite, as the wallet uses it: xcaddy builds need no cgo.
-	_ "modernc.org/sqlite"
+	"github.com/llmfailover/caddy-llm-failover/internal/sqlitefile"
 )
 
 // migrationLockKey serialises concurrent migrations of instances sharing
@@ -24,23 +20,10 @@ const migrationLockKey = 0x6c6c6d662d686973
 const openTimeout = 30 * time.Second
 
 // OpenSQLite opens (creating if needed) the history database at path, with
-// the wallet's settings: WAL so the page reads while a flush writes,
-// synchronous=NORMAL (durable against process crashes), a busy timeout
-// for another process on the same file.
+// the wallet's settings (internal/sqlitefile): WAL, so the page reads
+// while a flush writes.
 func OpenSQLite(path string) (*Store, error) {
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return nil, fmt.Errorf("opening SQLite history %s: %w", path, err)
-	}
-	if err := os.MkdirAll(filepath.Dir(abs), 0o700); err != nil {
-		return nil, fmt.Errorf("opening SQLite history %s: creating directory: %w", path, err)
-	}
-	q := url.Values{}
-	q.Set("_txlock", "immediate")
-	q.Add("_pragma", "busy_timeout(10000)")
-	q.Add("_pragma", "journal_mode(WAL)")
-	q.Add("_pragma", "synchronous(NORMAL)")
-	db, err := sql.Open("sqlite", "file:"+(&url.URL{Path: abs}).EscapedPath()+"?"+q.Encode())
+	db, err := sqlitefile.Open(path, 10*time.Second)
 	if err != nil {
 		return nil, fmt.Errorf("opening SQLite history %s: %w", path, err)
 	}
