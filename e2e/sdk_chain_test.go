@@ -97,33 +97,7 @@ func TestSDKClaudeAcrossAnthropicVertexBedrock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	body := fmt.Sprintf(`
-		channel anthropic-direct %s {
-			provider anthropic
-			header X-Api-Key sk-ant-test
-		}
-		channel google-vertex %s {
-			provider vertex {
-				project proj-1
-				region us-east5
-				credentials_file %s
-			}
-		}
-		channel aws-bedrock %s {
-			provider bedrock {
-				region us-east-1
-				access_key_id AKIAFAKE
-				secret_access_key fake-secret
-			}
-		}
-		breaker {
-			failures 64
-		}
-		model claude-sonnet-4-5 {
-			route anthropic-direct cost 3 15 upstream_model claude-sonnet-4-5-20250929
-			route google-vertex cost 4 16 upstream_model claude-sonnet-4-5@20250929
-			route aws-bedrock cost 5 17 upstream_model us.anthropic.claude-sonnet-4-5-20250929-v1:0
-		}
+	body := fmt.Sprintf(fakeproviders.ClaudeChain+`
 		model claude-bedrock-first {
 			route aws-bedrock cost 1 1 upstream_model us.anthropic.claude-sonnet-4-5-20250929-v1:0
 			route google-vertex cost 2 2 upstream_model claude-sonnet-4-5@20250929
