@@ -46,6 +46,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			price <input_per_mtok> <output_per_mtok>
 //			max_output_tokens <n>
 //			max_input_tokens <n>
+//			stream_resume continue|off
 //		}
 //		max_hops            <n>
 //		header_timeout      <duration>
@@ -58,6 +59,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		retry_same          <status...> [max_wait <duration>]
 //		stream_gate         <duration> [failover]
 //		stream_idle_timeout <duration>
+//		stream_resume       continue|off
 //		breaker {
 //			window    <duration>
 //			failures  <n>
@@ -140,6 +142,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "retry_same":
 			h.RetrySame, err = unmarshalRetrySame(d)
+		case "stream_resume":
+			h.StreamResume, err = resumeArg(d)
 		case "stream_gate":
 			if h.StreamGate, err = caddykit.DurationArg(d); err == nil && d.NextArg() {
 				if d.Val() != "failover" {
@@ -351,6 +355,11 @@ func (h *Handler) unmarshalModel(d *caddyfile.Dispenser, at map[string]string) e
 				m.MaxOutputTokens = int64(n)
 			} else {
 				m.MaxInputTokens = int64(n)
+			}
+		case "stream_resume":
+			var err error
+			if m.StreamResume, err = resumeArg(d); err != nil {
+				return err
 			}
 		case "probe":
 			p, err := unmarshalProbe(d)

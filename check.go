@@ -69,6 +69,9 @@ func (h *Handler) check() error {
 	if err := h.checkRetrySame(); err != nil {
 		return err
 	}
+	if err := checkResume(optionKey("stream_resume"), h.StreamResume); err != nil {
+		return err
+	}
 	if err := h.Breaker.config().Validate(); err != nil {
 		return mistake(optionKey("breaker"), "breaker: %w", err)
 	}
@@ -126,6 +129,9 @@ func (h *Handler) check() error {
 			return mistake(modelKey(m.Name), "model %q is defined twice", m.Name)
 		}
 		models[m.Name] = true
+		if err := checkResume(modelKey(m.Name), m.StreamResume); err != nil {
+			return err
+		}
 		if _, err := chain.ParsePolicy(m.Policy); err != nil {
 			return mistake(modelKey(m.Name), "model %q: %w", m.Name, err)
 		}

@@ -101,6 +101,8 @@ type exchange struct {
 	// the client: its time to first content.
 	committedAt time.Time
 	held        []*heldReader
+	// resume follows a stream that may be continued elsewhere (resume.go).
+	resume *resumeState
 }
 
 // releaseHeld gives back the bytes of the attempt's buffered answers.
@@ -225,6 +227,9 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 		x.setVar("http.llm_failover.attempts", strconv.Itoa(x.attempts))
 		res := h.tryRoute(x, route, ticket, budget)
 		if res.done {
+			if x.resume != nil && x.resume.continuing {
+				h.resume(x, candidates[i+1:])
+			}
 			return nil
 		}
 		last = res.fail
@@ -371,7 +376,10 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 		defer firstByte.Stop()
 	}
 
-	body := x.body
+	body, req := x.body, x.req
+	if x.resume != nil && x.resume.continuing {
+		body, req = x.resume.body, x.resume.req
+	}
 	if x.bill != nil {
 		body = x.bill.prepare(body)
 		x.meter = x.bill.meter
@@ -381,7 +389,7 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 		x.meter = x.api.NewMeter()
 	}
 	out, err := ch.adapter.NewRequest(ctx, provider.Call{
-		API: x.api, Base: ch.base, Client: x.r, Body: body, Request: x.req,
+		API: x.api, Base: ch.base, Client: x.r, Body: body, Request: req,
 		UpstreamModel: route.UpstreamModel, Header: ch.headers, PassHeader: ch.extras.Request,
 	})
 	if err != nil {
@@ -396,6 +404,12 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 	defer res.Body.Close()
 
 	if res.StatusCode < len(h.retry) && h.retry[res.StatusCode] {
+		return attemptResult{fail: statusFailure(x.api, res)}
+	}
+	if x.resume != nil && x.resume.continuing && (res.StatusCode != http.StatusOK || !ch.adapter.IsStream(res.Header)) {
+		// A continuation joins a stream the client already has: anything
+		// but a stream (a refused prefill's 400) is this channel's failure,
+		// never the client's answer.
 		return attemptResult{fail: statusFailure(x.api, res)}
 	}
 	src := ch.adapter.ResponseBody(res)
@@ -471,8 +485,12 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		return attemptResult{fail: over}
 	}
 	defer release()
-	d := &downstream{w: client, res: res, onCommit: func() { release(); commit() },
+	var d streamgate.Downstream = &downstream{w: client, res: res, onCommit: func() { release(); commit() },
 		copyHeader: func(dst, src http.Header) { h.copyResponseHeader(ch, dst, src) }}
+	continuing := x.resume != nil && x.resume.continuing
+	if continuing {
+		d = &spliced{w: client, seam: seamComment(x.resume.from, ch.name), splice: x.resume.splice, onCommit: func() { release(); commit() }}
+	}
 	opts.GateTimeout = time.Duration(h.StreamGate)
 	opts.GateFailover = h.StreamGateFailover
 	opts.IdleTimeout = time.Duration(h.StreamIdleTimeout)
@@ -480,6 +498,9 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		x.bill.streamOptions(&opts)
 	} else {
 		opts.Observe = x.meter.Event
+	}
+	if !continuing {
+		h.watchForResume(x, &opts)
 	}
 	out := streamgate.Relay(src, cancel, d, opts)
 	if x.r.Context().Err() != nil && out.Outcome != streamgate.Complete {
@@ -491,6 +512,15 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 	case streamgate.ClientGone:
 		return attemptResult{done: true, clientGone: true}
 	case streamgate.Truncated, streamgate.Stalled:
+		if !continuing && h.broke(x, ch, out) {
+			return attemptResult{done: true, fail: &failure{reason: out.Outcome.String()}}
+		}
+		if out.Deferred != nil {
+			// Nothing will continue it: end it as without stream_resume.
+			if _, err := client.Write(out.Deferred); err == nil {
+				_ = client.Flush()
+			}
+		}
 		h.logger.Warn("committed stream ended abnormally; error event sent to the client",
 			zap.String("model", x.req.Model), zap.String("channel", ch.name),
 			zap.String("outcome", out.Outcome.String()), zap.Int64("bytes_sent", out.BytesSent), zap.String("error", h.secrets.String(errString(out.Err))))
@@ -503,7 +533,7 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 			// channel.
 			return attemptResult{done: true, fail: f}
 		}
-		if status := x.api.ErrorFrameRefusal(out.ErrorData); status != 0 {
+		if status := x.api.ErrorFrameRefusal(out.ErrorData); status != 0 && !continuing {
 			// The upstream refused the request itself: every channel would.
 			_ = h.refuse(x, provider.Error{Status: status, Message: f.message})
 			return attemptResult{done: true}

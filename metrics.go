@@ -51,12 +51,16 @@ var (
 		Namespace: "caddy", Subsystem: "llm_failover", Name: "probe_budget_spent",
 		Help: "1 while a channel's daily probe budget is spent and its probes are stopped.",
 	}, []string{"channel"})
+	resumesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "llm_failover", Name: "resumes_total",
+		Help: "Broken streams continued on another channel, by model and outcome (resumed, failed).",
+	}, []string{"model", "outcome"})
 )
 
 func registerMetrics(reg prometheus.Registerer) error {
 	return caddykit.Register(reg, requestsTotal, attemptsTotal, attemptDuration, channelSkipped,
 		breakerTransitions, breakerStates{}, walletTotal, walletCharged, caddykit.JobMetrics{},
-		probesTotal, probeSpend, probeBudgetSpent)
+		probesTotal, probeSpend, probeBudgetSpent, resumesTotal)
 }
 
 var breakerStateDesc = prometheus.NewDesc("caddy_llm_failover_breaker_state",

@@ -95,6 +95,10 @@ type Handler struct {
 	// RetrySame, when set, retries a channel once after a transient
 	// failure before the chain moves on. Off by default.
 	RetrySame *RetrySame `json:"retry_same,omitempty"`
+	// StreamResume is "continue" to finish an Anthropic Messages stream
+	// that broke after content on another channel of the model, or "off"
+	// (default). A model's own stream_resume overrides it. See resume.go.
+	StreamResume string `json:"stream_resume,omitempty"`
 	// StreamGate bounds how long an SSE stream is held back waiting for
 	// its first decisive frame. Default: 30s.
 	StreamGate caddy.Duration `json:"stream_gate,omitempty"`
@@ -212,6 +216,8 @@ type Model struct {
 	// Probe, when set, runs synthetic checks of the model's idle and
 	// half-open channels.
 	Probe *ProbeConfig `json:"probe,omitempty"`
+	// StreamResume overrides the handler's stream_resume for this model.
+	StreamResume string `json:"stream_resume,omitempty"`
 }
 
 // Route is one channel serving a model.
@@ -307,6 +313,7 @@ type model struct {
 	maxOutput int64
 	maxInput  int64
 	probe     *probePlan // nil when the model is not probed
+	resume    string     // stream_resume; "" means the handler's
 }
 
 // CaddyModule returns the Caddy module information.
@@ -417,7 +424,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	for _, m := range h.Models {
 		// check has vetted every value below; only the parsing remains.
 		policy, _ := chain.ParsePolicy(m.Policy)
-		pm := &model{maxOutput: m.MaxOutputTokens, maxInput: m.MaxInputTokens}
+		pm := &model{maxOutput: m.MaxOutputTokens, maxInput: m.MaxInputTokens, resume: m.StreamResume}
 		pm.probe, _ = m.Probe.plan()
 		if pm.maxOutput == 0 {
 			pm.maxOutput = DefaultMaxOutputTokens

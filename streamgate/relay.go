@@ -136,6 +136,14 @@ type Options struct {
 	// re-encoded: whole events are cut out at their boundaries. When nil,
 	// bytes are forwarded exactly as read.
 	Drop func(ev Event) bool
+	// DeferBreak is for a caller that may continue a broken stream from
+	// elsewhere. Bytes then reach the client in whole events only (as with
+	// Drop), and when a committed stream breaks off or stalls Relay writes
+	// neither the unterminated tail nor the error event: it returns the
+	// event in Result.Deferred, for the caller to write if it cannot
+	// continue. (An event too large to hold was forwarded as it came; a
+	// break inside one is appended to as without DeferBreak.)
+	DeferBreak bool
 }
 
 func (o Options) withDefaults() Options {
@@ -217,6 +225,10 @@ type Result struct {
 	// Err is the underlying read or write error, if any. It can accompany
 	// Complete when the connection broke after the stream's normal end.
 	Err error
+	// Deferred is the error event Relay did not append to a Truncated or
+	// Stalled stream (Options.DeferBreak): the client's stream so far
+	// ends at an event boundary.
+	Deferred []byte
 }
 
 // relay is the state of one Relay call. The Relay goroutine owns it, except
@@ -318,6 +330,9 @@ func Relay(src io.Reader, cancel context.CancelCauseFunc, dst Downstream, opts O
 	}
 }
 
+// wholeEvents reports whether bytes go to the client in whole events.
+func (r *relay) wholeEvents() bool { return r.opts.Drop != nil || r.opts.DeferBreak }
+
 func (r *relay) now() int64 { return int64(time.Since(r.start)) + 1 }
 
 // hold handles a chunk read before commit; r.mu is held. It reports whether
@@ -329,7 +344,7 @@ func (r *relay) hold(c []byte) bool {
 	if r.committed { // by the gate timer while we were reading
 		return r.forward(c)
 	}
-	if r.opts.Drop != nil {
+	if r.wholeEvents() {
 		r.feedDrop(c)
 		if r.failed || r.overlong() {
 			return true
@@ -375,7 +390,7 @@ func (r *relay) overlong() bool {
 // forward handles a chunk read after commit. It reports whether the relay
 // must stop.
 func (r *relay) forward(c []byte) bool {
-	if r.opts.Drop != nil {
+	if r.wholeEvents() {
 		if wrote, b := r.feedDrop(c); wrote && b >= 0 {
 			r.flush()
 		}
@@ -628,17 +643,6 @@ func (r *relay) finish(readErr error) Result {
 		return res
 	}
 
-	if !r.clientGone && len(r.pending) > 0 {
-		// The tail of an unterminated event: never lose upstream bytes.
-		r.write(r.pending)
-		r.flush()
-	}
-	if r.clientGone {
-		res.Outcome, res.Err, res.BytesSent = ClientGone, r.werr, r.sent
-		r.callCancel(ErrClientGone)
-		return res
-	}
-
 	ended := r.sawEnd
 	midEvent := !r.p.AtBoundary()
 	tailErr := false
@@ -654,6 +658,27 @@ func (r *relay) finish(readErr error) Result {
 			}
 		}
 	})
+	r.mu.Lock()
+	stalled := r.stalled
+	r.mu.Unlock()
+	if !ended && r.opts.EndsAtEOF && errors.Is(readErr, io.EOF) && !unterminated && !stalled {
+		ended = true // an unknown API ends however it likes, but not mid-event
+	}
+	// A deferred break leaves the client at the last whole event: the
+	// unterminated tail is dropped with the rest of the broken attempt.
+	deferred := r.opts.DeferBreak && !ended && !(r.keep && midEvent)
+	if deferred {
+		midEvent = false
+	} else if !r.clientGone && len(r.pending) > 0 {
+		// The tail of an unterminated event: never lose upstream bytes.
+		r.write(r.pending)
+		r.flush()
+	}
+	if r.clientGone {
+		res.Outcome, res.Err, res.BytesSent = ClientGone, r.werr, r.sent
+		r.callCancel(ErrClientGone)
+		return res
+	}
 	if tailErr {
 		// The upstream's own error event ends the stream but lacks its
 		// blank line, and a client discards an unterminated event: end it
@@ -661,12 +686,6 @@ func (r *relay) finish(readErr error) Result {
 		if _, err := r.dst.Write([]byte("\n\n")); err == nil {
 			_ = r.dst.Flush()
 		}
-	}
-	r.mu.Lock()
-	stalled := r.stalled
-	r.mu.Unlock()
-	if !ended && r.opts.EndsAtEOF && errors.Is(readErr, io.EOF) && !unterminated && !stalled {
-		ended = true // an unknown API ends however it likes, but not mid-event
 	}
 
 	res.BytesSent = r.sent
@@ -680,13 +699,13 @@ func (r *relay) finish(readErr error) Result {
 	case stalled:
 		res.Outcome = Stalled
 		res.Err = fmt.Errorf("streamgate: no upstream bytes for %v: %w", r.opts.IdleTimeout, ErrIdleTimeout)
-		r.appendError(midEvent, CodeStalled, "upstream stalled: no data for "+r.opts.IdleTimeout.String()+"; the response is incomplete")
+		res.Deferred = r.appendError(deferred, midEvent, CodeStalled, "upstream stalled: no data for "+r.opts.IdleTimeout.String()+"; the response is incomplete")
 	default:
 		res.Outcome, res.Err = Truncated, rerr
 		if res.Err == nil {
 			res.Err = fmt.Errorf("streamgate: upstream closed before the end of the stream: %w", io.ErrUnexpectedEOF)
 		}
-		r.appendError(midEvent, CodeTruncated, "upstream closed the stream before it was complete; the response is incomplete")
+		res.Deferred = r.appendError(deferred, midEvent, CodeTruncated, "upstream closed the stream before it was complete; the response is incomplete")
 	}
 	return res
 }
@@ -696,16 +715,21 @@ func (r *relay) finish(readErr error) Result {
 // first ends the half line and event; otherwise the client's parser would
 // glue the error onto them and never see it. (One blank line is not enough
 // after a lone CR: the client would take the LF as the rest of a CRLF.)
-// A failure here changes nothing: the client is gone.
-func (r *relay) appendError(midEvent bool, code, msg string) {
+// A failure here changes nothing: the client is gone. A deferred event is
+// returned instead of written.
+func (r *relay) appendError(deferred, midEvent bool, code, msg string) []byte {
 	if r.opts.ErrorEvent == nil {
-		return
+		return nil
 	}
 	ev := r.opts.ErrorEvent(code, msg)
+	if deferred {
+		return ev
+	}
 	if midEvent {
 		ev = append([]byte("\n\n"), ev...)
 	}
 	if _, err := r.dst.Write(ev); err == nil {
 		_ = r.dst.Flush()
 	}
+	return nil
 }

@@ -1,0 +1,233 @@
+package provider
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/llmfailover/caddy-llm-failover/streamgate"
+)
+
+// Continuer is implemented by adapters whose upstream takes a final
+// assistant message as a prefill and continues it, so that a stream cut on
+// another channel can be finished there. Only Anthropic Messages is
+// continued (first-party or passed through unchanged); a channel whose
+// adapter is no Continuer, or says false, is skipped for a resume.
+type Continuer interface {
+	CanContinue(api API) bool
+}
+
+// CanContinue: the first-party API takes an assistant prefill.
+func (Anthropic) CanContinue(api API) bool { return api == AnthropicMessages }
+
+// CanContinue: a pass-through channel speaking Messages forwards the
+// prefill unchanged.
+func (OpenAI) CanContinue(api API) bool { return api == AnthropicMessages }
+
+// Interface guards.
+var (
+	_ Continuer = Anthropic{}
+	_ Continuer = OpenAI{}
+)
+
+// Transcript collects the text a committed Anthropic Messages stream
+// delivered, so that another channel can be asked to continue it. It only
+// vouches for plain text: a tool_use, thinking or any other non-text block,
+// a second text block, or more text than its cap makes it refuse, since a
+// join there could corrupt the answer.
+type Transcript struct {
+	text      strings.Builder
+	cap       int
+	refused   bool
+	index     int  // the index of the last block started
+	open      bool // that block has not been stopped
+	delivered bool // some text was delivered
+}
+
+// NewTranscript returns a Transcript for a stream of api holding at most
+// maxBytes of text, or nil when streams of api are not continued (OpenAI
+// chat and Responses, in this version).
+func (a API) NewTranscript(maxBytes int) *Transcript {
+	if a != AnthropicMessages {
+		return nil
+	}
+	return &Transcript{cap: maxBytes}
+}
+
+// anthropicEvent is the part of a Messages stream event a Transcript and
+// a Splice read.
+type anthropicEvent struct {
+	Index        *int `json:"index"`
+	ContentBlock *struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	} `json:"content_block"`
+	Delta *struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	} `json:"delta"`
+}
+
+// Event records one event the client was sent.
+func (t *Transcript) Event(ev streamgate.Event) {
+	if t.refused {
+		return
+	}
+	var e anthropicEvent
+	switch ev.Name {
+	case "content_block_start", "content_block_delta", "content_block_stop":
+		if ev.Overflow || json.Unmarshal(ev.Data, &e) != nil || e.Index == nil {
+			t.refused = true
+			return
+		}
+	default:
+		return
+	}
+	switch ev.Name {
+	case "content_block_start":
+		if t.open || t.delivered || e.ContentBlock == nil || e.ContentBlock.Type != "text" || e.ContentBlock.Text != "" {
+			t.refused = true
+			return
+		}
+		t.index, t.open = *e.Index, true
+	case "content_block_delta":
+		if !t.open || *e.Index != t.index || e.Delta == nil || e.Delta.Type != "text_delta" || t.text.Len()+len(e.Delta.Text) > t.cap {
+			t.refused = true
+			return
+		}
+		t.text.WriteString(e.Delta.Text)
+		t.delivered = t.delivered || e.Delta.Text != ""
+	case "content_block_stop":
+		t.open = false
+	}
+}
+
+// Text is the text delivered so far.
+func (t *Transcript) Text() string { return t.text.String() }
+
+// ErrNotContinuable says a stream or a request cannot be continued.
+var ErrNotContinuable = errors.New("not continuable")
+
+// Continue returns the request body that asks another channel to go on
+// from the delivered text, and the Splice that fits its answer into the
+// client's stream. A request that ends with its own assistant prefill is
+// not continued (the delivered text would have to be merged into it).
+func (t *Transcript) Continue(body []byte) ([]byte, *Splice, error) {
+	if t.refused || !t.delivered {
+		return nil, nil, fmt.Errorf("stream: %w", ErrNotContinuable)
+	}
+	var req map[string]json.RawMessage
+	if err := json.Unmarshal(body, &req); err != nil {
+		return nil, nil, fmt.Errorf("request: %w", err)
+	}
+	var msgs []struct {
+		Role string `json:"role"`
+	}
+	if err := json.Unmarshal(req["messages"], &msgs); err != nil || len(msgs) == 0 {
+		return nil, nil, fmt.Errorf("request messages: %w", ErrNotContinuable)
+	}
+	if msgs[len(msgs)-1].Role == "assistant" {
+		return nil, nil, fmt.Errorf("request ends with an assistant prefill: %w", ErrNotContinuable)
+	}
+	// Anthropic refuses a final assistant message that ends in white
+	// space; the continuation is expected to start with it again, and the
+	// Splice takes it off.
+	text := t.text.String()
+	prefill := strings.TrimRight(text, " \t\r\n")
+	if prefill == "" {
+		return nil, nil, fmt.Errorf("only white space delivered: %w", ErrNotContinuable)
+	}
+	var all []json.RawMessage
+	_ = json.Unmarshal(req["messages"], &all)
+	msg, _ := json.Marshal(map[string]string{"role": "assistant", "content": prefill})
+	all = append(all, msg)
+	req["messages"], _ = json.Marshal(all)
+	out, err := json.Marshal(req)
+	if err != nil {
+		return nil, nil, fmt.Errorf("request: %w", err)
+	}
+	s := &Splice{trim: text[len(prefill):], joinOpen: t.open, first: -1}
+	s.base = t.index + 1
+	if t.open {
+		s.base = t.index
+	}
+	return out, s, nil
+}
+
+// Splice rewrites a continuation's Messages stream into the client's
+// stream: it drops the second message_start and its pings, joins the
+// continuation's first text block to the block still open (or numbers it
+// after the last one), keeps block indices continuous, and takes off the
+// white space the prefill could not end with. message_delta (the one final
+// usage) and message_stop pass unchanged.
+type Splice struct {
+	trim     string // white space delivered but left out of the prefill
+	joinOpen bool   // the first attempt's text block is still open
+	base     int    // index the continuation's block 0 gets
+	first    int    // the continuation's first block index, -1 before it
+}
+
+// Rewrite appends to dst what the client gets for one event of the
+// continuation.
+func (s *Splice) Rewrite(dst []byte, ev streamgate.Event) []byte {
+	switch ev.Name {
+	case "message_start", "ping":
+		return dst
+	case "content_block_start", "content_block_delta", "content_block_stop":
+	default:
+		return appendEvent(dst, ev.Name, ev.Data)
+	}
+	var fields map[string]json.RawMessage
+	var e anthropicEvent
+	if json.Unmarshal(ev.Data, &fields) != nil || json.Unmarshal(ev.Data, &e) != nil || e.Index == nil {
+		return appendEvent(dst, ev.Name, ev.Data)
+	}
+	if s.first < 0 {
+		s.first = *e.Index
+	}
+	if ev.Name == "content_block_start" && s.joinOpen && *e.Index == s.first {
+		return dst // the client's block is still open: this one continues it
+	}
+	if ev.Name == "content_block_delta" && *e.Index == s.first && s.trim != "" && e.Delta != nil && e.Delta.Type == "text_delta" {
+		text := e.Delta.Text
+		n := commonPrefix(text, s.trim)
+		text, s.trim = text[n:], s.trim[n:]
+		if n < len(e.Delta.Text) {
+			s.trim = "" // the model went on differently: keep what it said
+		}
+		if text == "" {
+			return dst
+		}
+		fields["delta"], _ = json.Marshal(map[string]string{"type": "text_delta", "text": text})
+	}
+	fields["index"], _ = json.Marshal(s.base + *e.Index - s.first)
+	data, err := json.Marshal(fields)
+	if err != nil {
+		return appendEvent(dst, ev.Name, ev.Data)
+	}
+	return appendEvent(dst, ev.Name, data)
+}
+
+func commonPrefix(a, b string) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	return n
+}
+
+func appendEvent(dst []byte, name string, data []byte) []byte {
+	if name != "" {
+		dst = append(dst, "event: "...)
+		dst = append(dst, name...)
+		dst = append(dst, '\n')
+	}
+	for _, line := range bytes.Split(data, []byte("\n")) {
+		dst = append(dst, "data: "...)
+		dst = append(dst, line...)
+		dst = append(dst, '\n')
+	}
+	return append(dst, '\n')
+}

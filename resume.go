@@ -1,0 +1,216 @@
+package llmfailover
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"go.uber.org/zap"
+
+	"github.com/llmfailover/caddy-llm-failover/chain"
+	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
+	"github.com/llmfailover/caddy-llm-failover/provider"
+	"github.com/llmfailover/caddy-llm-failover/streamgate"
+)
+
+// Values of stream_resume.
+const (
+	resumeOff      = "off"
+	resumeContinue = "continue"
+)
+
+const reasonResumed = "resumed"
+
+// resumeState follows one request whose committed stream may be
+// continued on another channel (stream_resume continue).
+type resumeState struct {
+	transcript *provider.Transcript
+	// Set when the stream broke and a continuation is being sought.
+	continuing bool
+	from       string // the channel whose stream broke
+	body       []byte // the request with the delivered text as prefill
+	req        provider.Request
+	splice     *provider.Splice
+	errEvent   []byte // the original failure's error event
+}
+
+// resumeMode is the model's stream_resume, or the handler's.
+func (h *Handler) resumeMode(x *exchange) string {
+	if x.model.resume != "" {
+		return x.model.resume
+	}
+	return h.StreamResume
+}
+
+// watchForResume prepares a first attempt's stream to be continued if it
+// breaks: its text is collected and a break is deferred. Billed requests
+// are not resumed in this version: the continuation's cost would need its
+// own ledger row and admission bound.
+func (h *Handler) watchForResume(x *exchange, opts *streamgate.Options) {
+	x.resume = nil
+	if x.bill != nil || h.resumeMode(x) != resumeContinue {
+		return
+	}
+	t := x.api.NewTranscript(resumeTextCap(x))
+	if t == nil {
+		return
+	}
+	x.resume = &resumeState{transcript: t}
+	observe := opts.Observe
+	opts.Observe = func(ev streamgate.Event) {
+		if observe != nil {
+			observe(ev)
+		}
+		t.Event(ev)
+	}
+	opts.DeferBreak = true
+}
+
+// resumeTextCap bounds the collected text by the model's output bound, at
+// a generous 16 bytes a token.
+func resumeTextCap(x *exchange) int {
+	tokens := x.model.maxOutput
+	if x.req.MaxOutput > 0 {
+		tokens = min(tokens, x.req.MaxOutput)
+	}
+	return int(min(tokens*16, 16<<20))
+}
+
+// broke records a first attempt's deferred break; it reports whether a
+// continuation may be sought (else the caller ends the stream with the
+// deferred error event).
+func (h *Handler) broke(x *exchange, ch *channel, out streamgate.Result) bool {
+	rs := x.resume
+	if rs == nil || out.Deferred == nil {
+		return false
+	}
+	rs.errEvent = out.Deferred
+	body, splice, err := rs.transcript.Continue(x.body)
+	var req provider.Request
+	if err == nil {
+		// Parsed again: an adapter edits the body at the offsets it holds.
+		req, err = x.api.ParseRequest(body)
+	}
+	if err != nil {
+		h.logger.Info("broken stream not resumed", zap.String("model", x.req.Model),
+			zap.String("channel", ch.name), zap.String("why", err.Error()))
+		return false
+	}
+	rs.continuing, rs.from, rs.body, rs.req, rs.splice = true, ch.name, body, req, splice
+	return true
+}
+
+// resume continues a broken stream on the candidates after the channel
+// that broke, each in turn, until one's continuation is committed. When
+// none is, the client gets the original failure's error event.
+func (h *Handler) resume(x *exchange, rest []*chain.Route) {
+	rs := x.resume
+	deadline := time.Now().Add(time.Duration(h.Deadline))
+	for i, route := range rest {
+		if x.r.Context().Err() != nil {
+			return
+		}
+		ch := h.channels[route.Channel]
+		if c, ok := ch.adapter.(provider.Continuer); !ok || !c.CanContinue(x.api) {
+			continue
+		}
+		ticket, ok := ch.state.breaker.Admit(time.Now())
+		if !ok {
+			h.skipped(x, route)
+			continue
+		}
+		remaining := time.Until(deadline)
+		if remaining <= 0 {
+			break
+		}
+		x.attempts++
+		x.setVar("http.llm_failover.attempts", fmt.Sprint(x.attempts))
+		res := h.try(x, route, ticket, remaining/time.Duration(len(rest)-i))
+		if res.done {
+			resumesTotal.WithLabelValues(x.req.Model, reasonResumed).Inc()
+			h.logger.Warn("broken stream resumed",
+				zap.String("model", x.req.Model), zap.String("channel", rs.from),
+				zap.String("next_channel", route.Name), zap.String("reason", reasonResumed),
+				zap.Int("delivered_bytes", len(rs.transcript.Text())))
+			h.app.decided(x, rs.from, &failure{reason: reasonResumed}, route.Name)
+			return
+		}
+		h.logger.Warn("resume attempt failed",
+			zap.String("model", x.req.Model), zap.String("channel", route.Name),
+			zap.String("reason", res.fail.reason), zap.Int("upstream_status", res.fail.status),
+			zap.String("upstream_message", res.fail.message))
+		h.app.decided(x, route.Name, res.fail, "")
+	}
+	resumesTotal.WithLabelValues(x.req.Model, "failed").Inc()
+	w := &idleWriter{w: x.w, rc: http.NewResponseController(x.w), idle: time.Duration(h.StreamIdleTimeout)}
+	defer w.done()
+	if _, err := w.Write(rs.errEvent); err == nil {
+		_ = w.Flush()
+	}
+}
+
+// spliced is the client side of a continuation: the headers went out with
+// the first attempt, so committing writes only the seam comment, and each
+// event is rewritten by the Splice into the first attempt's message.
+type spliced struct {
+	w        *idleWriter
+	onCommit func()
+	seam     string
+	splice   *provider.Splice
+	p        streamgate.Parser
+	out      []byte
+}
+
+var _ streamgate.Downstream = (*spliced)(nil)
+
+func (s *spliced) Commit() error {
+	s.onCommit()
+	if _, err := s.w.Write([]byte(s.seam)); err != nil {
+		return err
+	}
+	return s.w.Flush()
+}
+
+func (s *spliced) Write(p []byte) (int, error) {
+	s.out = s.out[:0]
+	s.p.Feed(p, func(ev streamgate.Event) { s.out = s.splice.Rewrite(s.out, ev) })
+	if len(s.out) > 0 {
+		if _, err := s.w.Write(s.out); err != nil {
+			return 0, err
+		}
+	}
+	return len(p), nil
+}
+
+func (s *spliced) Flush() error { return s.w.Flush() }
+
+// seamComment is the SSE comment that marks where a continuation begins;
+// clients ignore it, people reading the stream see it.
+func seamComment(from, to string) string {
+	return ": llm-failover resumed from " + strings.ReplaceAll(from, "\n", " ") + " on " + strings.ReplaceAll(to, "\n", " ") + "\n\n"
+}
+
+// resumeArg parses stream_resume's one argument.
+func resumeArg(d *caddyfile.Dispenser) (string, error) {
+	if !d.NextArg() {
+		return "", d.ArgErr()
+	}
+	v := d.Val()
+	if err := caddykit.NoMoreArgs(d); err != nil {
+		return "", err
+	}
+	if v != resumeContinue && v != resumeOff {
+		return "", d.Errf("stream_resume: unknown mode %q (want continue or off)", v)
+	}
+	return v, nil
+}
+
+// checkResume vets a stream_resume value from JSON.
+func checkResume(at, v string) error {
+	if v != "" && v != resumeContinue && v != resumeOff {
+		return mistake(at, "stream_resume: unknown mode %q (want continue or off)", v)
+	}
+	return nil
+}
