@@ -8,7 +8,9 @@ import (
 	"github.com/llmfailover/caddy-llm-failover/streamgate"
 )
 
-func antEvent(name, data string) streamgate.Event { return streamgate.Event{Name: name, Data: []byte(data)} }
+func antEvent(name, data string) streamgate.Event {
+	return streamgate.Event{Name: name, Data: []byte(data)}
+}
 
 func textDelta(i int, text string) streamgate.Event {
 	b, _ := json.Marshal(map[string]any{"type": "content_block_delta", "index": i, "delta": map[string]string{"type": "text_delta", "text": text}})
