@@ -18,6 +18,15 @@ func resumePieces() []string {
 	return p
 }
 
+// wantText checks a clean stream whose accumulated text is exactly want.
+func wantText(t *testing.T, s streamed, want string) {
+	t.Helper()
+	okStream(t, s)
+	if got := fu.StreamText(mustSSE(t, s.body)); got != want {
+		t.Fatalf("text %q, want %q:\n%s", got, want, s.body)
+	}
+}
+
 func resumePost(t *testing.T) streamed {
 	return streamPost(t, nil, "/v1/messages", fu.MessagesRequest("claude", true), "", "anthropic-version", "2023-06-01")
 }
@@ -30,10 +39,7 @@ func TestResumeCutStreamDeliveredWhole(t *testing.T) {
 	b := upstream(t, fu.OKNamed("backup").WithPieces(pieces[40:]...))
 	gateway(t, gateChannels, a.URL, b.URL, "stream_resume continue")
 	s := resumePost(t)
-	okStream(t, s)
-	if got, want := fu.StreamText(mustSSE(t, s.body)), strings.Join(pieces, ""); got != want {
-		t.Fatalf("text %q, want %q:\n%s", got, want, s.body)
-	}
+	wantText(t, s, strings.Join(pieces, ""))
 	for sub, n := range map[string]int{"event: message_start": 1, "event: content_block_start": 1, "event: message_stop": 1,
 		"event: message_delta": 1, ": llm-failover resumed from a on b\n": 1, "event: error": 0, `"index":1`: 0} {
 		if got := count(s.body, sub); got != n {
@@ -55,10 +61,7 @@ func TestResumeStalledStream(t *testing.T) {
 	b := upstream(t, fu.OKNamed("backup").WithPieces(pieces[20:]...))
 	gateway(t, gateChannels, a.URL, b.URL, "stream_resume continue\nstream_idle_timeout 300ms")
 	s := resumePost(t)
-	okStream(t, s)
-	if got, want := fu.StreamText(mustSSE(t, s.body)), strings.Join(pieces, ""); got != want {
-		t.Fatalf("text %q, want %q:\n%s", got, want, s.body)
-	}
+	wantText(t, s, strings.Join(pieces, ""))
 	if s.endAt < 250*time.Millisecond || s.endAt > 5*time.Second {
 		t.Fatalf("ended after %s; the idle timeout is 300ms", s.endAt)
 	}

@@ -42,6 +42,14 @@ func TestSDKs(t *testing.T) {
 	channels.WriteString(up("cdown1", fu.Status(503, "")))
 	channels.WriteString(up("cdown2", fu.Status(503, "")))
 	channels.WriteString(up("ccut", fu.CutMidStream()))
+	// claude-resume: 60 text deltas " t00".." t59", cut after 40 and
+	// finished by the second channel (stream_resume continue).
+	resumePieces := make([]string, 60)
+	for i := range resumePieces {
+		resumePieces[i] = fmt.Sprintf(" t%02d", i)
+	}
+	channels.WriteString(up("cres1", fu.OK().WithPieces(resumePieces...).WithCutAfter(40)))
+	channels.WriteString(up("cres2", fu.OK().WithPieces(resumePieces[40:]...)))
 
 	models := `
 		model gpt-failover {
@@ -72,6 +80,11 @@ func TestSDKs(t *testing.T) {
 		}
 		model claude-cut {
 			route ccut
+		}
+		model claude-resume {
+			route cres1 cost 1 1
+			route cres2 cost 2 2
+			stream_resume continue
 		}
 		stream_idle_timeout 10s
 `
@@ -107,7 +120,7 @@ func TestSDKs(t *testing.T) {
 		}
 	}
 	// Every row of the table was exercised.
-	for _, name := range []string{"gf1", "gf2", "gbad", "gdown1", "gdown2", "gcut", "gr1", "gr2", "cf1", "cf2", "cdown1", "cdown2", "ccut"} {
+	for _, name := range []string{"gf1", "gf2", "gbad", "gdown1", "gdown2", "gcut", "gr1", "gr2", "cf1", "cf2", "cdown1", "cdown2", "ccut", "cres1", "cres2"} {
 		if servers[name].Hits() == 0 {
 			t.Errorf("upstream %s was never called; the SDK tests did not exercise it", name)
 		}

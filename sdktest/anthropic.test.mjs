@@ -13,6 +13,10 @@
 //   claude-cut      messages; the stream commits (some text reaches the
 //                   client), then the upstream cuts the connection: the
 //                   gateway must end the stream with `event: error`.
+//   claude-resume   messages with stream_resume continue; channel 1 streams
+//                   text deltas " t00".." t59" and cuts after the 40th,
+//                   channel 2 streams " t40".." t59": the SDK must see one
+//                   message with the whole text.
 // Clients use apiKey "sk-client-test"; the gateway must not forward it.
 //
 // maxRetries is 0 everywhere so the SDK's own retries cannot hide (or
@@ -117,4 +121,15 @@ test('claude-cut: the MessageStream helper rejects too', T, async () => {
     assert.ok(err instanceof APIError, `got ${err?.constructor?.name}: ${err}`);
     return true;
   });
+});
+
+const resumeText = Array.from({ length: 60 }, (_, i) => ' t' + String(i).padStart(2, '0')).join('');
+
+test('claude-resume: a stream cut after 40 of 60 deltas arrives whole, as one message', T, async () => {
+  const stream = client.messages.stream({ model: 'claude-resume', ...params });
+  const message = await stream.finalMessage();
+  assert.equal(message.content.length, 1);
+  assert.equal(message.content[0].type, 'text');
+  assert.equal(message.content[0].text, resumeText);
+  assert.equal(message.stop_reason, 'end_turn');
 });
