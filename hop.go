@@ -531,6 +531,15 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 			// The error event was forwarded and ended a stream the client
 			// already has: it cannot fail over, only count against the
 			// channel.
+			if !continuing && h.broke(x, ch, out) {
+				return attemptResult{done: true, fail: f}
+			}
+			if out.Deferred != nil {
+				// Held back for a resume that will not happen: forward it.
+				if _, err := client.Write(out.Deferred); err == nil {
+					_ = client.Flush()
+				}
+			}
 			return attemptResult{done: true, fail: f}
 		}
 		if status := x.api.ErrorFrameRefusal(out.ErrorData); status != 0 && !continuing {

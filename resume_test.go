@@ -70,12 +70,18 @@ func TestResumeStalledStream(t *testing.T) {
 
 // stallAfter streams a Messages answer, then goes silent after n deltas.
 func stallAfter(pieces []string, n int) fu.Behavior {
+	return sseScript(append(anthropicSteps(pieces[:n]), 10*time.Second)...)
+}
+
+// anthropicSteps are the opening events of a Messages stream with one
+// text delta per piece.
+func anthropicSteps(pieces []string) []any {
 	steps := []any{"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude\",\"content\":[],\"usage\":{\"input_tokens\":5,\"output_tokens\":1}}}\n\n",
 		"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n"}
-	for _, p := range pieces[:n] {
+	for _, p := range pieces {
 		steps = append(steps, fmt.Sprintf("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":%q}}\n\n", p))
 	}
-	return sseScript(append(steps, 10*time.Second)...)
+	return steps
 }
 
 // A backup that rejects the prefill leaves the client with the original
@@ -150,4 +156,19 @@ func TestResumeConfig(t *testing.T) {
 		t.Fatalf("model's stream_resume off was not honoured: %q", got)
 	}
 	hits(t, b, 0)
+}
+
+// An error event after content is resumed like a cut: the client never
+// sees it, and gets the whole answer.
+func TestResumeAfterErrorEvent(t *testing.T) {
+	pieces := resumePieces()
+	steps := anthropicSteps(pieces[:40])
+	steps = append(steps, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n")
+	a := upstream(t, sseScript(steps...))
+	b := upstream(t, fu.OKNamed("backup").WithPieces(pieces[40:]...))
+	gateway(t, gateChannels, a.URL, b.URL, "stream_resume continue")
+	s := resumePost(t)
+	wantText(t, s, strings.Join(pieces, ""))
+	mustNotContain(t, s.body, "event: error", "Overloaded")
+	mustContain(t, s.body, ": llm-failover resumed from a on b", "event: message_stop")
 }

@@ -1,7 +1,6 @@
 package provider
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -177,12 +176,12 @@ func (s *Splice) Rewrite(dst []byte, ev streamgate.Event) []byte {
 		return dst
 	case "content_block_start", "content_block_delta", "content_block_stop":
 	default:
-		return appendEvent(dst, ev.Name, ev.Data)
+		return streamgate.AppendEvent(dst, ev.Name, ev.Data)
 	}
 	var fields map[string]json.RawMessage
 	var e anthropicEvent
 	if json.Unmarshal(ev.Data, &fields) != nil || json.Unmarshal(ev.Data, &e) != nil || e.Index == nil {
-		return appendEvent(dst, ev.Name, ev.Data)
+		return streamgate.AppendEvent(dst, ev.Name, ev.Data)
 	}
 	if s.first < 0 {
 		s.first = *e.Index
@@ -205,9 +204,9 @@ func (s *Splice) Rewrite(dst []byte, ev streamgate.Event) []byte {
 	fields["index"], _ = json.Marshal(s.base + *e.Index - s.first)
 	data, err := json.Marshal(fields)
 	if err != nil {
-		return appendEvent(dst, ev.Name, ev.Data)
+		return streamgate.AppendEvent(dst, ev.Name, ev.Data)
 	}
-	return appendEvent(dst, ev.Name, data)
+	return streamgate.AppendEvent(dst, ev.Name, data)
 }
 
 func commonPrefix(a, b string) int {
@@ -216,18 +215,4 @@ func commonPrefix(a, b string) int {
 		n++
 	}
 	return n
-}
-
-func appendEvent(dst []byte, name string, data []byte) []byte {
-	if name != "" {
-		dst = append(dst, "event: "...)
-		dst = append(dst, name...)
-		dst = append(dst, '\n')
-	}
-	for _, line := range bytes.Split(data, []byte("\n")) {
-		dst = append(dst, "data: "...)
-		dst = append(dst, line...)
-		dst = append(dst, '\n')
-	}
-	return append(dst, '\n')
 }

@@ -40,3 +40,20 @@ func TestRelayDeferBreakComplete(t *testing.T) {
 		t.Fatalf("res %+v body %q", res, body)
 	}
 }
+
+// With DeferBreak an error event after commit is held back, with what
+// follows it, and returned whole.
+func TestRelayDeferBreakErrorAfterCommit(t *testing.T) {
+	dst := newFakeDown()
+	whole := antEv("message_start", shapes.AntStart) + antEv("content_block_delta", shapes.AntBlockDelta)
+	errEv := antEv("error", `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`)
+	res, _ := relayWith(t, dst, gate(provider.AnthropicMessages, Options{DeferBreak: true}), func(u *upstream) {
+		u.send(whole)
+		u.send(errEv + antEv("content_block_delta", shapes.AntBlockDelta))
+		u.close()
+	})
+	_, body := dst.snapshot()
+	if res.Outcome != UpstreamError || !res.Committed || string(res.Deferred) != errEv || body != whole {
+		t.Fatalf("res %+v body %q", res, body)
+	}
+}

@@ -16,6 +16,7 @@
 package streamgate
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -141,8 +142,10 @@ type Options struct {
 	// Drop), and when a committed stream breaks off or stalls Relay writes
 	// neither the unterminated tail nor the error event: it returns the
 	// event in Result.Deferred, for the caller to write if it cannot
-	// continue. (An event too large to hold was forwarded as it came; a
-	// break inside one is appended to as without DeferBreak.)
+	// continue. An error event after commit is held back the same way
+	// (Outcome UpstreamError, Committed), with every event after it. (An
+	// event too large to hold was forwarded as it came; a break inside
+	// one is appended to as without DeferBreak.)
 	DeferBreak bool
 }
 
@@ -226,7 +229,8 @@ type Result struct {
 	// Complete when the connection broke after the stream's normal end.
 	Err error
 	// Deferred is the error event Relay did not append to a Truncated or
-	// Stalled stream (Options.DeferBreak): the client's stream so far
+	// Stalled stream, or the upstream's own error event it held back from
+	// a committed one (Options.DeferBreak): the client's stream so far
 	// ends at an event boundary.
 	Deferred []byte
 }
@@ -268,6 +272,7 @@ type relay struct {
 	sawEnd   bool // normal end (or in-band error) seen after/at commit
 	errAfter bool // error frame after commit
 	errData  []byte
+	errEvent []byte // that error frame, held back (DeferBreak)
 
 	// Drop mode: bytes since the last clean boundary carried over from
 	// earlier chunks, the chunk being fed, and the start of its unsunk part.
@@ -464,6 +469,10 @@ func (r *relay) onEvent(ev Event) {
 	if r.failed {
 		return
 	}
+	if r.errEvent != nil && r.chunk != nil {
+		r.dropEvent() // after a held-back error: the caller continues or ends it
+		return
+	}
 	if r.opts.Observe != nil {
 		r.opts.Observe(ev)
 	}
@@ -479,6 +488,11 @@ func (r *relay) onEvent(ev Event) {
 			if !r.errAfter {
 				r.errAfter = true
 				r.errData = append([]byte(nil), ev.Data...)
+			}
+			if r.opts.DeferBreak && r.chunk != nil && !r.keep && !ev.Overflow {
+				r.errEvent = AppendEvent(nil, ev.Name, ev.Data)
+				r.dropEvent()
+				return
 			}
 		}
 	} else {
@@ -691,7 +705,7 @@ func (r *relay) finish(readErr error) Result {
 	res.BytesSent = r.sent
 	switch {
 	case ended && r.errAfter:
-		res.Outcome, res.ErrorData, res.Err = UpstreamError, r.errData, rerr
+		res.Outcome, res.ErrorData, res.Err, res.Deferred = UpstreamError, r.errData, rerr, r.errEvent
 		return res
 	case ended:
 		res.Outcome, res.Err = Complete, rerr
@@ -732,4 +746,16 @@ func (r *relay) appendError(deferred, midEvent bool, code, msg string) []byte {
 		_ = r.dst.Flush()
 	}
 	return nil
+}
+
+// AppendEvent appends a complete event named name (none when "") with
+// data, one data line per line of it.
+func AppendEvent(dst []byte, name string, data []byte) []byte {
+	if name != "" {
+		dst = append(append(append(dst, "event: "...), name...), '\n')
+	}
+	for _, line := range bytes.Split(data, []byte("\n")) {
+		dst = append(append(append(dst, "data: "...), line...), '\n')
+	}
+	return append(dst, '\n')
 }
