@@ -681,7 +681,7 @@ func (h *Handler) record(x *exchange, route *chain.Route, res attemptResult, too
 	if x.bill != nil && res.fail != nil && !res.done {
 		x.bill.attemptFailed(ch.name, upstreamModel(route, x.req.Model), res.fail.reason)
 	}
-	if res.done && !res.clientGone && !x.synthetic {
+	if res.done && !res.clientGone && !x.synthetic && !x.resume.sending() {
 		requestsTotal.WithLabelValues(x.req.Model, "served").Inc()
 	}
 	attemptsTotal.WithLabelValues(x.req.Model, ch.name, outcome).Inc()

@@ -34,7 +34,12 @@ type resumeState struct {
 	req        provider.Request
 	splice     *provider.Splice
 	errEvent   []byte // the original failure's error event
+	tries      int    // continuations sent
 }
+
+// sending reports whether a continuation is being sent: the request was
+// already counted as served when its stream was committed.
+func (rs *resumeState) sending() bool { return rs != nil && rs.tries > 0 }
 
 // resumeMode is the model's stream_resume, or the handler's.
 func (h *Handler) resumeMode(x *exchange) string {
@@ -126,6 +131,7 @@ func (h *Handler) resume(x *exchange, rest []*chain.Route) {
 			break
 		}
 		x.attempts++
+		rs.tries++
 		x.setVar("http.llm_failover.attempts", fmt.Sprint(x.attempts))
 		res := h.try(x, route, ticket, remaining/time.Duration(len(rest)-i))
 		if res.done {

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 )
 
@@ -38,8 +40,14 @@ func TestResumeCutStreamDeliveredWhole(t *testing.T) {
 	a := upstream(t, fu.OKNamed("primary").WithPieces(pieces...).WithCutAfter(40))
 	b := upstream(t, fu.OKNamed("backup").WithPieces(pieces[40:]...))
 	gateway(t, gateChannels, a.URL, b.URL, "stream_resume continue")
+	resumed := resumes(t, "claude", "resumed")
 	s := resumePost(t)
 	wantText(t, s, strings.Join(pieces, ""))
+	if got := resumes(t, "claude", "resumed") - resumed; got != 1 {
+		t.Errorf("resumes_total{outcome=resumed} grew by %v, want 1", got)
+	}
+	// What a resume costs: from the last delivered delta to the seam.
+	t.Logf("resume took %s from the 40th delta to the first continued one", s.at(" t40")-s.at(" t39"))
 	for sub, n := range map[string]int{"event: message_start": 1, "event: content_block_start": 1, "event: message_stop": 1,
 		"event: message_delta": 1, ": llm-failover resumed from a on b\n": 1, "event: error": 0, `"index":1`: 0} {
 		if got := count(s.body, sub); got != n {
@@ -91,7 +99,11 @@ func TestResumePrefillRejectedKeepsOriginalError(t *testing.T) {
 	a := upstream(t, fu.OKNamed("primary").WithPieces(pieces...).WithCutAfter(40))
 	b := upstream(t, fu.Status(400, `{"type":"error","error":{"type":"invalid_request_error","message":"prefill rejected"}}`))
 	gateway(t, gateChannels, a.URL, b.URL, "stream_resume continue")
+	failed := resumes(t, "claude", "failed")
 	s := resumePost(t)
+	if got := resumes(t, "claude", "failed") - failed; got != 1 {
+		t.Errorf("resumes_total{outcome=failed} grew by %v, want 1", got)
+	}
 	okStream(t, s)
 	if got, want := fu.StreamText(mustSSE(t, s.body)), strings.Join(pieces[:40], ""); got != want {
 		t.Fatalf("text %q, want %q", got, want)
@@ -171,4 +183,14 @@ func TestResumeAfterErrorEvent(t *testing.T) {
 	wantText(t, s, strings.Join(pieces, ""))
 	mustNotContain(t, s.body, "event: error", "Overloaded")
 	mustContain(t, s.body, ": llm-failover resumed from a on b", "event: message_stop")
+}
+
+// resumes reads caddy_llm_failover_resumes_total{model,outcome}.
+func resumes(t *testing.T, model, outcome string) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := resumesTotal.WithLabelValues(model, outcome).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }
