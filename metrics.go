@@ -53,7 +53,7 @@ var (
 	}, []string{"channel"})
 	resumesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "llm_failover", Name: "resumes_total",
-		Help: "Broken streams continued on another channel, by model and outcome (resumed, failed).",
+		Help: "Broken streams continued on another channel, by model and outcome (resumed; broken: the continuation broke too; failed: none continued).",
 	}, []string{"model", "outcome"})
 )
 

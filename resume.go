@@ -134,8 +134,15 @@ func (h *Handler) resume(x *exchange, rest []*chain.Route) {
 		rs.tries++
 		x.setVar("http.llm_failover.attempts", fmt.Sprint(x.attempts))
 		res := h.try(x, route, ticket, remaining/time.Duration(len(rest)-i))
+		if res.clientGone {
+			return
+		}
 		if res.done {
-			resumesTotal.WithLabelValues(x.req.Model, reasonResumed).Inc()
+			outcome := reasonResumed
+			if res.fail != nil {
+				outcome = "broken" // the continuation itself broke off
+			}
+			resumesTotal.WithLabelValues(x.req.Model, outcome).Inc()
 			h.logger.Warn("broken stream resumed",
 				zap.String("model", x.req.Model), zap.String("channel", rs.from),
 				zap.String("next_channel", route.Name), zap.String("reason", reasonResumed),
