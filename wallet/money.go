@@ -195,13 +195,32 @@ type Estimate struct {
 	// to input stored upstream (a previous response, a conversation) can
 	// have: the body shows only the new part of it.
 	StoredInputTokens int64
+	// Continuations is how many times a broken answer may be continued on
+	// another channel (the gateway's stream_resume): each continuation is
+	// sent the request plus what was delivered as a prefill, so it can
+	// cost up to ContinuationBounds on top of the first attempt.
+	Continuations int
 }
 
 // MaxCost returns the reservation for a request: a cost that the request
 // cannot exceed at price p, and the input-token bound it was computed from.
 func MaxCost(e Estimate, p Price) (Micros, int64) {
 	in, out := e.Bounds()
-	return p.Cost(in, out), in
+	cost := uint64(p.Cost(in, out))
+	if e.Continuations > 0 {
+		cin, cout := e.ContinuationBounds()
+		cost = satAdd(cost, satMul(uint64(p.Cost(cin, cout)), uint64(e.Continuations)))
+	}
+	return Micros(cost), in
+}
+
+// ContinuationBounds returns the most input and output tokens one
+// continuation can have: its input is the request's plus the prefill,
+// which is at most the output already delivered, so at most the output
+// bound; its output is at most the output bound.
+func (e Estimate) ContinuationBounds() (in, out int64) {
+	in, out = e.Bounds()
+	return int64(satAdd(uint64(in), uint64(out))), out
 }
 
 // Bounds returns the most input and output tokens the request can have.

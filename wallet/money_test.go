@@ -182,3 +182,24 @@ func FuzzParseMicros(f *testing.F) {
 		}
 	})
 }
+
+// A request that may be continued once reserves its first attempt plus a
+// continuation whose input carries the delivered output as a prefill.
+func TestMaxCostWithContinuation(t *testing.T) {
+	p := Price{Input: 3_000_000, Output: 15_000_000}
+	e := Estimate{BodyBytes: 500, MaxOutput: 64}
+	alone, in := MaxCost(e, p)
+	e.Continuations = 1
+	both, in2 := MaxCost(e, p)
+	cin, cout := e.ContinuationBounds()
+	if in2 != in || cin != in+64 || cout != 64 {
+		t.Fatalf("bounds %d, continuation %d in %d out; want %d, %d, 64", in2, cin, cout, in, in+64)
+	}
+	if both != alone+p.Cost(in+64, 64) {
+		t.Errorf("MaxCost with a continuation = %s, want %s + %s", both, alone, p.Cost(in+64, 64))
+	}
+	e = Estimate{BodyBytes: math.MaxInt, MaxOutput: math.MaxInt64, Continuations: 1}
+	if cost, _ := MaxCost(e, p); cost != math.MaxInt64 {
+		t.Errorf("saturated MaxCost with a continuation = %d", cost)
+	}
+}

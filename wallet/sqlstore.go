@@ -279,13 +279,13 @@ func (s *sqlStore) insertEntry(t *stx, e Entry) error {
 	return nil
 }
 
-func (s *sqlStore) Settle(ctx context.Context, reservationID string, in Entry) (Micros, error) {
-	if s.d.settleOne != "" {
+func (s *sqlStore) Settle(ctx context.Context, reservationID string, in Entry, more ...Entry) (Micros, error) {
+	if s.d.settleOne != "" && len(more) == 0 {
 		return s.settleInOne(ctx, reservationID, in)
 	}
+	entries := append([]Entry{in}, more...)
 	var charged Micros
 	err := s.write(ctx, "settling reservation "+reservationID, in.Account, func(t *stx) error {
-		e := in // fn may run twice: never change what it captured
 		var (
 			account, key, model, reqID string
 			amount                     int64
@@ -298,6 +298,39 @@ func (s *sqlStore) Settle(ctx context.Context, reservationID string, in Entry) (
 		if err != nil {
 			return err
 		}
+		// fn may run twice: rows are built from entries, never changed
+		// in place.
+		rows, total := capEntries(entries, Micros(amount))
+		if _, err := t.exec(s.st.settleUpdate, int64(total), amount, account); err != nil {
+			return fmt.Errorf("updating balance: %w", err)
+		}
+		for _, e := range rows {
+			e.Account = account
+			e.KeyID = firstNonEmpty(e.KeyID, key)
+			e.Model = firstNonEmpty(e.Model, model)
+			e.RequestID = firstNonEmpty(e.RequestID, reqID)
+			if err := s.insertEntry(t, e); err != nil {
+				return err
+			}
+		}
+		charged = total
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return charged, nil
+}
+
+// capEntries charges entries in order against a reservation of amount:
+// each gets min(its cost, what the earlier ones left), so the total never
+// exceeds the reservation. It returns the ledger rows to write (KindCharge,
+// or KindRelease when nothing is charged; a row charged below its cost
+// says so in its note) and their total.
+func capEntries(entries []Entry, amount Micros) ([]Entry, Micros) {
+	rows := make([]Entry, len(entries))
+	left := amount
+	for i, e := range entries {
 		cost := e.Cost
 		var notes []string
 		if e.Note != "" {
@@ -307,31 +340,25 @@ func (s *sqlStore) Settle(ctx context.Context, reservationID string, in Entry) (
 			notes = append(notes, fmt.Sprintf("negative cost %s treated as 0", cost))
 			cost = 0
 		}
-		charged = min(cost, Micros(amount))
-		if charged < cost {
+		e.Cost = min(cost, left)
+		left -= e.Cost
+		if e.Cost < cost {
 			// Never overdraw: the reservation was the promise to the account
 			// holder. The difference is the operator's loss, made visible.
-			notes = append(notes, fmt.Sprintf("capped: usage cost %s exceeded reservation %s", cost, Micros(amount)))
-		}
-		if _, err := t.exec(s.st.settleUpdate, int64(charged), amount, account); err != nil {
-			return fmt.Errorf("updating balance: %w", err)
+			if i == 0 {
+				notes = append(notes, fmt.Sprintf("capped: usage cost %s exceeded reservation %s", cost, amount))
+			} else {
+				notes = append(notes, fmt.Sprintf("capped: usage cost %s exceeded what the earlier rows left of reservation %s", cost, amount))
+			}
 		}
 		e.Kind = KindCharge
-		if charged == 0 {
+		if e.Cost == 0 {
 			e.Kind = KindRelease
 		}
-		e.Account = account
-		e.KeyID = firstNonEmpty(e.KeyID, key)
-		e.Model = firstNonEmpty(e.Model, model)
-		e.RequestID = firstNonEmpty(e.RequestID, reqID)
-		e.Cost = charged
 		e.Note = strings.Join(notes, "; ")
-		return s.insertEntry(t, e)
-	})
-	if err != nil {
-		return 0, err
+		rows[i] = e
 	}
-	return charged, nil
+	return rows, amount - left
 }
 
 // settleInOne is Settle as one statement (dialect.settleOne): the same

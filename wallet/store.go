@@ -117,12 +117,15 @@ type Store interface {
 	// KindRelease when nothing is charged). A charge below e.Cost means the
 	// usage exceeded the reservation; the row's Note says so. The account
 	// comes from the reservation; e.KeyID, e.Model and e.RequestID default
-	// to the reservation's. A second Settle of the same reservation, or one
+	// to the reservation's. Each of more (a resumed answer's continuation)
+	// is a ledger row of its own, charged after e and the ones before it:
+	// the total is capped at the reservation, and a row charged below its
+	// cost notes it. A second Settle of the same reservation, or one
 	// after Sweep released it, changes nothing and returns ErrNotFound.
 	// Pass a context that outlives the client (context.WithoutCancel): a
 	// settlement abandoned because the client hung up leaves the reservation
 	// to expire, and Sweep releases it uncharged.
-	Settle(ctx context.Context, reservationID string, e Entry) (charged Micros, err error)
+	Settle(ctx context.Context, reservationID string, e Entry, more ...Entry) (charged Micros, err error)
 	// RecordAttempt writes a KindFailedAttempt row with zero cost.
 	RecordAttempt(ctx context.Context, e Entry) error
 	// RecordAttemptAsync is RecordAttempt in the background: it returns at

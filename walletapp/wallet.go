@@ -147,12 +147,12 @@ func (w *Wallet) Reserve(ctx context.Context, r wallet.Reservation) error {
 }
 
 // Settle charges a reservation's usage and releases the rest.
-func (w *Wallet) Settle(ctx context.Context, reservationID string, e wallet.Entry) (wallet.Micros, error) {
+func (w *Wallet) Settle(ctx context.Context, reservationID string, e wallet.Entry, more ...wallet.Entry) (wallet.Micros, error) {
 	st, err := w.Store()
 	if err != nil {
 		return 0, err
 	}
-	return st.Settle(ctx, reservationID, e)
+	return st.Settle(ctx, reservationID, e, more...)
 }
 
 // RecordAttemptAsync writes a zero-charge row for a failed upstream
