@@ -69,6 +69,13 @@ type bill struct {
 	// inputBound and outputBound are the most tokens the request can have
 	// (what the reservation covers); a report beyond them is implausible.
 	inputBound, outputBound int64
+	// resumable: the reservation also covers one continuation of a broken
+	// stream (stream_resume), of at most these bounds.
+	resumable                 bool
+	contInBound, contOutBound int64
+	// broken is the first attempt of a resumed answer, billed in a row of
+	// its own for what it delivered; nil unless a continuation was sought.
+	broken *billedAnswer
 	// free: the call costs nothing (count_tokens), so nothing is reserved
 	// and nothing settled.
 	free bool
@@ -76,9 +83,19 @@ type bill struct {
 	live func()
 }
 
+// billedAnswer is one upstream answer a ledger row charges, with what its
+// usage is judged against.
+type billedAnswer struct {
+	channel, upstreamModel  string
+	meter                   *provider.Meter
+	body                    []byte // the request it answered
+	inputBound, outputBound int64
+}
+
 // admit finds the account and reserves the largest cost the request can
-// have. A refusal is never a failover case: no channel can refill a wallet.
-func (rt *walletRuntime) admit(x *exchange) (*bill, *provider.Error) {
+// have, with one continuation when resumable (stream_resume may continue
+// it). A refusal is never a failover case: no channel can refill a wallet.
+func (rt *walletRuntime) admit(x *exchange, resumable bool) (*bill, *provider.Error) {
 	ctx, cancel := rt.w.AdmissionContext(x.r.Context())
 	defer cancel()
 	account, keyID, refusal := rt.authenticate(ctx, x)
@@ -107,9 +124,13 @@ func (rt *walletRuntime) admit(x *exchange) (*bill, *provider.Error) {
 		}
 		est.StoredInputTokens = m.maxInput
 	}
+	if resumable {
+		est.Continuations = 1
+	}
 	amount, _ := wallet.MaxCost(est, m.price)
 	inputBound, outputBound := est.Bounds()
-	b := &bill{rt: rt, x: x, price: m.price, inputBound: inputBound, outputBound: outputBound}
+	b := &bill{rt: rt, x: x, price: m.price, inputBound: inputBound, outputBound: outputBound, resumable: resumable}
+	b.contInBound, b.contOutBound = est.ContinuationBounds()
 	b.res = wallet.Reservation{
 		ID: requestID(x), Account: account, KeyID: keyID, Model: x.req.Model,
 		Amount: amount, ExpiresAt: time.Now().Add(rt.w.ReservationTTL()),
@@ -198,6 +219,57 @@ func (b *bill) servedBy(channel, upstreamModel string) {
 	b.channel, b.upstreamModel = channel, upstreamModel
 }
 
+// continuing sets the broken first attempt aside, to be billed in its own
+// row; from here on the bill follows the continuation, which is billed
+// only if one is committed.
+func (b *bill) continuing() {
+	if b.broken != nil || b.channel == "" {
+		return
+	}
+	b.broken = &billedAnswer{channel: b.channel, upstreamModel: b.upstreamModel, meter: b.meter,
+		body: b.x.body, inputBound: b.inputBound, outputBound: b.outputBound}
+	b.channel, b.upstreamModel, b.meter = "", "", nil
+}
+
+// answers are the upstream answers to charge: the one that served, or a
+// resumed answer's broken first attempt and its continuation.
+func (b *bill) answers() []*billedAnswer {
+	var out []*billedAnswer
+	if b.broken != nil {
+		out = append(out, b.broken)
+	}
+	// Only the attempt that served is billed; a failed one never set
+	// channel, whatever it sent.
+	if b.channel != "" && b.meter != nil {
+		a := &billedAnswer{channel: b.channel, upstreamModel: b.upstreamModel, meter: b.meter,
+			body: b.x.body, inputBound: b.inputBound, outputBound: b.outputBound}
+		if b.broken != nil {
+			a.body, a.inputBound, a.outputBound = b.x.resume.body, b.contInBound, b.contOutBound
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// entry is the ledger row charging a.
+func (b *bill) entry(a *billedAnswer) wallet.Entry {
+	e := wallet.Entry{
+		Account: b.res.Account, KeyID: b.res.KeyID, Model: b.res.Model,
+		Channel: a.channel, RequestID: b.res.RequestID, UpstreamModel: a.upstreamModel,
+	}
+	var c charge
+	e.TokensIn, e.TokensOut, c = b.billable(a, a.meter.Usage())
+	e.Cost = b.price.Cost(e.TokensIn, e.TokensOut)
+	e.Note = c.note
+	if c.note != "" {
+		walletTotal.WithLabelValues("usage", c.kind).Inc()
+		b.rt.logger.Warn("charging without a plausible usage report", zap.String("request_id", b.res.RequestID),
+			zap.String("model", b.res.Model), zap.String("channel", a.channel), zap.String("reason", c.note),
+			zap.Int64("tokens_in", e.TokensIn), zap.Int64("tokens_out", e.TokensOut))
+	}
+	return e
+}
+
 // attemptFailed writes a zero-charge ledger row so that an operator sees
 // failed attempts next to the charge of the one that served. The row is
 // written in the background, with the store's next group commit: failing
@@ -213,8 +285,9 @@ func (b *bill) attemptFailed(channel, upstreamModel, reason string) {
 }
 
 // close settles the reservation: it charges the usage of the attempt that
-// served (nothing when none did) and releases the rest. It runs exactly
-// once, deferred, so panics and client disconnects settle too.
+// served (nothing when none did), or of a resumed answer's two attempts in
+// two rows, and releases the rest. It runs exactly once, deferred, so
+// panics and client disconnects settle too.
 func (b *bill) close() {
 	// b is nil when on_store_error allow admitted the request unbilled.
 	if b == nil || b.closed || b.free {
@@ -222,33 +295,27 @@ func (b *bill) close() {
 	}
 	b.closed = true
 	defer b.live()
-	e := wallet.Entry{
-		Account: b.res.Account, KeyID: b.res.KeyID, Model: b.res.Model,
-		Channel: b.channel, RequestID: b.res.RequestID, UpstreamModel: b.upstreamModel,
-	}
-	// Only the attempt that served is billed; a failed one never set
-	// channel, whatever it sent.
-	if b.channel != "" && b.meter != nil {
-		var c charge
-		e.TokensIn, e.TokensOut, c = b.billable(b.meter.Usage())
-		e.Cost = b.price.Cost(e.TokensIn, e.TokensOut)
-		e.Note = c.note
-		if c.note != "" {
-			walletTotal.WithLabelValues("usage", c.kind).Inc()
-			b.rt.logger.Warn("charging without a plausible usage report", zap.String("request_id", b.res.RequestID),
-				zap.String("model", b.res.Model), zap.String("channel", b.channel), zap.String("reason", c.note),
-				zap.Int64("tokens_in", e.TokensIn), zap.Int64("tokens_out", e.TokensOut))
+	// Nothing served: a release row.
+	entries := []wallet.Entry{{Account: b.res.Account, KeyID: b.res.KeyID, Model: b.res.Model, RequestID: b.res.RequestID}}
+	if answers := b.answers(); len(answers) > 0 {
+		entries = entries[:0]
+		for _, a := range answers {
+			entries = append(entries, b.entry(a))
 		}
+	}
+	var cost wallet.Micros
+	for _, e := range entries {
+		cost += e.Cost
 	}
 	// The client may be gone; the settlement must still happen.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(b.x.r.Context()), 30*time.Second)
 	defer cancel()
-	charged, err := b.rt.w.Settle(ctx, b.res.ID, e)
+	charged, err := b.rt.w.Settle(ctx, b.res.ID, entries[0], entries[1:]...)
 	switch {
 	case errors.Is(err, wallet.ErrNotFound):
 		walletTotal.WithLabelValues("settle", "not_found").Inc()
 		b.rt.logger.Error("the reservation was already released (it expired and was swept); this request was not charged",
-			zap.String("request_id", b.res.RequestID), zap.String("account", b.res.Account), zap.String("usage_cost", e.Cost.String()))
+			zap.String("request_id", b.res.RequestID), zap.String("account", b.res.Account), zap.String("usage_cost", cost.String()))
 		return
 	case err != nil:
 		walletTotal.WithLabelValues("settle", "error").Inc()
@@ -258,9 +325,9 @@ func (b *bill) close() {
 	}
 	walletTotal.WithLabelValues("settle", "ok").Inc()
 	walletCharged.WithLabelValues(b.res.Model).Add(float64(charged))
-	if charged < e.Cost {
+	if charged < cost {
 		b.rt.logger.Warn("usage exceeded the reservation; charged the reserved amount",
-			zap.String("request_id", b.res.RequestID), zap.String("reserved", b.res.Amount.String()), zap.String("usage_cost", e.Cost.String()))
+			zap.String("request_id", b.res.RequestID), zap.String("reserved", b.res.Amount.String()), zap.String("usage_cost", cost.String()))
 	}
 }
 

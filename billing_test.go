@@ -43,7 +43,7 @@ func TestBillable(t *testing.T) {
 		x := &exchange{r: httptest.NewRequest("POST", "/v1/chat/completions", nil).WithContext(ctx), body: body}
 		b := &bill{x: x, inputBound: 4000, outputBound: 1000, meter: provider.OpenAIChat.NewMeter()}
 		b.meter.Event(streamgate.Event{Data: []byte(`{"choices":[{"delta":{"content":"` + content + `"}}]}`)})
-		in, out, c := b.billable(tt.u)
+		in, out, c := b.billable(&billedAnswer{meter: b.meter, body: body, inputBound: b.inputBound, outputBound: b.outputBound}, tt.u)
 		cancel()
 		if in != tt.wantIn || out != tt.wantOut || !strings.Contains(c.note, tt.wantNote) || (tt.wantNote == "") != (c.note == "") {
 			t.Errorf("%s: billable = %d, %d, %q; want %d, %d, %q", tt.name, in, out, c.note, tt.wantIn, tt.wantOut, tt.wantNote)

@@ -168,7 +168,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 
 	if h.wallet != nil {
 		var refusal *provider.Error
-		if x.bill, refusal = h.wallet.admit(x); refusal != nil {
+		if x.bill, refusal = h.wallet.admit(x, h.mayResume(x)); refusal != nil {
 			return h.refuse(x, *refusal)
 		}
 		// Whatever happens from here on, the reservation is settled or
@@ -499,9 +499,7 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 	} else {
 		opts.Observe = x.meter.Event
 	}
-	if !continuing {
-		h.watchForResume(x, &opts)
-	}
+	d = h.watchForResume(x, &opts, d)
 	out := streamgate.Relay(src, cancel, d, opts)
 	if x.r.Context().Err() != nil && out.Outcome != streamgate.Complete {
 		return attemptResult{done: true, clientGone: true}

@@ -400,7 +400,7 @@ func (h *Handler) probeChannel(ctx context.Context, modelName string, m *model, 
 		rt := *h.wallet
 		rt.account = h.ProbeAccount
 		x.repl = caddy.NewReplacer()
-		bill, refusal := rt.admit(x)
+		bill, refusal := rt.admit(x, false)
 		if refusal != nil {
 			h.logger.Warn("probe account refused; probe not sent", zap.String("channel", ch.name),
 				zap.String("account", h.ProbeAccount), zap.String("reason", refusal.Message))

@@ -23,6 +23,12 @@ const (
 
 const reasonResumed = "resumed"
 
+// resumedTrailer is the HTTP trailer that names the channels of a resumed
+// answer ("a -> b"). The headers left with the first attempt, so it is
+// announced (Trailer:) when a stream that may be resumed is committed and
+// set only when a continuation was committed.
+const resumedTrailer = "X-Llm-Failover-Resumed"
+
 // resumeState follows one request whose committed stream may be
 // continued on another channel (stream_resume continue).
 type resumeState struct {
@@ -49,18 +55,30 @@ func (h *Handler) resumeMode(x *exchange) string {
 	return h.StreamResume
 }
 
-// watchForResume prepares a first attempt's stream to be continued if it
-// breaks: its text is collected and a break is deferred. Billed requests
-// are not resumed in this version: the continuation's cost would need its
-// own ledger row and admission bound.
-func (h *Handler) watchForResume(x *exchange, opts *streamgate.Options) {
+// mayResume reports whether a broken stream of x may be continued: the
+// wallet then reserves for one continuation too (billing.go).
+func (h *Handler) mayResume(x *exchange) bool {
+	return h.resumeMode(x) == resumeContinue && streaming(x) && x.api.NewTranscript(0) != nil
+}
+
+// watchForResume prepares an attempt's stream for stream_resume and
+// returns the downstream to relay it to. A first attempt's text is
+// collected, a break deferred, and the trailer announced at commit. A
+// billed request is resumed only if its reservation covers a continuation,
+// so no resume can overdraw. A continuation's stream gate always fails
+// over: an empty continuation is never committed into the client's stream.
+func (h *Handler) watchForResume(x *exchange, opts *streamgate.Options, d streamgate.Downstream) streamgate.Downstream {
+	if x.resume != nil && x.resume.continuing {
+		opts.GateFailover = true
+		return d
+	}
 	x.resume = nil
-	if x.bill != nil || h.resumeMode(x) != resumeContinue {
-		return
+	if h.resumeMode(x) != resumeContinue || (x.bill != nil && !x.bill.resumable) {
+		return d
 	}
 	t := x.api.NewTranscript(resumeTextCap(x))
 	if t == nil {
-		return
+		return d
 	}
 	x.resume = &resumeState{transcript: t}
 	observe := opts.Observe
@@ -71,6 +89,19 @@ func (h *Handler) watchForResume(x *exchange, opts *streamgate.Options) {
 		t.Event(ev)
 	}
 	opts.DeferBreak = true
+	return announcing{Downstream: d, header: x.w.Header()}
+}
+
+// announcing declares the resumed trailer when its stream is committed:
+// a trailer must be announced before the headers go out.
+type announcing struct {
+	streamgate.Downstream
+	header http.Header
+}
+
+func (a announcing) Commit() error {
+	a.header.Add("Trailer", resumedTrailer)
+	return a.Downstream.Commit()
 }
 
 // resumeTextCap bounds the collected text by the model's output bound, at
@@ -110,17 +141,29 @@ func (h *Handler) broke(x *exchange, ch *channel, out streamgate.Result) bool {
 // resume continues a broken stream on the candidates after the channel
 // that broke, each in turn, until one's continuation is committed. When
 // none is, the client gets the original failure's error event.
+//
+// The client is waiting mid-stream, so a resume does not get a fresh
+// deadline: from the break, its first continued content must come within
+// stream_idle_timeout (the silence the gateway tolerates from a committed
+// stream), shared equally by the channels it tries, and each of them must
+// send its headers within stream_header_timeout (the request streams).
 func (h *Handler) resume(x *exchange, rest []*chain.Route) {
 	rs := x.resume
-	deadline := time.Now().Add(time.Duration(h.Deadline))
-	for i, route := range rest {
+	if x.bill != nil {
+		x.bill.continuing()
+	}
+	var able []*chain.Route
+	for _, route := range rest {
+		if c, ok := h.channels[route.Channel].adapter.(provider.Continuer); ok && c.CanContinue(x.api) {
+			able = append(able, route)
+		}
+	}
+	deadline := time.Now().Add(h.resumeBound())
+	for i, route := range able {
 		if x.r.Context().Err() != nil {
 			return
 		}
 		ch := h.channels[route.Channel]
-		if c, ok := ch.adapter.(provider.Continuer); !ok || !c.CanContinue(x.api) {
-			continue
-		}
 		ticket, ok := ch.state.breaker.Admit(time.Now())
 		if !ok {
 			h.skipped(x, route)
@@ -133,7 +176,7 @@ func (h *Handler) resume(x *exchange, rest []*chain.Route) {
 		x.attempts++
 		rs.tries++
 		x.setVar("http.llm_failover.attempts", fmt.Sprint(x.attempts))
-		res := h.try(x, route, ticket, remaining/time.Duration(len(rest)-i))
+		res := h.try(x, route, ticket, remaining/time.Duration(len(able)-i))
 		if res.clientGone {
 			return
 		}
@@ -143,6 +186,7 @@ func (h *Handler) resume(x *exchange, rest []*chain.Route) {
 				outcome = "broken" // the continuation itself broke off
 			}
 			resumesTotal.WithLabelValues(x.req.Model, outcome).Inc()
+			x.w.Header().Set(resumedTrailer, oneLine(rs.from)+" -> "+oneLine(route.Name))
 			h.logger.Warn("broken stream resumed",
 				zap.String("model", x.req.Model), zap.String("channel", rs.from),
 				zap.String("next_channel", route.Name), zap.String("reason", reasonResumed),
@@ -199,10 +243,22 @@ func (s *spliced) Write(p []byte) (int, error) {
 
 func (s *spliced) Flush() error { return s.w.Flush() }
 
+// resumeBound is how long a resume has, from the break, to its first
+// continued content (see resume).
+func (h *Handler) resumeBound() time.Duration {
+	return time.Duration(h.StreamIdleTimeout)
+}
+
 // seamComment is the SSE comment that marks where a continuation begins;
 // clients ignore it, people reading the stream see it.
 func seamComment(from, to string) string {
-	return ": llm-failover resumed from " + strings.ReplaceAll(from, "\n", " ") + " on " + strings.ReplaceAll(to, "\n", " ") + "\n\n"
+	return ": llm-failover resumed from " + oneLine(from) + " on " + oneLine(to) + "\n\n"
+}
+
+// oneLine keeps a channel name (an operator's label) on one line of an
+// SSE comment or a trailer.
+func oneLine(name string) string {
+	return strings.NewReplacer("\r", " ", "\n", " ").Replace(name)
 }
 
 // resumeArg parses stream_resume's one argument.

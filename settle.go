@@ -11,7 +11,8 @@ import (
 // report).
 type charge struct{ kind, note string }
 
-// billable returns the tokens to charge for the attempt that served.
+// billable returns the tokens to charge for one upstream answer a (the
+// attempt that served, or one half of a resumed answer).
 //
 //   - A plausible report wins: what the upstream reported.
 //   - An implausible one (negative, or above what the request could use) is
@@ -23,11 +24,11 @@ type charge struct{ kind, note string }
 //
 // Settle caps the charge at the reservation either way, so no path can
 // overdraw.
-func (b *bill) billable(u provider.Usage) (in, out int64, c charge) {
-	if u.Input < 0 || u.Output < 0 || u.Input > b.inputBound || u.Output > b.outputBound {
-		return b.inputBound, b.outputBound, charge{"implausible", fmt.Sprintf(
+func (b *bill) billable(a *billedAnswer, u provider.Usage) (in, out int64, c charge) {
+	if u.Input < 0 || u.Output < 0 || u.Input > a.inputBound || u.Output > a.outputBound {
+		return a.inputBound, a.outputBound, charge{"implausible", fmt.Sprintf(
 			"implausible usage reported (%d in, %d out; the request allows at most %d in, %d out): charged at the bound",
-			u.Input, u.Output, b.inputBound, b.outputBound)}
+			u.Input, u.Output, a.inputBound, a.outputBound)}
 	}
 	in, out = u.Input, u.Output
 	if u.InputKnown && u.OutputKnown {
@@ -35,11 +36,11 @@ func (b *bill) billable(u provider.Usage) (in, out int64, c charge) {
 	}
 	var parts []string
 	if !u.InputKnown {
-		in = min(provider.EstimateInputTokens(b.x.body), b.inputBound)
+		in = min(provider.EstimateInputTokens(a.body), a.inputBound)
 		parts = append(parts, "input from the request's text")
 	}
 	if !u.OutputKnown {
-		out = min(max(out, b.meter.DeliveredTokens()), b.outputBound)
+		out = min(max(out, a.meter.DeliveredTokens()), a.outputBound)
 		parts = append(parts, "output from the content delivered")
 	}
 	why := "the answer ended without a usage report"
