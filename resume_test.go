@@ -104,17 +104,7 @@ func TestResumePrefillRejectedKeepsOriginalError(t *testing.T) {
 	if got := resumes(t, "claude", "failed") - failed; got != 1 {
 		t.Errorf("resumes_total{outcome=failed} grew by %v, want 1", got)
 	}
-	okStream(t, s)
-	if got, want := fu.StreamText(mustSSE(t, s.body)), strings.Join(pieces[:40], ""); got != want {
-		t.Fatalf("text %q, want %q", got, want)
-	}
-	fs := frames(s.body)
-	if last := fs[len(fs)-1]; !strings.HasPrefix(last, "event: error\n") || !strings.Contains(last, "incomplete") {
-		t.Fatalf("last event is not the original truncation error: %q\n%s", last, s.body)
-	}
-	if n := count(s.body, "event: error"); n != 1 {
-		t.Fatalf("%d error events:\n%s", n, s.body)
-	}
+	originalErrorLast(t, s, pieces[:40])
 	mustNotContain(t, s.body, "llm-failover resumed", "message_stop")
 	hits(t, b, 1)
 }
