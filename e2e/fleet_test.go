@@ -257,7 +257,7 @@ func TestBinaryKill9PostgresRecovers(t *testing.T) {
 			if n := charges[o.requestID]; n != 0 {
 				t.Errorf("dead instance: the stream %q the kill cut off has %d charge rows", o.requestID, n)
 			}
-		case o.status != 0:
+		case o.status != 0 || o.done.Before(killed):
 			t.Errorf("dead instance: status %d before the kill: %s", o.status, o.err)
 		}
 	}
