@@ -277,18 +277,24 @@ url_of() { # url_of TARGET
 	esac
 }
 
-ready=""
-for _ in $(seq 1 100); do
-	if curl -fsS -o /dev/null "http://127.0.0.1:$PORT_ADMIN/config/" 2>/dev/null &&
-		curl -fsS -o /dev/null -d "$BODY_JSON" "$URL_A" 2>/dev/null &&
-		curl -fsS -o /dev/null -d "$BODY_JSON" "$URL_B" 2>/dev/null; then
-		ready=1
-		break
-	fi
-	kill -0 "$CADDY_PID" 2>/dev/null || break
-	sleep 0.1
-done
-if [ -z "$ready" ]; then
+# wait_until PID COMMAND...: runs COMMAND every 0.1 s, for up to 10 s,
+# until it succeeds; fails at once when process PID has exited.
+wait_until() {
+	local pid=$1 _
+	shift
+	for _ in $(seq 1 100); do
+		"$@" 2>/dev/null && return 0
+		kill -0 "$pid" 2>/dev/null || return 1
+		sleep 0.1
+	done
+	return 1
+}
+caddy_ready() {
+	curl -fsS -o /dev/null "http://127.0.0.1:$PORT_ADMIN/config/" &&
+		curl -fsS -o /dev/null -d "$BODY_JSON" "$URL_A" &&
+		curl -fsS -o /dev/null -d "$BODY_JSON" "$URL_B"
+}
+if ! wait_until "$CADDY_PID" caddy_ready; then
 	echo "--- caddy.log" >&2
 	tail -n 30 "$WORK/caddy.log" >&2 || true
 	echo "--- upstream.log" >&2
@@ -321,16 +327,7 @@ if [ -n "$TARGET_C" ]; then
 fi
 # The other instances answer with the key the first one made: one wallet.
 for k in $(seq 2 "$INSTANCES"); do
-	ready=""
-	for _ in $(seq 1 100); do
-		if curl -fsS -o /dev/null "${AUTH[@]}" -d "$BODY_JSON" "${URLS_C[k]}" 2>/dev/null; then
-			ready=1
-			break
-		fi
-		kill -0 "${CADDY_PIDS[k]}" 2>/dev/null || break
-		sleep 0.1
-	done
-	if [ -z "$ready" ]; then
+	if ! wait_until "${CADDY_PIDS[k]}" curl -fsS -o /dev/null "${AUTH[@]}" -d "$BODY_JSON" "${URLS_C[k]}"; then
 		tail -n 30 "$WORK/caddy.$k.log" >&2 || true
 		die "instance $k of site C (${URLS_C[k]}) did not serve the bench key"
 	fi

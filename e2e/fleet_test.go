@@ -31,6 +31,22 @@ const fleetHoldTTL = 2 * time.Second
 // one; fleetHoldTTL must then be the longer of the two).
 var fleetWallet = fmt.Sprintf("\t\tstore postgres {env.LLMF_E2E_DSN}\n\t\treservation_ttl %s", fleetHoldTTL)
 
+// oneDollarModel is the llm_failover block of a billed channel and model
+// whose every request reserves, and is charged, exactly $1: input is
+// free, max_output_tokens is 10 at $0.10 per token, and the upstream
+// (upstreamURL) must report 10 output tokens (WithUsage(n, 10)).
+func oneDollarModel(channel, model, upstreamURL string) string {
+	return fmt.Sprintf(`
+		channel %[1]s %[3]s
+		model %[2]s {
+			route %[1]s
+			price 0 100000
+			max_output_tokens 10
+		}
+		wallet
+`, channel, model, upstreamURL)
+}
+
 // fleetOutcome is what a client of the fleet saw of one request.
 type fleetOutcome struct {
 	instance   int // index into the instances
@@ -156,21 +172,12 @@ func TestBinaryKill9PostgresRecovers(t *testing.T) {
 	caddyBin(t)
 	dsn := createDatabase(t, postgresDSN(t))
 
-	// Every request reserves, and is charged, exactly $1 (10 output tokens
-	// at $0.10, input free). A stream lasts about 3 s (7 events 500 ms
-	// apart), longer than the hold TTL; every answer's headers wait 100 ms,
-	// which paces the plain requests.
+	// Every request reserves, and is charged, exactly $1. A stream lasts
+	// about 3 s (7 events 500 ms apart), longer than the hold TTL; every
+	// answer's headers wait 100 ms, which paces the plain requests.
 	up := fu.New(fu.SlowHeaders(100*time.Millisecond, fu.OKNamed("fleet").WithUsage(11, 10).WithEventDelay(500*time.Millisecond)))
 	defer up.Close()
-	body := fmt.Sprintf(`
-		channel fleet %s
-		model gpt-fleet {
-			route fleet
-			price 0 100000
-			max_output_tokens 10
-		}
-		wallet
-`, up.URL)
+	body := oneDollarModel("fleet", "gpt-fleet", up.URL)
 	ins := make([]*instance, 2)
 	for i, p := range []ports{portsFleetA, portsFleetB} {
 		cfg := withWallet(globalOptions(p), fleetWallet) + site(p, body)
