@@ -12,6 +12,9 @@
 # (bench/load) REPS times per target, alternating A B C A B C ..., and
 # prints medians, ratios and differences (bench/report): llm_failover
 # against reverse_proxy (B/A), and wallet on against wallet off (C/B).
+# With BENCH_INSTANCES=N (PostgreSQL only), N-1 more Caddy processes serve
+# site C on the same database, and each repetition also loads all N at once
+# with the clients split over them: the fleet against one instance.
 #
 # Caddy is pinned to CPU 0 with GOMAXPROCS=1 (the "on one core" target);
 # the load generator and the upstream share CPU 1. Pinning is skipped when
@@ -37,8 +40,18 @@
 #                    scripts/pg-test-server.sh start; target
 #                    llm_failover+wallet_pg) or "off" (no site C: A and B
 #                    only, as before)
+#   BENCH_INSTANCES  with BENCH_WALLET=postgres: run site C on this many
+#                    Caddy processes (default 1, at most 9) sharing the
+#                    database, instance k pinned to CPU (k-1) mod CPUs;
+#                    target <N>x<site C's target>, instance k labelled /k;
+#                    the one-instance runs of site C are the baseline
+#   BENCH_PG_PID     PostgreSQL's postmaster, whose CPU time (with its
+#                    backends') is measured per request; default: found in
+#                    /proc from the DSN's port (a server on this machine)
 #   BENCH_PORT       first of the ports used (default 18080): +1 site A,
-#                    +2 site B, +3 site C, +10 upstream, +19 Caddy admin
+#                    +2 site B, +3 site C, +10 upstream, +19 Caddy admin;
+#                    instance k >= 2 of BENCH_INSTANCES: +20+k site C,
+#                    +30+k its admin
 #   BENCH_PROFILE    "json", "stream" or both: after the runs, take a 10 s
 #                    CPU profile of Caddy during an llm_failover load (and,
 #                    with a wallet, another during an llm_failover+wallet
@@ -62,6 +75,7 @@ ROLE_CHUNK="${BENCH_ROLE_CHUNK:-0}"
 PORT="${BENCH_PORT:-18080}"
 PROFILE="${BENCH_PROFILE:-}"
 WALLET="${BENCH_WALLET:-sqlite}"
+INSTANCES="${BENCH_INSTANCES:-1}"
 OUT="${BENCH_OUT:-$ROOT/bench/results}"
 GO="${GO:-go}"
 
@@ -88,7 +102,23 @@ off) TARGET_C="" ;;
 *) die "BENCH_WALLET: want sqlite, postgres or off, got '$WALLET'" ;;
 esac
 TARGETS="reverse_proxy llm_failover $TARGET_C"
-for p in "$PORT_A" "$PORT_B" "$PORT_C" "$PORT_UP" "$PORT_ADMIN"; do
+case "$INSTANCES" in
+[1-9]) ;;
+*) die "BENCH_INSTANCES: want 1 to 9, got '$INSTANCES'" ;;
+esac
+FLEET_TARGET=""
+if [ "$INSTANCES" -gt 1 ]; then
+	[ "$WALLET" = postgres ] || die "BENCH_INSTANCES=$INSTANCES needs BENCH_WALLET=postgres: the instances share the wallet's database"
+	[ "$CONC" -ge "$INSTANCES" ] || die "BENCH_CONC=$CONC is fewer clients than BENCH_INSTANCES=$INSTANCES"
+	FLEET_TARGET="${INSTANCES}x$TARGET_C"
+fi
+# Site C's port and admin port of every instance (index 1 is the Caddy
+# that also serves A and B).
+PORTS_C=("" "$PORT_C") PORTS_ADMIN=("" "$PORT_ADMIN")
+for k in $(seq 2 "$INSTANCES"); do
+	PORTS_C[k]=$((PORT + 20 + k)) PORTS_ADMIN[k]=$((PORT + 30 + k))
+done
+for p in "$PORT_A" "$PORT_B" "$PORT_UP" "${PORTS_C[@]:1}" "${PORTS_ADMIN[@]:1}"; do
 	if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
 		die "port $p is already in use (set BENCH_PORT)"
 	fi
@@ -109,14 +139,20 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # CPU pinning.
-PIN_CADDY=() PIN_LOAD=() PINNING="none"
+PIN_CADDY=() PIN_LOAD=() PINNING="none" PINNED=""
 if [ "${BENCH_PIN:-1}" != 0 ] && command -v taskset >/dev/null && [ "$(nproc --all)" -ge 2 ] &&
 	taskset -c 0 true 2>/dev/null && taskset -c 1 true 2>/dev/null; then
-	PIN_CADDY=(taskset -c 0) PIN_LOAD=(taskset -c 1)
+	PIN_CADDY=(taskset -c 0) PIN_LOAD=(taskset -c 1) PINNED=1
 	PINNING="caddy on CPU 0 (GOMAXPROCS=1); load generator and upstream on CPU 1"
+	[ "$INSTANCES" = 1 ] ||
+		PINNING="$PINNING; site C's instance k of $INSTANCES on CPU (k-1) mod $(nproc --all) (GOMAXPROCS=1 each)"
 else
 	PINNING="none (taskset missing, fewer than 2 CPUs, or BENCH_PIN=0); caddy GOMAXPROCS=1"
 fi
+# pin_instance K: the taskset prefix of site C's instance K, or nothing.
+pin_instance() {
+	[ -z "$PINNED" ] || echo "taskset -c $((($1 - 1) % $(nproc --all)))"
+}
 
 echo "bench: building the upstream, load generator and report tools"
 "$GO" build -o "$WORK/upstream" ./bench/upstream
@@ -168,11 +204,11 @@ http://127.0.0.1:$PORT_B {
 }
 EOF
 
-if [ -n "$TARGET_C" ]; then
-	cat >>"$WORK/Caddyfile" <<EOF
+site_c() { # site_c PORT: site B plus a prepaid wallet
+	cat <<EOF
 
 # Site C: site B plus a prepaid wallet ($WALLET).
-http://127.0.0.1:$PORT_C {
+http://127.0.0.1:$1 {
 	bind 127.0.0.1
 	llm_failover {
 		channel up http://127.0.0.1:$PORT_UP
@@ -184,7 +220,24 @@ http://127.0.0.1:$PORT_C {
 	}
 }
 EOF
-fi
+}
+[ -z "$TARGET_C" ] || site_c "$PORT_C" >>"$WORK/Caddyfile"
+# The other instances of site C: the same wallet, nothing else.
+for k in $(seq 2 "$INSTANCES"); do
+	{
+		cat <<EOF
+{
+	admin 127.0.0.1:${PORTS_ADMIN[k]}
+	auto_https off
+	persist_config off
+	skip_install_trust
+	grace_period 1s
+	$WALLET_OPTION
+}
+EOF
+		site_c "${PORTS_C[k]}"
+	} >"$WORK/Caddyfile.$k"
+done
 
 GOMAXPROCS=1 "${PIN_LOAD[@]}" "$WORK/upstream" -listen "127.0.0.1:$PORT_UP" -chunks "$CHUNKS" \
 	-event-delay "$EVENT_DELAY" -role-chunk="$([ "$ROLE_CHUNK" = 1 ] && echo true || echo false)" \
@@ -196,10 +249,23 @@ XDG_DATA_HOME="$WORK/data" XDG_CONFIG_HOME="$WORK/config" GOMAXPROCS=1 \
 	>"$WORK/caddy.log" 2>&1 &
 CADDY_PID=$!
 PIDS+=("$CADDY_PID")
+CADDY_PIDS=("" "$CADDY_PID")
+for k in $(seq 2 "$INSTANCES"); do
+	# shellcheck disable=SC2046 # the taskset prefix, or nothing
+	XDG_DATA_HOME="$WORK/data.$k" XDG_CONFIG_HOME="$WORK/config.$k" GOMAXPROCS=1 \
+		$(pin_instance "$k") "$CADDY_BIN" run --config "$WORK/Caddyfile.$k" --adapter caddyfile \
+		>"$WORK/caddy.$k.log" 2>&1 &
+	CADDY_PIDS[k]=$!
+	PIDS+=("${CADDY_PIDS[k]}")
+done
 
 URL_A="http://127.0.0.1:$PORT_A/v1/chat/completions"
 URL_B="http://127.0.0.1:$PORT_B/v1/chat/completions"
 URL_C="http://127.0.0.1:$PORT_C/v1/chat/completions"
+URLS_C=("")
+for k in $(seq 1 "$INSTANCES"); do
+	URLS_C[k]="http://127.0.0.1:${PORTS_C[k]}/v1/chat/completions"
+done
 BODY_JSON='{"model":"m","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one short sentence."}],"max_tokens":64,"temperature":0.2}'
 BODY_STREAM='{"model":"m","stream":true,"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one short sentence."}],"max_tokens":64,"temperature":0.2}'
 
@@ -211,18 +277,24 @@ url_of() { # url_of TARGET
 	esac
 }
 
-ready=""
-for _ in $(seq 1 100); do
-	if curl -fsS -o /dev/null "http://127.0.0.1:$PORT_ADMIN/config/" 2>/dev/null &&
-		curl -fsS -o /dev/null -d "$BODY_JSON" "$URL_A" 2>/dev/null &&
-		curl -fsS -o /dev/null -d "$BODY_JSON" "$URL_B" 2>/dev/null; then
-		ready=1
-		break
-	fi
-	kill -0 "$CADDY_PID" 2>/dev/null || break
-	sleep 0.1
-done
-if [ -z "$ready" ]; then
+# wait_until PID COMMAND...: runs COMMAND every 0.1 s, for up to 10 s,
+# until it succeeds; fails at once when process PID has exited.
+wait_until() {
+	local pid=$1 _
+	shift
+	for _ in $(seq 1 100); do
+		"$@" 2>/dev/null && return 0
+		kill -0 "$pid" 2>/dev/null || return 1
+		sleep 0.1
+	done
+	return 1
+}
+caddy_ready() {
+	curl -fsS -o /dev/null "http://127.0.0.1:$PORT_ADMIN/config/" &&
+		curl -fsS -o /dev/null -d "$BODY_JSON" "$URL_A" &&
+		curl -fsS -o /dev/null -d "$BODY_JSON" "$URL_B"
+}
+if ! wait_until "$CADDY_PID" caddy_ready; then
 	echo "--- caddy.log" >&2
 	tail -n 30 "$WORK/caddy.log" >&2 || true
 	echo "--- upstream.log" >&2
@@ -253,6 +325,31 @@ if [ -n "$TARGET_C" ]; then
 	code="$(curl -sS -o /dev/null -w '%{http_code}' -d "$BODY_JSON" "$URL_C")"
 	[ "$code" = 401 ] || die "$URL_C: a request without a key got HTTP $code, want 401 (is the wallet on?)"
 fi
+# The other instances answer with the key the first one made: one wallet.
+for k in $(seq 2 "$INSTANCES"); do
+	if ! wait_until "${CADDY_PIDS[k]}" curl -fsS -o /dev/null "${AUTH[@]}" -d "$BODY_JSON" "${URLS_C[k]}"; then
+		tail -n 30 "$WORK/caddy.$k.log" >&2 || true
+		die "instance $k of site C (${URLS_C[k]}) did not serve the bench key"
+	fi
+done
+
+# PostgreSQL's CPU per request: the postmaster of the DSN's port, known by
+# the postmaster.pid in its data directory (its cwd), and its backends.
+PG_PID="${BENCH_PG_PID:-}"
+if [ "$WALLET" = postgres ] && [ -z "$PG_PID" ]; then
+	pg_port="$(echo "$LLMF_TEST_POSTGRES_DSN" | sed -nE 's#^[a-z]+://[^/]*:([0-9]+)(/.*)?$#\1#p')"
+	pg_port="${pg_port:-5432}"
+	for d in /proc/[0-9]*; do
+		[ "$(cat "$d/comm" 2>/dev/null)" = postgres ] || continue
+		pidfile="$d/cwd/postmaster.pid"
+		if [ "$(sed -n 1p "$pidfile" 2>/dev/null)" = "${d#/proc/}" ] && [ "$(sed -n 4p "$pidfile" 2>/dev/null)" = "$pg_port" ]; then
+			PG_PID="${d#/proc/}"
+			break
+		fi
+	done
+fi
+DB_ARGS=()
+[ -z "$PG_PID" ] || DB_ARGS=(-db-pid "$PG_PID")
 
 # Smoke check: every target answers both modes in full.
 for target in $TARGETS; do
@@ -262,6 +359,7 @@ for target in $TARGETS; do
 done
 
 compact() { tr -d '\n\t' | sed 's/  */ /g'; }
+reserved_zero() { case "$1" in *'"reserved": "0"'* | *'"reserved":"0"'*) return 0 ;; esac; return 1; }
 [ -z "$TARGET_C" ] || WALLET_BEFORE="$(curl -fsS "$ADMIN/accounts/bench" | compact)"
 
 load() { # load TARGET BODY LABEL [extra args]
@@ -269,7 +367,29 @@ load() { # load TARGET BODY LABEL [extra args]
 	shift 3
 	[ "$target" != "$TARGET_C" ] || extra=("${AUTH[@]}")
 	GOMAXPROCS=1 "${PIN_LOAD[@]}" "$WORK/load" -url "$(url_of "$target")" -body "$body" -c "$CONC" \
-		-label "$label" -json -cpu-pid "$CADDY_PID" "${extra[@]}" "$@"
+		-label "$label" -json -cpu-pid "$CADDY_PID" "${DB_ARGS[@]}" "${extra[@]}" "$@"
+}
+
+fleet_load() { # fleet_load BODY MODE [extra args]: site C on every instance at once, the clients split evenly
+	local body=$1 mode=$2 k c rc=0 pids=() db
+	shift 2
+	for k in $(seq 1 "$INSTANCES"); do
+		c=$((CONC / INSTANCES + (k <= CONC % INSTANCES ? 1 : 0)))
+		# The database serves them all: one load measures it, over the
+		# same window as the others.
+		db=()
+		[ "$k" != 1 ] || db=("${DB_ARGS[@]}")
+		GOMAXPROCS=1 "${PIN_LOAD[@]}" "$WORK/load" -url "${URLS_C[k]}" -body "$body" -c "$c" \
+			-label "$mode $FLEET_TARGET/$k" -json -cpu-pid "${CADDY_PIDS[k]}" "${db[@]}" "${AUTH[@]}" "$@" >"$WORK/fleet.$k" &
+		pids+=($!)
+	done
+	for k in "${pids[@]}"; do
+		wait "$k" || rc=1
+	done
+	for k in $(seq 1 "$INSTANCES"); do
+		cat "$WORK/fleet.$k"
+	done
+	return $rc
 }
 
 mkdir -p "$OUT"
@@ -286,6 +406,7 @@ for mode in $MODES; do
 	for target in $TARGETS; do
 		load "$target" "$body" warm -d 2s -warmup 0s >/dev/null 2>&1
 	done
+	[ -z "$FLEET_TARGET" ] || fleet_load "$body" warm -d 2s -warmup 0s >/dev/null 2>&1
 done
 
 for mode in $MODES; do
@@ -297,13 +418,26 @@ for mode in $MODES; do
 			load "$target" "$body" "$mode $target" -d "$DURATION" -warmup "$WARMUP" >>"$RAW" ||
 				die "load run failed: $mode $target"
 		done
+		if [ -n "$FLEET_TARGET" ]; then
+			printf 'bench: %-6s %-22s run %d/%d:\n' "$mode" "$FLEET_TARGET" "$i" "$REPS" >&2
+			fleet_load "$body" "$mode" -d "$DURATION" -warmup "$WARMUP" >>"$RAW" ||
+				die "load run failed: $mode $FLEET_TARGET"
+		fi
 	done
 done
 LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
 if [ -n "$TARGET_C" ]; then
-	# Every reservation must have been settled: nothing left reserved.
-	WALLET_AFTER="$(curl -fsS "$ADMIN/accounts/bench" | compact)"
+	# Every reservation must have been settled: nothing left reserved
+	# (settlement follows the answer, so give the last ones a moment).
+	for _ in $(seq 1 50); do
+		WALLET_AFTER="$(curl -fsS "$ADMIN/accounts/bench" | compact)"
+		! reserved_zero "$WALLET_AFTER" || break
+		sleep 0.1
+	done
 	WALLET_LEDGER="$(curl -fsS "$ADMIN/accounts/bench/usage?limit=1" | compact)"
+	# And the books balance: every balance is its credits minus its
+	# charges, every reserved amount its live reservations.
+	WALLET_AUDIT="$(curl -fsS "$ADMIN/audit" | compact)"
 fi
 
 {
@@ -314,14 +448,20 @@ fi
 	echo "machine:     $(nproc --all) CPUs, $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ //' || uname -m), $(uname -sr)"
 	echo "load avg:    $LOAD_BEFORE before, $LOAD_AFTER after (1/5/15 min)"
 	echo "pinning:     $PINNING"
-	echo "load:        bench/load (Go, closed loop), $CONC clients, keep-alive, ${DURATION} measured after ${WARMUP} warm-up, $REPS runs per target alternating $(echo $TARGETS | sed 's/ /, /g')"
+	echo "load:        bench/load (Go, closed loop), $CONC clients, keep-alive, ${DURATION} measured after ${WARMUP} warm-up, $REPS runs per target alternating $(echo $TARGETS $FLEET_TARGET | sed 's/ /, /g')"
 	echo "upstream:    bench/upstream, JSON answer $(curl -fsS -d "$BODY_JSON" "$URL_A" | wc -c) bytes; SSE $CHUNKS content chunks + finish + [DONE], event delay $EVENT_DELAY, role-only first chunk: $([ "$ROLE_CHUNK" = 1 ] && echo yes || echo no)"
 	echo "targets:     reverse_proxy (flush_interval -1) vs llm_failover (1 channel, stream gate on, no wallet); access logs off"
 	if [ -n "$TARGET_C" ]; then
 		echo "             $TARGET_C: llm_failover + wallet $WALLET (price 3 15, API key per request); the load sends Authorization: Bearer <key>"
+		[ -z "$FLEET_TARGET" ] ||
+			echo "             $FLEET_TARGET: site C on $INSTANCES Caddy processes sharing the database, loaded together, $CONC clients split evenly"
+		if [ "$WALLET" = postgres ]; then
+			echo "postgres:    $([ -n "$PG_PID" ] && echo "postmaster pid $PG_PID; CPU of it and its backends per request (all the server did in the window)" || echo "CPU not measured (set BENCH_PG_PID to a local postmaster)")"
+		fi
 		echo "wallet:      account bench before $WALLET_BEFORE"
 		echo "             after  $WALLET_AFTER"
 		echo "             newest ledger row $(echo "$WALLET_LEDGER" | sed -n 's/.*"entries": *\[ *\({[^}]*}\).*/\1/p')"
+		echo "             audit $WALLET_AUDIT"
 	fi
 	"$WORK/report" "$RAW" || echo "(some runs had errors; see above)"
 	echo
@@ -348,3 +488,13 @@ done
 
 echo
 cat "$TXT"
+
+# A benchmark that lost money is a failed one: after the load, nothing may
+# stay reserved and the audit must be clean.
+if [ -n "$TARGET_C" ]; then
+	reserved_zero "$WALLET_AFTER" || die "after the runs the account still has money reserved: $WALLET_AFTER"
+	case "$WALLET_AUDIT" in
+	*'"clean": true'* | *'"clean":true'*) ;;
+	*) die "the wallet's audit is not clean: $WALLET_AUDIT" ;;
+	esac
+fi

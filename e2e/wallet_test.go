@@ -391,20 +391,10 @@ func instancesSharePostgres(t *testing.T, pp []ports, total int) {
 	adminDSN := postgresDSN(t)
 	dsn := createDatabase(t, adminDSN)
 
-	// Each request reserves, and is then charged, exactly $1: the input
-	// price is 0, max_output_tokens is 10 at $0.10 per token, and the
-	// upstream reports 10 output tokens.
+	// Each request reserves, and is then charged, exactly $1.
 	up := fu.New(fu.SlowHeaders(300*time.Millisecond, fu.OKNamed("pg").WithUsage(11, 10)))
 	defer up.Close()
-	body := fmt.Sprintf(`
-		channel pg %s
-		model gpt-pg {
-			route pg
-			price 0 100000
-			max_output_tokens 10
-		}
-		wallet
-`, up.URL)
+	body := oneDollarModel("pg", "gpt-pg", up.URL)
 	pg := "\t\tstore postgres {env.LLMF_E2E_DSN}"
 	ins := make([]*instance, len(pp))
 	for i, p := range pp {

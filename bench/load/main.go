@@ -52,6 +52,10 @@ type Result struct {
 	ServerCPUSeconds   float64 `json:"server_cpu_s,omitempty"`
 	ServerCPUPerReqUS  float64 `json:"server_cpu_us_per_request,omitempty"`
 	ServerCPUCoreShare float64 `json:"server_cpu_core_share,omitempty"`
+	// With -db-pid: the same for a database server, counting the process
+	// and its children (PostgreSQL's postmaster and its backends).
+	DBCPUSeconds  float64 `json:"db_cpu_s,omitempty"`
+	DBCPUPerReqUS float64 `json:"db_cpu_us_per_request,omitempty"`
 }
 
 // Pcts are percentiles in milliseconds.
@@ -88,6 +92,7 @@ func main() {
 	asJSON := flag.Bool("json", false, "print the result as one JSON object")
 	label := flag.String("label", "", "label copied into the JSON result")
 	cpuPID := flag.Int("cpu-pid", 0, "measure this process's CPU time (Linux /proc) over the measured window, e.g. the proxy's")
+	dbPID := flag.Int("db-pid", 0, "measure the CPU time of this process and its children over the measured window, e.g. PostgreSQL's postmaster")
 	var headers headerFlags
 	flag.Var(&headers, "H", "extra request header 'Name: value' (repeatable)")
 	flag.Parse()
@@ -117,21 +122,8 @@ func main() {
 	end := measureFrom.Add(*dur)
 	workers := make([]*worker, *conc)
 	var wg sync.WaitGroup
-	cpuUsed := make(chan float64, 1)
-	if *cpuPID > 0 {
-		go func() {
-			time.Sleep(time.Until(measureFrom))
-			before, err1 := cpuSeconds(*cpuPID)
-			time.Sleep(time.Until(end))
-			after, err2 := cpuSeconds(*cpuPID)
-			if err1 != nil || err2 != nil {
-				fmt.Fprintln(os.Stderr, "load: -cpu-pid:", errors.Join(err1, err2))
-				cpuUsed <- 0
-				return
-			}
-			cpuUsed <- after - before
-		}()
-	}
+	cpuUsed := measureCPU("-cpu-pid", *cpuPID, cpuSeconds, measureFrom, end)
+	dbUsed := measureCPU("-db-pid", *dbPID, cpuTreeSeconds, measureFrom, end)
 	for i := range workers {
 		w := &worker{samples: make([]sample, 0, 4096)}
 		workers[i] = w
@@ -155,6 +147,14 @@ func main() {
 			}
 		}
 	}
+	if *dbPID > 0 {
+		if cpu := <-dbUsed; cpu > 0 {
+			res.DBCPUSeconds = round3(cpu)
+			if res.Requests > 0 {
+				res.DBCPUPerReqUS = round3(cpu / float64(res.Requests) * 1e6)
+			}
+		}
+	}
 	if *asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		_ = enc.Encode(res)
@@ -162,6 +162,9 @@ func main() {
 		cpu := ""
 		if res.ServerCPUPerReqUS > 0 {
 			cpu = fmt.Sprintf(", server cpu %.1f us/req (%.0f%% of a core)", res.ServerCPUPerReqUS, res.ServerCPUCoreShare*100)
+		}
+		if res.DBCPUPerReqUS > 0 {
+			cpu += fmt.Sprintf(", db cpu %.1f us/req", res.DBCPUPerReqUS)
 		}
 		fmt.Fprintf(os.Stderr, "%.0f req/s, p50 %.3f ms, ttfb p50 %.3f ms%s, %d errors\n", res.RPS, res.Latency.P50, res.TTFB.P50, cpu, res.Errors)
 	} else {
@@ -336,32 +339,105 @@ func printText(r Result) {
 	if r.ServerCPUSeconds > 0 {
 		fmt.Printf("  server cpu %.3fs (%.0f%% of a core), %.1f us/request\n", r.ServerCPUSeconds, r.ServerCPUCoreShare*100, r.ServerCPUPerReqUS)
 	}
+	if r.DBCPUSeconds > 0 {
+		fmt.Printf("  db cpu %.3fs, %.1f us/request\n", r.DBCPUSeconds, r.DBCPUPerReqUS)
+	}
 }
 
 func round3(v float64) float64 { return math.Round(v*1e3) / 1e3 }
 
-// cpuSeconds reads the user+system CPU time of a process, all threads,
-// from /proc/PID/stat (in clock ticks of 1/100 s, USER_HZ on Linux).
-func cpuSeconds(pid int) (float64, error) {
+// measureCPU reads read(pid) when the measured window opens and when it
+// closes, and sends the difference (0 after an error, which it prints).
+// With pid 0 it measures nothing and the channel stays empty.
+func measureCPU(flagName string, pid int, read func(int) (float64, error), from, to time.Time) <-chan float64 {
+	used := make(chan float64, 1)
+	if pid <= 0 {
+		return used
+	}
+	go func() {
+		time.Sleep(time.Until(from))
+		before, err1 := read(pid)
+		time.Sleep(time.Until(to))
+		after, err2 := read(pid)
+		if err1 != nil || err2 != nil {
+			fmt.Fprintf(os.Stderr, "load: %s: %v\n", flagName, errors.Join(err1, err2))
+			used <- 0
+			return
+		}
+		used <- after - before
+	}()
+	return used
+}
+
+// procStat holds the fields of /proc/PID/stat this tool reads, in clock
+// ticks of 1/100 s (USER_HZ on Linux).
+type procStat struct {
+	ppid                         int
+	utime, stime, cutime, cstime int64
+}
+
+func readStat(pid int) (procStat, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, err
+		return procStat{}, err
 	}
 	// Fields after the command name, which may hold spaces: "pid (comm) state ...".
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("unexpected /proc/%d/stat", pid)
+		return procStat{}, fmt.Errorf("unexpected /proc/%d/stat", pid)
 	}
 	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0, fmt.Errorf("unexpected /proc/%d/stat", pid)
+	if len(f) < 15 {
+		return procStat{}, fmt.Errorf("unexpected /proc/%d/stat", pid)
 	}
-	utime, err1 := strconv.ParseInt(f[11], 10, 64)
-	stime, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("unexpected /proc/%d/stat", pid)
+	var st procStat
+	var errs [5]error
+	st.ppid, errs[0] = strconv.Atoi(f[1])
+	st.utime, errs[1] = strconv.ParseInt(f[11], 10, 64)
+	st.stime, errs[2] = strconv.ParseInt(f[12], 10, 64)
+	st.cutime, errs[3] = strconv.ParseInt(f[13], 10, 64)
+	st.cstime, errs[4] = strconv.ParseInt(f[14], 10, 64)
+	if err := errors.Join(errs[:]...); err != nil {
+		return procStat{}, fmt.Errorf("unexpected /proc/%d/stat: %w", pid, err)
 	}
-	return float64(utime+stime) / 100, nil
+	return st, nil
+}
+
+// cpuSeconds reads the user+system CPU time of a process, all threads.
+func cpuSeconds(pid int) (float64, error) {
+	st, err := readStat(pid)
+	if err != nil {
+		return 0, err
+	}
+	return float64(st.utime+st.stime) / 100, nil
+}
+
+// cpuTreeSeconds is the CPU time of a process and its children: its own,
+// that of the children it has reaped (cutime, cstime: a PostgreSQL backend
+// that exits during the window still counts) and that of the live ones.
+// Grandchildren count only once reaped by a child, which PostgreSQL's
+// backends do not have.
+func cpuTreeSeconds(pid int) (float64, error) {
+	st, err := readStat(pid)
+	if err != nil {
+		return 0, err
+	}
+	ticks := st.utime + st.stime + st.cutime + st.cstime
+	dirs, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	for _, d := range dirs {
+		child, err := strconv.Atoi(d.Name())
+		if err != nil || child == pid {
+			continue
+		}
+		// A process may exit between the listing and the read: skip it.
+		if cs, err := readStat(child); err == nil && cs.ppid == pid {
+			ticks += cs.utime + cs.stime
+		}
+	}
+	return float64(ticks) / 100, nil
 }
 
 func loadBody(arg string) ([]byte, error) {

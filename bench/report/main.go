@@ -8,7 +8,10 @@
 //
 //   - llm_failover against reverse_proxy (column "llmf vs rp");
 //   - every "llm_failover+<x>" target (e.g. llm_failover+wallet) against
-//     plain llm_failover (column "on vs off"): the cost of the option x.
+//     plain llm_failover (column "on vs off"): the cost of the option x;
+//   - every fleet run "<n>x<target>/<i>" (instance i of n, loaded at the
+//     same time, bench/run.sh BENCH_INSTANCES=n) against <target> on one
+//     instance (column "n vs 1"): per instance and all n together.
 //
 // Runs alternate A B [C] A B [C], so besides the ratio of the medians it
 // gives the median of the per-pair ratios and differences: run i of the
@@ -23,8 +26,10 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -42,8 +47,14 @@ type result struct {
 	RPS        float64 `json:"rps"`
 	Latency    pcts    `json:"latency_ms"`
 	TTFB       pcts    `json:"ttfb_ms"`
+	CPUSeconds float64 `json:"server_cpu_s"`
 	CPUPerReq  float64 `json:"server_cpu_us_per_request"`
 	CPUShare   float64 `json:"server_cpu_core_share"`
+	DBSeconds  float64 `json:"db_cpu_s"`
+	DBPerReq   float64 `json:"db_cpu_us_per_request"`
+	// capacity is the rate at one core per instance: 1e6/CPUPerReq for one
+	// instance, the sum of the instances' for a fleet.
+	capacity float64
 }
 
 const (
@@ -75,6 +86,7 @@ func main() {
 	runs := map[string]map[string][]result{} // mode -> target -> runs in order
 	var modes []string
 	targets := map[string][]string{} // mode -> targets in order of first run
+	fleets := map[string][]*fleet{}  // mode -> fleet runs in order of first run
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
@@ -87,9 +99,16 @@ func main() {
 			os.Exit(1)
 		}
 		mode, target, _ := strings.Cut(r.Label, " ")
+		if r.CPUPerReq > 0 {
+			r.capacity = 1e6 / r.CPUPerReq
+		}
 		if runs[mode] == nil {
 			runs[mode] = map[string][]result{}
 			modes = append(modes, mode)
+		}
+		if of, n, i, ok := fleetPart(target); ok {
+			fleets[mode] = addFleetPart(fleets[mode], of, n, i, r)
+			continue
 		}
 		if runs[mode][target] == nil {
 			targets[mode] = append(targets[mode], target)
@@ -109,6 +128,11 @@ func main() {
 		}
 		for _, c := range cmps {
 			if !table(w, mode, c, runs[mode][c.base], runs[mode][c.test]) {
+				ok = false
+			}
+		}
+		for _, f := range fleets[mode] {
+			if !fleetTable(w, mode, f, runs[mode][f.of]) {
 				ok = false
 			}
 		}
@@ -135,29 +159,18 @@ func table(w *bufio.Writer, mode string, c comparison, a, b []result) bool {
 	fmt.Fprintf(w, "  %-22s %*s %*s %12s %22s\n", "metric", wa, c.base, wb, c.test, c.head, "paired median [min..max]")
 	row := func(name string, get func(result) float64, ratio bool) {
 		ma, mb := median(pick(a, get)), median(pick(b, get))
-		var paired []float64
-		for i := 0; i < n; i++ {
-			if ratio {
-				paired = append(paired, get(b[i])/get(a[i]))
-			} else {
-				paired = append(paired, get(b[i])-get(a[i]))
-			}
-		}
-		sort.Float64s(paired)
-		if ratio {
-			fmt.Fprintf(w, "  %-22s %*.1f %*.1f %11.3fx %8.3fx [%.3f..%.3f]\n", name, wa, ma, wb, mb, mb/ma, median(paired), paired[0], paired[len(paired)-1])
-		} else if strings.Contains(name, " us/") {
-			// A CPU difference in microseconds per request.
-			fmt.Fprintf(w, "  %-22s %*.1f %*.1f %+9.1f us %+8.1f us [%+.1f..%+.1f]\n", name, wa, ma, wb, mb, mb-ma, median(paired), paired[0], paired[len(paired)-1])
-		} else {
-			fmt.Fprintf(w, "  %-22s %*.3f %*.3f %+9.3f ms %+8.3f ms [%+.3f..%+.3f]\n", name, wa, ma, wb, mb, mb-ma, median(paired), paired[0], paired[len(paired)-1])
-		}
+		writeRow(w, name, []column{{wa, ma}, {wb, mb}}, ma, mb, pairs(a[:n], b[:n], get, ratio), ratio)
 	}
 	row("requests/s", func(r result) float64 { return r.RPS }, true)
 	if a[0].CPUPerReq > 0 && b[0].CPUPerReq > 0 {
 		row("caddy cpu us/request", func(r result) float64 { return r.CPUPerReq }, true)
-		row("one-core capacity r/s", func(r result) float64 { return 1e6 / r.CPUPerReq }, true)
+		row("one-core capacity r/s", func(r result) float64 { return r.capacity }, true)
 		row("caddy core share %", func(r result) float64 { return 100 * r.CPUShare }, true)
+	}
+	if c.title != "" && b[0].DBPerReq > 0 {
+		// The database's CPU (postmaster and backends) per request: for
+		// the base, whatever else the server did in the window.
+		row("postgres cpu us/req", func(r result) float64 { return r.DBPerReq }, false)
 	}
 	row("latency p50 ms", func(r result) float64 { return r.Latency.P50 }, false)
 	row("latency p90 ms", func(r result) float64 { return r.Latency.P90 }, false)
@@ -171,27 +184,75 @@ func table(w *bufio.Writer, mode string, c comparison, a, b []result) bool {
 		// against a budget per request.
 		row("added cpu us/request", func(r result) float64 { return r.CPUPerReq }, false)
 	}
-	ok := true
-	for _, t := range []struct {
-		name string
-		rs   []result
-	}{{c.base, a}, {c.test, b}} {
-		errs, reqs, first := 0, 0, ""
-		for _, r := range t.rs {
-			errs += r.Errors
-			reqs += r.Requests
-			if first == "" {
-				first = r.FirstError
-			}
+	return totals(w, c.base, a) && totals(w, c.test, b)
+}
+
+// totals prints a target's requests and errors over its runs and reports
+// whether none had an error.
+func totals(w *bufio.Writer, name string, rs []result) bool {
+	errs, reqs, first := 0, 0, ""
+	for _, r := range rs {
+		errs += r.Errors
+		reqs += r.Requests
+		if first == "" {
+			first = r.FirstError
 		}
-		fmt.Fprintf(w, "  %-22s %d requests, %d errors", t.name, reqs, errs)
-		if first != "" {
-			fmt.Fprintf(w, " (first: %s)", first)
-			ok = false
-		}
-		fmt.Fprintln(w)
 	}
-	return ok
+	fmt.Fprintf(w, "  %-22s %d requests, %d errors", name, reqs, errs)
+	if first != "" {
+		fmt.Fprintf(w, " (first: %s)", first)
+	}
+	fmt.Fprintln(w)
+	return first == ""
+}
+
+// column is one printed value of a row, right-aligned in width; NaN
+// prints as "-".
+type column struct {
+	width int
+	value float64
+}
+
+// writeRow prints a metric's columns, then how the tested median mb
+// compares with the base's ma (a ratio, or a difference in ms or, for a
+// name with " us/", in µs) and the same for the sorted per-pair values.
+func writeRow(w *bufio.Writer, name string, cols []column, ma, mb float64, paired []float64, ratio bool) {
+	prec, unit := 3, "ms"
+	if ratio || strings.Contains(name, " us/") {
+		prec, unit = 1, "us"
+	}
+	fmt.Fprintf(w, "  %-22s", name)
+	for _, c := range cols {
+		if math.IsNaN(c.value) {
+			fmt.Fprintf(w, " %*s", c.width, "-")
+		} else {
+			fmt.Fprintf(w, " %*.*f", c.width, prec, c.value)
+		}
+	}
+	lo, hi := paired[0], paired[len(paired)-1]
+	switch {
+	case ratio:
+		fmt.Fprintf(w, " %11.3fx %8.3fx [%.3f..%.3f]\n", mb/ma, median(paired), lo, hi)
+	case unit == "us":
+		fmt.Fprintf(w, " %+9.1f us %+8.1f us [%+.1f..%+.1f]\n", mb-ma, median(paired), lo, hi)
+	default:
+		fmt.Fprintf(w, " %+9.3f ms %+8.3f ms [%+.3f..%+.3f]\n", mb-ma, median(paired), lo, hi)
+	}
+}
+
+// pairs compares run i of b with run i of a, which ran just before it,
+// and returns the ratios (or differences), sorted.
+func pairs(a, b []result, get func(result) float64, ratio bool) []float64 {
+	out := make([]float64, len(a))
+	for i := range a {
+		if ratio {
+			out[i] = get(b[i]) / get(a[i])
+		} else {
+			out[i] = get(b[i]) - get(a[i])
+		}
+	}
+	sort.Float64s(out)
+	return out
 }
 
 func pick(rs []result, get func(result) float64) []float64 {
@@ -213,4 +274,130 @@ func median(v []float64) float64 {
 		return s[n/2]
 	}
 	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// fleet is the runs of one target on n instances at once: parts[i] are
+// instance i+1's runs, in order.
+type fleet struct {
+	of    string
+	n     int
+	parts [][]result
+}
+
+// fleetPart parses a fleet run's target, "<n>x<target>/<i>".
+func fleetPart(target string) (of string, n, i int, ok bool) {
+	count, rest, found := strings.Cut(target, "x")
+	rest, index, found2 := strings.Cut(rest, "/")
+	n, err1 := strconv.Atoi(count)
+	i, err2 := strconv.Atoi(index)
+	if !found || !found2 || err1 != nil || err2 != nil || n < 2 || i < 1 || i > n || rest == "" {
+		return "", 0, 0, false
+	}
+	return rest, n, i, true
+}
+
+func addFleetPart(fs []*fleet, of string, n, i int, r result) []*fleet {
+	for _, f := range fs {
+		if f.of == of && f.n == n {
+			f.parts[i-1] = append(f.parts[i-1], r)
+			return fs
+		}
+	}
+	f := &fleet{of: of, n: n, parts: make([][]result, n)}
+	f.parts[i-1] = append(f.parts[i-1], r)
+	return append(fs, f)
+}
+
+// together combines run j of every instance into what the fleet did:
+// rates, CPU cores and one-core capacities add up; CPU per request is the
+// fleet's CPU over its requests; the database (measured by the first
+// instance's load over the same window) is divided by all the requests; a
+// p50 is the requests-weighted mean of the instances' (an estimate), a
+// p90 or p99 the worst instance's.
+func (f *fleet) together(j int) result {
+	var t result
+	for _, part := range f.parts {
+		r := part[j]
+		t.Requests += r.Requests
+		t.Errors += r.Errors
+		if t.FirstError == "" {
+			t.FirstError = r.FirstError
+		}
+		t.RPS += r.RPS
+		t.CPUSeconds += r.CPUSeconds
+		t.CPUShare += r.CPUShare
+		t.capacity += r.capacity
+		t.Latency.P50 += r.Latency.P50 * float64(r.Requests)
+		t.TTFB.P50 += r.TTFB.P50 * float64(r.Requests)
+		t.Latency.P90, t.Latency.P99 = max(t.Latency.P90, r.Latency.P90), max(t.Latency.P99, r.Latency.P99)
+		t.TTFB.P90, t.TTFB.P99 = max(t.TTFB.P90, r.TTFB.P90), max(t.TTFB.P99, r.TTFB.P99)
+	}
+	if t.Requests > 0 {
+		t.Latency.P50 /= float64(t.Requests)
+		t.TTFB.P50 /= float64(t.Requests)
+		t.CPUPerReq = t.CPUSeconds / float64(t.Requests) * 1e6
+		t.DBPerReq = f.parts[0][j].DBSeconds / float64(t.Requests) * 1e6
+	}
+	return t
+}
+
+// fleetTable prints target on one instance against target on f.n
+// instances: each instance's medians, the fleet's, and the fleet against
+// one instance. It reports false when a run had errors.
+func fleetTable(w *bufio.Writer, mode string, f *fleet, single []result) bool {
+	n := len(single)
+	for _, part := range f.parts {
+		n = min(n, len(part))
+	}
+	if n == 0 {
+		return true
+	}
+	all := make([]result, n)
+	for j := range all {
+		all[j] = f.together(j)
+	}
+	const width = 12
+	head := fmt.Sprintf("%d vs 1", f.n)
+	fmt.Fprintf(w, "\n%s, %s on %d instances vs 1 (%d runs each, medians)\n", mode, strings.TrimPrefix(f.of, optPrefix), f.n, n)
+	fmt.Fprintf(w, "  %-22s %*s", "metric", width, "1 instance")
+	for i := range f.parts {
+		fmt.Fprintf(w, " %*s", width, fmt.Sprintf("instance %d", i+1))
+	}
+	fmt.Fprintf(w, " %*s %12s %22s\n", width, fmt.Sprintf("%d together", f.n), head, "paired median [min..max]")
+	// fleetRow prints a row; perInstance false leaves the instances'
+	// columns out, for a figure only the fleet as a whole has.
+	fleetRow := func(name string, get func(result) float64, ratio, perInstance bool) {
+		ma, mb := median(pick(single[:n], get)), median(pick(all, get))
+		cols := []column{{width, ma}}
+		for _, part := range f.parts {
+			v := math.NaN()
+			if perInstance {
+				v = median(pick(part[:n], get))
+			}
+			cols = append(cols, column{width, v})
+		}
+		cols = append(cols, column{width, mb})
+		writeRow(w, name, cols, ma, mb, pairs(single[:n], all, get, ratio), ratio)
+	}
+	row := func(name string, get func(result) float64, ratio bool) { fleetRow(name, get, ratio, true) }
+	row("requests/s", func(r result) float64 { return r.RPS }, true)
+	if single[0].CPUPerReq > 0 && all[0].CPUPerReq > 0 {
+		row("caddy cpu us/request", func(r result) float64 { return r.CPUPerReq }, true)
+		row("one-core capacity r/s", func(r result) float64 { return r.capacity }, true)
+		row("caddy core share %", func(r result) float64 { return 100 * r.CPUShare }, true)
+	}
+	if single[0].DBPerReq > 0 && all[0].DBPerReq > 0 {
+		// The database serves the whole fleet: one figure for it.
+		fleetRow("postgres cpu us/req", func(r result) float64 { return r.DBPerReq }, false, false)
+	}
+	row("latency p50 ms", func(r result) float64 { return r.Latency.P50 }, false)
+	row("latency p99 ms", func(r result) float64 { return r.Latency.P99 }, false)
+	if mode == "stream" {
+		row("ttfb p50 ms", func(r result) float64 { return r.TTFB.P50 }, false)
+	}
+	ok := totals(w, "1 instance", single)
+	for i, part := range f.parts {
+		ok = totals(w, fmt.Sprintf("instance %d of %d", i+1, f.n), part) && ok
+	}
+	return ok
 }
