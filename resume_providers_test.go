@@ -178,7 +178,8 @@ func TestResumeResponsesNotResumed(t *testing.T) {
 // when Vertex refuses, on Bedrock (whose event stream is decoded before
 // the splice); the fakes check their own auth, the model in the URL and
 // anthropic_version in the body, and refuse a prefill ending in white
-// space as Anthropic does.
+// space as Anthropic does (startClaudeChain fails the test on any
+// refusal).
 func TestResumeOnVertexAndBedrock(t *testing.T) {
 	pieces := resumePieces()
 	for _, tt := range []struct {
@@ -186,30 +187,16 @@ func TestResumeOnVertexAndBedrock(t *testing.T) {
 		vertexDown bool
 	}{{"vertex", "Hello from vertex", false}, {"bedrock", "Hello from bedrock", true}} {
 		t.Run(tt.name, func(t *testing.T) {
-			f := claudeFakes{
-				anthropic: upstream(t, fu.OKNamed("primary").WithPieces(pieces...).WithCutAfter(40)),
-				vertex:    fakeproviders.NewVertex("proj-1", "us-east5", time.Hour),
-				bedrock:   fakeproviders.NewBedrock("us-east-1", "AKIAFAKE", "fake-secret"),
-			}
-			t.Cleanup(f.vertex.Close)
-			t.Cleanup(f.bedrock.Close)
-			sa, err := f.vertex.WriteServiceAccount(t.TempDir())
-			if err != nil {
-				t.Fatal(err)
-			}
+			f := startClaudeChain(t, fu.OKNamed("primary").WithPieces(pieces...).WithCutAfter(40), time.Hour, "stream_resume continue")
 			if tt.vertexDown {
 				f.vertex.SetMode(fakeproviders.RateLimited)
 			}
-			gateway(t, claudeChain+"\nstream_resume continue", f.anthropic.URL, f.vertex.URL, sa, f.bedrock.URL)
 			s := streamPost(t, nil, "/v1/messages", fu.MessagesRequest("claude-sonnet-4-5", true), "", "anthropic-version", "2023-06-01")
 			wantText(t, s, strings.Join(pieces[:40], "")+tt.text)
 			for sub, n := range map[string]int{"event: message_start": 1, "event: content_block_start": 1, "event: message_stop": 1, "event: error": 0} {
 				if got := count(s.body, sub); got != n {
 					t.Errorf("%d × %q, want %d:\n%s", got, sub, n, s.body)
 				}
-			}
-			for _, p := range append(f.vertex.Problems(), f.bedrock.Problems()...) {
-				t.Errorf("fake provider refused a request: %s", p)
 			}
 			got := f.vertex.LastBody()
 			if tt.vertexDown {

@@ -262,3 +262,31 @@ func FuzzChatResume(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkChatSplice: the cost of one continued chunk, which every chunk
+// of a resumed stream pays.
+func BenchmarkChatSplice(b *testing.B) {
+	tr := OpenAIChat.NewTranscript(1 << 10)
+	tr.Event(chatText("first", "so far"))
+	_, s, err := tr.Continue([]byte(chatReq))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ev := chatText("second", " and on")
+	var dst []byte
+	b.ReportAllocs()
+	for b.Loop() {
+		dst = s.Rewrite(dst[:0], ev)
+	}
+}
+
+// BenchmarkChatTranscript: the cost of recording one delivered chunk,
+// which every chunk of a stream with stream_resume on pays.
+func BenchmarkChatTranscript(b *testing.B) {
+	ev := chatText("first", " t01")
+	tr := Transcript{api: OpenAIChat, cap: 1 << 30}
+	b.ReportAllocs()
+	for b.Loop() {
+		tr.Event(ev)
+	}
+}
