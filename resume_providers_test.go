@@ -1,8 +1,10 @@
 package llmfailover
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -161,17 +163,23 @@ func TestResumeChatNotResumed(t *testing.T) {
 	})
 }
 
-// A Responses stream has no prefill: it ends with its error event.
+// A Responses stream has no prefill: it ends with its error event, and
+// the log says why it was not resumed.
 func TestResumeResponsesNotResumed(t *testing.T) {
 	pieces := resumePieces()
 	a := upstream(t, fu.OKNamed("primary").WithPieces(pieces...).WithCutAfter(40))
 	b := upstream(t, fu.OKNamed("backup"))
-	gateway(t, chatResumeChannels, a.URL, b.URL, "prefix")
+	pluginLog, _ := loggedGateway(t, chatResumeChannels, a.URL, b.URL, "prefix")
 	s := streamPost(t, nil, "/v1/responses", fu.ResponsesRequest("m", true), "")
 	endsWithError(t, s, b)
 	if got := fu.StreamText(mustSSE(t, s.body)); got != strings.Join(pieces[:40], "") {
 		t.Fatalf("text %q", got)
 	}
+	eventually(t, 5*time.Second, "the log line saying why", func() bool {
+		log, _ := os.ReadFile(pluginLog)
+		return bytes.Contains(log, []byte(`"msg":"broken stream not resumed"`)) &&
+			bytes.Contains(log, []byte("the Responses API has no assistant prefill"))
+	})
 }
 
 // A Messages stream cut on Anthropic is continued on Claude on Vertex, or,
@@ -207,4 +215,44 @@ func TestResumeOnVertexAndBedrock(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A backup that refuses the prefix with a 400 leaves the chat client with
+// the original failure's error event, never the 400, and no [DONE].
+func TestResumeChatPrefixRejectedKeepsOriginalError(t *testing.T) {
+	pieces := resumePieces()
+	a := upstream(t, fu.OKNamed("primary").WithPieces(pieces...).WithCutAfter(40))
+	b := upstream(t, fu.Status(400, fu.OpenAIErrorBody("prefix is not supported", "invalid_request_error", "")))
+	gateway(t, chatResumeChannels, a.URL, b.URL, "prefix")
+	s := chatResumePost(t, fu.ChatRequest("m", true))
+	okStream(t, s)
+	if got := fu.StreamText(mustSSE(t, s.body)); got != strings.Join(pieces[:40], "") {
+		t.Fatalf("text %q", got)
+	}
+	fs := frames(s.body)
+	if last := fs[len(fs)-1]; !strings.HasPrefix(last, `data: {"error"`) || !strings.Contains(last, "incomplete") {
+		t.Fatalf("last event is not the original truncation error: %q\n%s", last, s.body)
+	}
+	mustNotContain(t, s.body, "prefix is not supported", "[DONE]", "llm-failover resumed")
+	hits(t, b, 1)
+}
+
+// A chat stream that stalls after 20 chunks is resumed once
+// stream_idle_timeout passes.
+func TestResumeChatStalledStream(t *testing.T) {
+	pieces := resumePieces()
+	steps := []any{"data: {\"id\":\"chatcmpl-stall\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n"}
+	for _, p := range pieces[:20] {
+		steps = append(steps, fmt.Sprintf("data: {\"id\":\"chatcmpl-stall\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":%q},\"finish_reason\":null}]}\n\n", p))
+	}
+	a := upstream(t, sseScript(append(steps, 10*time.Second)...))
+	b := upstream(t, chatBackup(pieces[20:]))
+	gateway(t, chatResumeChannels+"\nstream_idle_timeout 300ms", a.URL, b.URL, "prefix")
+	s := chatResumePost(t, fu.ChatRequest("m", true))
+	wantText(t, s, strings.Join(pieces, ""))
+	if s.endAt < 250*time.Millisecond || s.endAt > 5*time.Second {
+		t.Fatalf("ended after %s; the idle timeout is 300ms", s.endAt)
+	}
+	mustNotContain(t, s.body, "chatcmpl-backup")
+	mustContain(t, s.body, ": llm-failover resumed from a on b", `"id":"chatcmpl-stall"`)
 }
