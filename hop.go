@@ -391,6 +391,7 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 	out, err := ch.adapter.NewRequest(ctx, provider.Call{
 		API: x.api, Base: ch.base, Client: x.r, Body: body, Request: req,
 		UpstreamModel: route.UpstreamModel, Header: ch.headers, PassHeader: ch.extras.Request,
+		Continuation: x.resume != nil && x.resume.continuing,
 	})
 	if err != nil {
 		headerTimer.Stop()

@@ -22,7 +22,9 @@ type claudeFakes struct {
 	bedrock   *fakeproviders.Bedrock
 }
 
-func startClaudeChain(t *testing.T, anthropic fu.Behavior, tokenTTL time.Duration) claudeFakes {
+// startClaudeChain starts the fakes and loads claudeChain, with the
+// handler options in extra after it.
+func startClaudeChain(t *testing.T, anthropic fu.Behavior, tokenTTL time.Duration, extra ...string) claudeFakes {
 	t.Helper()
 	f := claudeFakes{
 		anthropic: upstream(t, anthropic),
@@ -35,7 +37,7 @@ func startClaudeChain(t *testing.T, anthropic fu.Behavior, tokenTTL time.Duratio
 	if err != nil {
 		t.Fatal(err)
 	}
-	gateway(t, claudeChain, f.anthropic.URL, f.vertex.URL, sa, f.bedrock.URL)
+	gateway(t, claudeChain+strings.Join(extra, "\n"), f.anthropic.URL, f.vertex.URL, sa, f.bedrock.URL)
 	t.Cleanup(func() {
 		for _, p := range append(f.vertex.Problems(), f.bedrock.Problems()...) {
 			t.Errorf("fake provider refused a request: %s", p)

@@ -50,6 +50,11 @@ func TestSDKs(t *testing.T) {
 	}
 	channels.WriteString(up("cres1", fu.OK().WithPieces(resumePieces...).WithCutAfter(40)))
 	channels.WriteString(up("cres2", fu.OK().WithPieces(resumePieces[40:]...)))
+	// gpt-resume: the same for OpenAI chat, continued on a channel whose
+	// host takes a "prefix": true final assistant message.
+	channels.WriteString(up("gres1", fu.OK().WithPieces(resumePieces...).WithCutAfter(40)))
+	channels.WriteString(strings.TrimSuffix(up("gres2", fu.OK().WithPieces(resumePieces[40:]...)), "\n") +
+		" {\n\t\t\tprovider openai {\n\t\t\t\tcontinuation prefix\n\t\t\t}\n\t\t}\n")
 
 	models := `
 		model gpt-failover {
@@ -86,6 +91,11 @@ func TestSDKs(t *testing.T) {
 			route cres2 cost 2 2
 			stream_resume continue
 		}
+		model gpt-resume {
+			route gres1 cost 1 1
+			route gres2 cost 2 2
+			stream_resume continue
+		}
 		stream_idle_timeout 10s
 `
 	p := portsSDK
@@ -119,8 +129,12 @@ func TestSDKs(t *testing.T) {
 			}
 		}
 	}
+	// The chat continuation asked the backup for a prefix completion.
+	if b := servers["gres2"]; b.Hits() > 0 && !strings.Contains(string(b.LastRequest().Body), `"prefix":true`) {
+		t.Errorf("gres2 was not asked to continue a prefix: %s", b.LastRequest().Body)
+	}
 	// Every row of the table was exercised.
-	for _, name := range []string{"gf1", "gf2", "gbad", "gdown1", "gdown2", "gcut", "gr1", "gr2", "cf1", "cf2", "cdown1", "cdown2", "ccut", "cres1", "cres2"} {
+	for _, name := range []string{"gf1", "gf2", "gbad", "gdown1", "gdown2", "gcut", "gr1", "gr2", "cf1", "cf2", "cdown1", "cdown2", "ccut", "cres1", "cres2", "gres1", "gres2"} {
 		if servers[name].Hits() == 0 {
 			t.Errorf("upstream %s was never called; the SDK tests did not exercise it", name)
 		}

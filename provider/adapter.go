@@ -65,12 +65,24 @@ type Call struct {
 	// PassHeader names client headers the operator forwards besides the
 	// API's own allowlist.
 	PassHeader []string
+	// Continuation reports that Body continues a stream another channel
+	// broke (stream_resume): its final assistant message is the text
+	// delivered so far. An adapter whose upstream must be told to continue
+	// it, rather than answer after it, says so its own way.
+	Continuation bool
 }
 
 // OpenAI is an OpenAI-compatible upstream: the client's path is joined to
 // the base URL and sent as is, whatever the API (such hosts often serve
 // /v1/messages too).
-type OpenAI struct{ passThrough }
+type OpenAI struct {
+	// Continuation is how the host continues a final assistant message
+	// (prefix, continue_final_message or prefill; continuation.go), or
+	// "" when it cannot: its chat streams are not resumed.
+	Continuation string `json:"continuation,omitempty"`
+
+	passThrough
+}
 
 // CaddyModule returns the Caddy module information.
 func (OpenAI) CaddyModule() caddy.ModuleInfo {
@@ -83,8 +95,15 @@ func (OpenAI) Serves(API) bool { return true }
 // DefaultBaseURL is "": OpenAI-compatible hosts are many.
 func (OpenAI) DefaultBaseURL() string { return "" }
 
-// NewRequest builds the upstream request of one attempt.
-func (OpenAI) NewRequest(ctx context.Context, c Call) (*http.Request, error) {
+// NewRequest builds the upstream request of one attempt; a chat
+// continuation is marked the way the host documents it.
+func (o OpenAI) NewRequest(ctx context.Context, c Call) (*http.Request, error) {
+	if c.Continuation && c.API == OpenAIChat {
+		if c.UpstreamModel != "" {
+			c.Body, c.UpstreamModel = c.Request.WithModel(c.Body, c.UpstreamModel), ""
+		}
+		c.Body = o.continueBody(c.Body)
+	}
 	return newRequest(ctx, c)
 }
 

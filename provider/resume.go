@@ -11,9 +11,11 @@ import (
 
 // Continuer is implemented by adapters whose upstream takes a final
 // assistant message as a prefill and continues it, so that a stream cut on
-// another channel can be finished there. Only Anthropic Messages is
-// continued (first-party or passed through unchanged); a channel whose
-// adapter is no Continuer, or says false, is skipped for a resume.
+// another channel can be finished there: Anthropic Messages (first party,
+// Vertex, Bedrock, or passed through unchanged) and OpenAI chat on an
+// OpenAI-compatible host configured with its continuation option. A
+// channel whose adapter is no Continuer, or says false, is skipped for a
+// resume.
 type Continuer interface {
 	CanContinue(api API) bool
 }
@@ -21,39 +23,111 @@ type Continuer interface {
 // CanContinue: the first-party API takes an assistant prefill.
 func (Anthropic) CanContinue(api API) bool { return api == AnthropicMessages }
 
-// CanContinue: a pass-through channel speaking Messages forwards the
-// prefill unchanged.
-func (OpenAI) CanContinue(api API) bool { return api == AnthropicMessages }
+// CanContinue: Claude on Vertex takes an assistant prefill; the body goes
+// through the same rewrite (anthropic_version in it, model in the URL).
+func (*Vertex) CanContinue(api API) bool { return api == AnthropicMessages }
+
+// CanContinue: Claude on Bedrock takes an assistant prefill; its event
+// stream is decoded to SSE before the Splice reads it.
+func (*Bedrock) CanContinue(api API) bool { return api == AnthropicMessages }
 
 // Interface guards.
 var (
 	_ Continuer = Anthropic{}
 	_ Continuer = OpenAI{}
+	_ Continuer = (*Vertex)(nil)
+	_ Continuer = (*Bedrock)(nil)
 )
 
-// Transcript collects the text a committed Anthropic Messages stream
-// delivered, so that another channel can be asked to continue it. It only
-// vouches for plain text: a tool_use, thinking or any other non-text block,
-// a second text block, or more text than its cap makes it refuse, since a
-// join there could corrupt the answer.
+// Transcript collects the text a committed stream delivered, so that
+// another channel can be asked to continue it. It only vouches for plain
+// text: anything a join could corrupt (tool calls, thinking, several
+// choices, log probabilities, more text than its cap) makes it refuse,
+// and it says why.
 type Transcript struct {
+	api       API
 	text      strings.Builder
 	cap       int
-	refused   bool
-	index     int  // the index of the last block started
-	open      bool // that block has not been stopped
-	delivered bool // some text was delivered
+	why       string // set once refused: why the stream cannot be continued
+	delivered bool   // some text was delivered
+
+	// Messages: the last block started, and whether it is still open.
+	index int
+	open  bool
+
+	// Chat: the first attempt's identity, which the continuation takes.
+	chat chatIdentity
 }
 
 // NewTranscript returns a Transcript for a stream of api holding at most
-// maxBytes of text, or nil when streams of api are not continued (OpenAI
-// chat and Responses, in this version).
+// maxBytes of text, or nil when streams of api carry nothing to continue.
+// A Responses stream gets a Transcript that refuses from the start, so
+// that a break says why it was not resumed.
 func (a API) NewTranscript(maxBytes int) *Transcript {
-	if a != AnthropicMessages {
-		return nil
+	switch a {
+	case AnthropicMessages, OpenAIChat:
+		return &Transcript{api: a, cap: maxBytes}
+	case OpenAIResponses:
+		return &Transcript{api: a, why: "the Responses API has no assistant prefill to continue from"}
 	}
-	return &Transcript{cap: maxBytes}
+	return nil
 }
+
+// refuse marks the stream as not continuable; the first reason stays.
+func (t *Transcript) refuse(why string) {
+	if t.why == "" {
+		t.why = why
+	}
+}
+
+// Event records one event the client was sent.
+func (t *Transcript) Event(ev streamgate.Event) {
+	if t.why != "" {
+		return
+	}
+	switch t.api {
+	case AnthropicMessages:
+		t.messagesEvent(ev)
+	case OpenAIChat:
+		t.chatEvent(ev)
+	}
+}
+
+// Text is the text delivered so far.
+func (t *Transcript) Text() string { return t.text.String() }
+
+// ErrNotContinuable says a stream or a request cannot be continued.
+var ErrNotContinuable = errors.New("not continuable")
+
+// Continue returns the request body that asks another channel to go on
+// from the delivered text, and the Splice that fits its answer into the
+// client's stream. A request that ends with its own assistant message is
+// not continued (the delivered text would have to be merged into it).
+func (t *Transcript) Continue(body []byte) ([]byte, *Splice, error) {
+	if t.why != "" {
+		return nil, nil, fmt.Errorf("%s: %w", t.why, ErrNotContinuable)
+	}
+	if !t.delivered {
+		return nil, nil, fmt.Errorf("no text delivered: %w", ErrNotContinuable)
+	}
+	if t.api == OpenAIChat {
+		return t.chatContinue(body)
+	}
+	return t.messagesContinue(body)
+}
+
+// Splice rewrites a continuation's stream into the client's stream, as
+// one answer.
+type Splice struct{ r rewriter }
+
+// rewriter is one API's Splice.
+type rewriter interface {
+	rewrite(dst []byte, ev streamgate.Event) []byte
+}
+
+// Rewrite appends to dst what the client gets for one event of the
+// continuation.
+func (s *Splice) Rewrite(dst []byte, ev streamgate.Event) []byte { return s.r.rewrite(dst, ev) }
 
 // anthropicEvent is the part of a Messages stream event a Transcript and
 // a Splice read.
@@ -69,16 +143,13 @@ type anthropicEvent struct {
 	} `json:"delta"`
 }
 
-// Event records one event the client was sent.
-func (t *Transcript) Event(ev streamgate.Event) {
-	if t.refused {
-		return
-	}
+// messagesEvent records one event of a Messages stream.
+func (t *Transcript) messagesEvent(ev streamgate.Event) {
 	var e anthropicEvent
 	switch ev.Name {
 	case "content_block_start", "content_block_delta", "content_block_stop":
 		if ev.Overflow || json.Unmarshal(ev.Data, &e) != nil || e.Index == nil {
-			t.refused = true
+			t.refuse("a malformed content block event")
 			return
 		}
 	default:
@@ -87,13 +158,17 @@ func (t *Transcript) Event(ev streamgate.Event) {
 	switch ev.Name {
 	case "content_block_start":
 		if t.open || t.delivered || e.ContentBlock == nil || e.ContentBlock.Type != "text" || e.ContentBlock.Text != "" {
-			t.refused = true
+			t.refuse("a content block that is not the one text block")
 			return
 		}
 		t.index, t.open = *e.Index, true
 	case "content_block_delta":
-		if !t.open || *e.Index != t.index || e.Delta == nil || e.Delta.Type != "text_delta" || t.text.Len()+len(e.Delta.Text) > t.cap {
-			t.refused = true
+		if !t.open || *e.Index != t.index || e.Delta == nil || e.Delta.Type != "text_delta" {
+			t.refuse("a delta that is not text")
+			return
+		}
+		if t.text.Len()+len(e.Delta.Text) > t.cap {
+			t.refuse("more text than the resume cap")
 			return
 		}
 		t.text.WriteString(e.Delta.Text)
@@ -103,20 +178,8 @@ func (t *Transcript) Event(ev streamgate.Event) {
 	}
 }
 
-// Text is the text delivered so far.
-func (t *Transcript) Text() string { return t.text.String() }
-
-// ErrNotContinuable says a stream or a request cannot be continued.
-var ErrNotContinuable = errors.New("not continuable")
-
-// Continue returns the request body that asks another channel to go on
-// from the delivered text, and the Splice that fits its answer into the
-// client's stream. A request that ends with its own assistant prefill is
-// not continued (the delivered text would have to be merged into it).
-func (t *Transcript) Continue(body []byte) ([]byte, *Splice, error) {
-	if t.refused || !t.delivered {
-		return nil, nil, fmt.Errorf("stream: %w", ErrNotContinuable)
-	}
+// messagesContinue is Continue for a Messages stream.
+func (t *Transcript) messagesContinue(body []byte) ([]byte, *Splice, error) {
 	var req map[string]json.RawMessage
 	if err := json.Unmarshal(body, &req); err != nil {
 		return nil, nil, fmt.Errorf("request: %w", err)
@@ -147,30 +210,28 @@ func (t *Transcript) Continue(body []byte) ([]byte, *Splice, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("request: %w", err)
 	}
-	s := &Splice{trim: text[len(prefill):], joinOpen: t.open, first: -1}
+	s := &messagesSplice{trim: text[len(prefill):], joinOpen: t.open, first: -1}
 	s.base = t.index + 1
 	if t.open {
 		s.base = t.index
 	}
-	return out, s, nil
+	return out, &Splice{s}, nil
 }
 
-// Splice rewrites a continuation's Messages stream into the client's
-// stream: it drops the second message_start and its pings, joins the
+// messagesSplice rewrites a continuation's Messages stream into the
+// client's stream: it drops the second message_start and its pings, joins the
 // continuation's first text block to the block still open (or numbers it
 // after the last one), keeps block indices continuous, and takes off the
 // white space the prefill could not end with. message_delta (the one final
 // usage) and message_stop pass unchanged.
-type Splice struct {
+type messagesSplice struct {
 	trim     string // white space delivered but left out of the prefill
 	joinOpen bool   // the first attempt's text block is still open
 	base     int    // index the continuation's block 0 gets
 	first    int    // the continuation's first block index, -1 before it
 }
 
-// Rewrite appends to dst what the client gets for one event of the
-// continuation.
-func (s *Splice) Rewrite(dst []byte, ev streamgate.Event) []byte {
+func (s *messagesSplice) rewrite(dst []byte, ev streamgate.Event) []byte {
 	switch ev.Name {
 	case "message_start", "ping":
 		return dst

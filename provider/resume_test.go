@@ -84,8 +84,13 @@ func TestTranscriptRefuses(t *testing.T) {
 			t.Errorf("%s: continued", name)
 		}
 	}
-	if OpenAIChat.NewTranscript(10) != nil || OpenAIResponses.NewTranscript(10) != nil {
-		t.Error("OpenAI streams are not continued in this version")
+	// A Responses stream has no prefill: its Transcript refuses at once,
+	// and says why.
+	if _, _, err := OpenAIResponses.NewTranscript(10).Continue(req); err == nil || !strings.Contains(err.Error(), "Responses API") {
+		t.Errorf("Responses continued, or without a reason: %v", err)
+	}
+	if OpenAIEmbeddings.NewTranscript(10) != nil {
+		t.Error("embeddings have no stream to continue")
 	}
 }
 

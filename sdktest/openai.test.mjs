@@ -16,6 +16,11 @@
 //                  the stream with a final `data: {"error":...}` event.
 //   gpt-responses  Responses API; streams normally with text containing
 //                  "backup" (the gateway may fail over to get there).
+//   gpt-resume     chat with stream_resume continue; channel 1 streams
+//                  content " t00".." t59" and cuts after the 40th, channel 2
+//                  (provider openai { continuation prefix }) streams
+//                  " t40".." t59": the SDK must see one completion with the
+//                  whole text.
 // Clients use apiKey "sk-client-test"; the gateway must not forward it.
 //
 // maxRetries is 0 everywhere so the SDK's own retries cannot hide (or
@@ -146,4 +151,28 @@ test('gpt-responses: non-streaming Responses API output_text', T, async () => {
   const response = await client.responses.create({ model: 'gpt-responses', input: 'Say hello.' });
   assert.equal(response.status, 'completed');
   assert.match(response.output_text, /backup/);
+});
+
+const resumeText = Array.from({ length: 60 }, (_, i) => ' t' + String(i).padStart(2, '0')).join('');
+
+test('gpt-resume: a stream cut after 40 of 60 chunks arrives whole, as one completion', T, async () => {
+  const stream = client.chat.completions.stream({
+    model: 'gpt-resume', messages, stream_options: { include_usage: true },
+  });
+  const ids = new Set();
+  let roles = 0;
+  let usage = 0;
+  for await (const chunk of stream) {
+    ids.add(chunk.id);
+    if (chunk.choices?.[0]?.delta?.role) roles++;
+    if (chunk.usage) usage++;
+  }
+  const completion = await stream.finalChatCompletion();
+  assert.equal(completion.choices.length, 1);
+  assert.equal(completion.choices[0].message.content, resumeText);
+  assert.equal(completion.choices[0].finish_reason, 'stop');
+  assert.equal(completion.model, 'gpt-resume');
+  assert.equal(ids.size, 1, `chunk ids ${[...ids]}`);
+  assert.equal(roles, 1);
+  assert.equal(usage, 1);
 });

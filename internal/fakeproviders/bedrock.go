@@ -37,6 +37,7 @@ func NewBedrock(region, accessKeyID, secretAccessKey string) *Bedrock {
 func (b *Bedrock) serve(w http.ResponseWriter, r *http.Request) {
 	b.hits.Add(1)
 	body, _ := io.ReadAll(r.Body)
+	b.received(body)
 	if p := b.checkSignature(r, body); p != "" {
 		w.Header().Set("X-Amzn-Errortype", "InvalidSignatureException")
 		b.refuse(w, http.StatusForbidden, "%s", p)

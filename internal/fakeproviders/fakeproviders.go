@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -57,6 +58,7 @@ type state struct {
 	hits   atomic.Int64
 	mu     sync.Mutex
 	errors []string
+	last   []byte // the last model request's body
 }
 
 // SetMode sets how the fake answers from now on.
@@ -64,6 +66,19 @@ func (s *state) SetMode(m Mode) { s.mode.Store(int64(m)) }
 
 // Hits counts the model requests the fake received.
 func (s *state) Hits() int { return int(s.hits.Load()) }
+
+// LastBody is the body of the last model request received.
+func (s *state) LastBody() []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.last
+}
+
+func (s *state) received(body []byte) {
+	s.mu.Lock()
+	s.last = body
+	s.mu.Unlock()
+}
 
 // Problems lists what was wrong with the requests received (bad tokens,
 // signatures, URLs or bodies).
@@ -102,11 +117,24 @@ func anthropicMessage(model, text string) string {
 }
 
 // checkClaudeBody checks a Claude body as the cloud providers want it:
-// no model (it is in the URL), their anthropic_version.
+// no model (it is in the URL), their anthropic_version, and, like
+// Anthropic's, a final assistant message (a prefill) that does not end in
+// white space.
 func checkClaudeBody(body []byte, version string) (stream bool, problem string) {
 	var b map[string]json.RawMessage
 	if err := json.Unmarshal(body, &b); err != nil {
 		return false, "body is not a JSON object: " + err.Error()
+	}
+	var msgs []struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	}
+	_ = json.Unmarshal(b["messages"], &msgs)
+	if n := len(msgs); n > 0 && msgs[n-1].Role == "assistant" {
+		var text string
+		if json.Unmarshal(msgs[n-1].Content, &text) == nil && strings.TrimRight(text, " \t\r\n") != text {
+			return false, "messages: final assistant content cannot end with trailing whitespace"
+		}
 	}
 	if _, ok := b["model"]; ok {
 		return false, `body has "model"`

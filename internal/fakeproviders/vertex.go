@@ -96,6 +96,7 @@ func (v *Vertex) serve(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	body, _ := io.ReadAll(r.Body)
+	v.received(body)
 	stream, problem := checkClaudeBody(body, "vertex-2023-10-16")
 	if problem != "" {
 		v.refuse(w, http.StatusBadRequest, "%s", problem)

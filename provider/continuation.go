@@ -1,0 +1,101 @@
+package provider
+
+import (
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/llmfailover/caddy-llm-failover/internal/jsonscan"
+)
+
+// This file holds how an OpenAI-compatible upstream is asked to continue
+// a final assistant message (stream_resume). The OpenAI API itself has
+// no such option, and the hosts that have one document different ones,
+// so the operator names the channel's.
+
+// The values of the openai provider's continuation option.
+const (
+	// ContinuePrefix marks the final assistant message "prefix": true
+	// (DeepSeek's chat prefix completion, on its /beta base URL; Mistral).
+	ContinuePrefix = "prefix"
+	// ContinueFinalMessage sets "continue_final_message": true and
+	// "add_generation_prompt": false (vLLM, and servers built on its chat
+	// template handling).
+	ContinueFinalMessage = "continue_final_message"
+	// ContinuePrefill sends the final assistant message as it is, for
+	// servers that continue a trailing assistant message (llama.cpp's
+	// llama-server).
+	ContinuePrefill = "prefill"
+)
+
+// continuations are the option's values, as the error message lists them.
+var continuations = []string{ContinuePrefix, ContinueFinalMessage, ContinuePrefill}
+
+// CanContinue: a pass-through channel speaking Messages forwards the
+// prefill unchanged; OpenAI chat is continued only where the operator
+// said how.
+func (o OpenAI) CanContinue(api API) bool {
+	return api == AnthropicMessages || api == OpenAIChat && o.Continuation != ""
+}
+
+// CheckBaseURL refuses an unknown continuation option and a base path
+// ending in /v1.
+func (o OpenAI) CheckBaseURL(u *url.URL) error {
+	if o.Continuation != "" && !slices.Contains(continuations, o.Continuation) {
+		return fmt.Errorf("openai continuation %q: want one of %s", o.Continuation, strings.Join(continuations, ", "))
+	}
+	return o.passThrough.CheckBaseURL(u)
+}
+
+// UnmarshalCaddyfile sets up the adapter from `provider openai { ... }`.
+func (o *OpenAI) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	return unmarshalOptions(d, map[string]*string{"continuation": &o.Continuation})
+}
+
+// continueBody marks a chat continuation's body (its final message is
+// the assistant's text so far) the way the channel's host documents it.
+func (o OpenAI) continueBody(body []byte) []byte {
+	switch o.Continuation {
+	case ContinuePrefix:
+		return markLastMessage(body, `"prefix":true`)
+	case ContinueFinalMessage:
+		return rewriteTop(body, []string{"continue_final_message", "add_generation_prompt"},
+			`"continue_final_message":true`, `"add_generation_prompt":false`)
+	}
+	return body
+}
+
+// markLastMessage returns body with member (already encoded) added first
+// in the last element of its top-level messages array, or body unchanged
+// when it has none.
+func markLastMessage(body []byte, member string) []byte {
+	at := -1
+	_ = eachTopLevel(body, func(key []byte, start, end int) error {
+		if string(key) != "messages" {
+			return nil
+		}
+		arr, ok := jsonscan.Array(body[start:end])
+		if !ok {
+			return nil
+		}
+		for _, more := arr.Next(); more; _, more = arr.Next() {
+			if arr.Peek() == '{' {
+				at = start + arr.Pos() + 1
+			} else {
+				at = -1
+			}
+		}
+		return nil
+	})
+	if at < 0 {
+		return body
+	}
+	out := make([]byte, 0, len(body)+len(member)+1)
+	out = append(append(out, body[:at]...), member...)
+	if i := jsonscan.SkipWS(body, at); i < len(body) && body[i] != '}' {
+		out = append(out, ',')
+	}
+	return append(out, body[at:]...)
+}

@@ -1,0 +1,377 @@
+package provider
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"unicode/utf8"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/jsonscan"
+	"github.com/llmfailover/caddy-llm-failover/streamgate"
+)
+
+// This file continues OpenAI chat completions streams: the Transcript of
+// chat chunks, the continuation request, and the Splice that rewrites the
+// continuation's chunks into the first attempt's. The JSON is edited in
+// place with jsonscan rather than decoded: every chunk of a resumed
+// stream passes through here.
+
+// chatIdentity is what the client's chunks are known by: the first
+// attempt's raw JSON values, nil when it sent none.
+type chatIdentity struct {
+	id, model, created, fingerprint []byte
+}
+
+// keepFirst returns have, or a copy of v when have is still unset (the
+// event's bytes are reused after the call). jsonscan checks structure
+// only: a value the Splice will write must be valid JSON.
+func keepFirst(have, v []byte) []byte {
+	if have != nil || v == nil || jsonscan.IsNull(v) || !json.Valid(v) {
+		return have
+	}
+	return append([]byte(nil), v...)
+}
+
+// chatEvent records one chunk of a chat stream.
+func (t *Transcript) chatEvent(ev streamgate.Event) {
+	if ev.Name != "" || isDone(ev.Data) {
+		return
+	}
+	if ev.Overflow {
+		t.refuse("a chunk over the event size bound")
+		return
+	}
+	it, ok := jsonscan.Object(ev.Data)
+	if !ok {
+		t.refuse("a chunk that is not a JSON object")
+		return
+	}
+	for k, more := it.Next(); more; k, more = it.Next() {
+		switch string(k) {
+		case "id":
+			t.chat.id = keepFirst(t.chat.id, it.Value())
+		case "model":
+			t.chat.model = keepFirst(t.chat.model, it.Value())
+		case "created":
+			t.chat.created = keepFirst(t.chat.created, it.Value())
+		case "system_fingerprint":
+			t.chat.fingerprint = keepFirst(t.chat.fingerprint, it.Value())
+		case "choices":
+			if arr, ok := it.Enter('[', ']'); ok {
+				t.chatChoices(&arr)
+				it.Leave(&arr)
+			}
+		}
+	}
+	if !it.Finished() {
+		t.refuse("a malformed chunk")
+	}
+}
+
+// chatChoices records the choices of one chunk: only choice 0's plain
+// text deltas, before any finish_reason, can be continued.
+func (t *Transcript) chatChoices(arr *jsonscan.Iter) {
+	for _, more := arr.Next(); more; _, more = arr.Next() {
+		obj, ok := arr.Enter('{', '}')
+		if !ok {
+			t.refuse("a choice that is not an object")
+			return
+		}
+		for k, more := obj.Next(); more; k, more = obj.Next() {
+			switch string(k) {
+			case "index":
+				if string(obj.Value()) != "0" {
+					t.refuse("more than one choice (n > 1)")
+				}
+			case "finish_reason":
+				if !jsonscan.IsNull(obj.Value()) {
+					t.refuse("the answer had finished")
+				}
+			case "logprobs":
+				if !jsonscan.IsEmpty(obj.Value()) {
+					t.refuse("log probabilities")
+				}
+			case "delta":
+				if d, ok := obj.Enter('{', '}'); ok {
+					t.chatDelta(&d)
+					obj.Leave(&d)
+				}
+			}
+		}
+		arr.Leave(&obj)
+	}
+}
+
+// chatDelta records one delta: its text, or a refusal for anything else
+// a model said (tool and function calls, audio, reasoning, a refusal).
+func (t *Transcript) chatDelta(d *jsonscan.Iter) {
+	for k, more := d.Next(); more; k, more = d.Next() {
+		v := d.Value()
+		switch string(k) {
+		case "content":
+			if jsonscan.IsNull(v) {
+				continue
+			}
+			raw := jsonscan.StringValue(v)
+			if raw == nil {
+				t.refuse("content that is not text")
+				return
+			}
+			t.appendText(v, raw)
+		case "refusal", "tool_calls", "function_call", "audio", "reasoning_content", "reasoning", "reasoning_details":
+			if !jsonscan.IsEmpty(v) {
+				t.refuse("a " + string(k) + " delta")
+				return
+			}
+		}
+	}
+}
+
+// appendText adds a JSON string's text (quoted is the value, raw its
+// contents): unescaped only when it has escapes.
+func (t *Transcript) appendText(quoted, raw []byte) {
+	text := raw
+	if bytes.IndexByte(raw, '\\') >= 0 {
+		var s string
+		if json.Unmarshal(quoted, &s) != nil {
+			t.refuse("a malformed content string")
+			return
+		}
+		text = []byte(s)
+	} else if !utf8.Valid(raw) {
+		// The prefill would carry U+FFFD for it, not what was delivered.
+		t.refuse("content that is not UTF-8")
+		return
+	}
+	if t.text.Len()+len(text) > t.cap {
+		t.refuse("more text than the resume cap")
+		return
+	}
+	t.text.Write(text)
+	t.delivered = t.delivered || len(text) > 0
+}
+
+func isDone(data []byte) bool { return string(bytes.TrimSpace(data)) == "[DONE]" }
+
+// chatContinue is Continue for a chat stream: the request's messages
+// with the delivered text appended as a final assistant message. How the
+// upstream is told to continue it rather than answer after it is the
+// channel's own option, which its adapter adds (Call.Continuation).
+// Requests whose answer a join could corrupt are refused: several choices,
+// log probabilities, JSON or schema output.
+func (t *Transcript) chatContinue(body []byte) ([]byte, *Splice, error) {
+	msgEnd := -1
+	var why string // the first reason found
+	refuse := func(r string) {
+		if why == "" {
+			why = r
+		}
+	}
+	err := eachTopLevel(body, func(key []byte, start, end int) error {
+		v := body[start:end]
+		switch string(key) {
+		case "messages":
+			msgEnd = end
+			if r := lastRoleRefusal(v); r != "" {
+				refuse(r)
+			}
+		case "n":
+			if s := string(v); s != "null" && s != "1" && s != "0" {
+				refuse("more than one choice (n > 1)")
+			}
+		case "logprobs":
+			if string(v) == "true" {
+				refuse("log probabilities")
+			}
+		case "response_format":
+			var rf struct {
+				Type string `json:"type"`
+			}
+			if json.Unmarshal(v, &rf) == nil && (rf.Type == "json_object" || rf.Type == "json_schema") {
+				refuse("structured output (" + rf.Type + ")")
+			}
+		}
+		return nil
+	})
+	switch {
+	case err != nil:
+		return nil, nil, fmt.Errorf("request: %w", err)
+	case msgEnd < 0:
+		return nil, nil, fmt.Errorf("request has no messages: %w", ErrNotContinuable)
+	case why != "":
+		return nil, nil, fmt.Errorf("%s: %w", why, ErrNotContinuable)
+	}
+	text, _ := json.Marshal(t.text.String())
+	out := make([]byte, 0, len(body)+len(text)+32)
+	out = append(out, body[:msgEnd-1]...) // up to the array's ']'
+	out = append(out, `,{"role":"assistant","content":`...)
+	out = append(append(out, text...), '}')
+	out = append(out, body[msgEnd-1:]...)
+	return out, &Splice{&chatSplice{first: t.chat}}, nil
+}
+
+// lastRoleRefusal says why a messages array cannot be continued (empty,
+// or already ending with an assistant message), or "".
+func lastRoleRefusal(msgs []byte) string {
+	arr, ok := jsonscan.Array(msgs)
+	if !ok {
+		return "messages is not an array"
+	}
+	var last []byte
+	for _, more := arr.Next(); more; _, more = arr.Next() {
+		last = arr.Value()
+	}
+	var m struct {
+		Role string `json:"role"`
+	}
+	switch {
+	case last == nil:
+		return "no messages"
+	case json.Unmarshal(last, &m) != nil:
+		return "a malformed message"
+	case m.Role == "assistant":
+		return "the request ends with an assistant message"
+	}
+	return ""
+}
+
+// chatSplice rewrites a continuation's chat chunks into the client's
+// stream: the first attempt's id, model, created and system_fingerprint,
+// choice index 0, no second role chunk (a chunk carrying nothing is
+// dropped, a role beside content taken off). The finish chunk, the usage
+// chunk and [DONE] are the continuation's: the first attempt sent none.
+type chatSplice struct {
+	first chatIdentity
+	buf   []byte // the chunk being rewritten, reused
+}
+
+func (s *chatSplice) rewrite(dst []byte, ev streamgate.Event) []byte {
+	if ev.Name != "" || ev.Overflow || isDone(ev.Data) {
+		return streamgate.AppendEvent(dst, ev.Name, ev.Data)
+	}
+	out, usage, ok := s.chunk(s.buf[:0], ev.Data)
+	s.buf = out
+	if !ok {
+		return streamgate.AppendEvent(dst, ev.Name, ev.Data)
+	}
+	if !usage && classifyChat(ev.Data) == streamgate.Preamble {
+		return dst // the role chunk, or one as empty: the client had its own
+	}
+	return streamgate.AppendEvent(dst, "", out)
+}
+
+// chunk appends the rewritten chunk to dst and reports whether it carries
+// usage; ok is false for a chunk that is not a well-formed object.
+func (s *chatSplice) chunk(dst, data []byte) (out []byte, usage, ok bool) {
+	it, ok := jsonscan.Object(data)
+	if !ok {
+		return dst, false, false
+	}
+	dst = append(dst, '{')
+	n := 0
+	for k, more := it.Next(); more; k, more = it.Next() {
+		dst = appendKey(dst, k, n)
+		n++
+		var first []byte
+		switch string(k) {
+		case "id":
+			first = s.first.id
+		case "model":
+			first = s.first.model
+		case "created":
+			first = s.first.created
+		case "system_fingerprint":
+			first = s.first.fingerprint
+		case "usage":
+			v := it.Value()
+			usage = !jsonscan.IsNull(v)
+			dst = append(dst, v...)
+			continue
+		case "choices":
+			if it.Peek() == '[' {
+				arr, _ := it.Enter('[', ']')
+				dst = appendChoices(dst, &arr)
+				it.Leave(&arr)
+				continue
+			}
+		}
+		v := it.Value()
+		if first != nil {
+			v = first
+		}
+		dst = append(dst, v...)
+	}
+	if !it.Finished() {
+		return dst, false, false
+	}
+	return append(dst, '}'), usage, true
+}
+
+// appendKey appends an object member's key (raw, as it was written) and
+// its colon, after a comma unless it is the first member.
+func appendKey(dst, key []byte, n int) []byte {
+	if n > 0 {
+		dst = append(dst, ',')
+	}
+	dst = append(append(append(dst, '"'), key...), '"')
+	return append(dst, ':')
+}
+
+// appendChoices appends the choices array with every index 0 and no
+// role in any delta.
+func appendChoices(dst []byte, arr *jsonscan.Iter) []byte {
+	dst = append(dst, '[')
+	i := 0
+	for _, more := arr.Next(); more; _, more = arr.Next() {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		i++
+		obj, ok := arr.Enter('{', '}')
+		if !ok {
+			dst = append(dst, "null"...) // not a choice; the chunk is malformed
+			continue
+		}
+		dst = append(dst, '{')
+		n := 0
+		for k, more := obj.Next(); more; k, more = obj.Next() {
+			dst = appendKey(dst, k, n)
+			n++
+			switch string(k) {
+			case "index":
+				obj.Value()
+				dst = append(dst, '0')
+			case "delta":
+				if obj.Peek() == '{' {
+					d, _ := obj.Enter('{', '}')
+					dst = appendWithout(dst, &d, "role")
+					obj.Leave(&d)
+				} else {
+					dst = append(dst, obj.Value()...)
+				}
+			default:
+				dst = append(dst, obj.Value()...)
+			}
+		}
+		arr.Leave(&obj)
+		dst = append(dst, '}')
+	}
+	return append(dst, ']')
+}
+
+// appendWithout appends the object the iterator walks without the member
+// named drop.
+func appendWithout(dst []byte, obj *jsonscan.Iter, drop string) []byte {
+	dst = append(dst, '{')
+	n := 0
+	for k, more := obj.Next(); more; k, more = obj.Next() {
+		if string(k) == drop {
+			obj.Value()
+			continue
+		}
+		dst = appendKey(dst, k, n)
+		n++
+		dst = append(dst, obj.Value()...)
+	}
+	return append(dst, '}')
+}
