@@ -314,6 +314,9 @@ type model struct {
 	maxInput  int64
 	probe     *probePlan // nil when the model is not probed
 	resume    string     // stream_resume; "" means the handler's
+	// resumable: per client API, whether stream_resume can continue a
+	// broken stream (resume.go); computed once in Provision.
+	resumable [provider.NumAPIs]bool
 }
 
 // CaddyModule returns the Caddy module information.
@@ -461,6 +464,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 				pm.byAPI[api], _ = chain.New(m.Name, policy, h.MaxHops, serving)
 			}
 		}
+		pm.resumable = h.resumableAPIs(pm)
 		h.models[m.Name] = pm
 		h.modelList = append(h.modelList, m.Name)
 	}

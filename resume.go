@@ -58,7 +58,34 @@ func (h *Handler) resumeMode(x *exchange) string {
 // mayResume reports whether a broken stream of x may be continued: the
 // wallet then reserves for one continuation too (billing.go).
 func (h *Handler) mayResume(x *exchange) bool {
-	return h.resumeMode(x) == resumeContinue && streaming(x) && x.api.NewTranscript(0) != nil
+	return streaming(x) && x.model.resumable[x.api]
+}
+
+// resumableAPIs says, per client API, whether stream_resume can ever
+// continue a stream of m: it is on, the API's streams can be continued,
+// and besides the channel that breaks there is one whose provider can
+// continue them. Otherwise no request of m holds money for a
+// continuation that cannot happen.
+func (h *Handler) resumableAPIs(m *model) (out [provider.NumAPIs]bool) {
+	mode := m.resume
+	if mode == "" {
+		mode = h.StreamResume
+	}
+	if mode != resumeContinue {
+		return out
+	}
+	for api, c := range m.byAPI {
+		if c == nil || len(c.Routes) < 2 || !provider.API(api).Resumable() {
+			continue
+		}
+		for _, r := range c.Routes {
+			if cont, ok := h.channels[r.Channel].adapter.(provider.Continuer); ok && cont.CanContinue(provider.API(api)) {
+				out[api] = true
+				break
+			}
+		}
+	}
+	return out
 }
 
 // watchForResume prepares an attempt's stream for stream_resume and

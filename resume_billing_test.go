@@ -157,3 +157,26 @@ func TestResumeBilledFailedResumeReleases(t *testing.T) {
 		auditClean(t)
 	})
 }
+
+// A model with no second channel to continue on holds no money for a
+// continuation: stream_resume cannot resume it, so an account covering
+// one attempt is served.
+func TestResumeHoldOnlyWhereAResumeCanHappen(t *testing.T) {
+	a := upstream(t, fu.OKNamed("a").WithUsage(10, 5))
+	gatewayWith(t, walletOptions("sqlite "+t.TempDir()+"/w.db"), `
+		channel a %s {
+		}
+		model claude {
+			route a cost 1 1 upstream_model claude-a
+			price 3 15
+		}
+		wallet
+		stream_resume continue
+`, a.URL)
+	body := resumeBody(t)
+	alone, _ := reservations(body)
+	secret, _ := newWalletAccount(t, "acct", alone.String())
+	okStream(t, resumeBilledPost(t, secret, body))
+	hits(t, a, 1)
+	auditClean(t)
+}

@@ -59,15 +59,19 @@ type Transcript struct {
 	chat chatIdentity
 }
 
+// Resumable reports whether a stream of a can be continued at all: its
+// format carries text a continuation can be asked to go on from.
+func (a API) Resumable() bool { return a == AnthropicMessages || a == OpenAIChat }
+
 // NewTranscript returns a Transcript for a stream of api holding at most
 // maxBytes of text, or nil when streams of api carry nothing to continue.
 // A Responses stream gets a Transcript that refuses from the start, so
 // that a break says why it was not resumed.
 func (a API) NewTranscript(maxBytes int) *Transcript {
-	switch a {
-	case AnthropicMessages, OpenAIChat:
+	switch {
+	case a.Resumable():
 		return &Transcript{api: a, cap: maxBytes}
-	case OpenAIResponses:
+	case a == OpenAIResponses:
 		return &Transcript{api: a, why: "the Responses API has no assistant prefill to continue from"}
 	}
 	return nil
