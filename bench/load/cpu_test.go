@@ -17,11 +17,13 @@ func TestCPUTreeSecondsCountsReapedChildren(t *testing.T) {
 		t.Skip("reads /proc")
 	}
 	self := os.Getpid()
-	before, err := cpuTreeSeconds(self)
+	// Own time first: read the other way round, a clock tick between the
+	// two reads would make the tree look smaller than the process.
+	own, err := cpuSeconds(self)
 	if err != nil {
 		t.Fatal(err)
 	}
-	own, err := cpuSeconds(self)
+	before, err := cpuTreeSeconds(self)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,11 +38,11 @@ func TestCPUTreeSecondsCountsReapedChildren(t *testing.T) {
 	if child < 0.05 {
 		t.Fatalf("the child used only %.3fs of CPU; the test needs a busier child", child)
 	}
+	ownAfter, _ := cpuSeconds(self)
 	after, err := cpuTreeSeconds(self)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ownAfter, _ := cpuSeconds(self)
 	// Ticks are 10 ms; allow two on each reading.
 	if got := (after - before) - (ownAfter - own); got < child-0.04 {
 		t.Errorf("the tree grew %.3fs besides the process's own, want at least the child's %.3fs", got, child)
