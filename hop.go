@@ -60,6 +60,9 @@ type failure struct {
 	detail     string
 	retryAfter time.Duration
 	timeout    bool
+	// delivered: for a resumed stream, the tokens the client had when it
+	// broke (journaled with reason "resumed").
+	delivered int64
 }
 
 // channelFault reports whether the failure says something about the

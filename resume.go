@@ -214,11 +214,12 @@ func (h *Handler) resume(x *exchange, rest []*chain.Route) {
 			}
 			resumesTotal.WithLabelValues(x.req.Model, outcome).Inc()
 			x.w.Header().Set(resumedTrailer, oneLine(rs.from)+" -> "+oneLine(route.Name))
+			delivered := provider.EstimateTokens([]byte(rs.transcript.Text()))
 			h.logger.Warn("broken stream resumed",
 				zap.String("model", x.req.Model), zap.String("channel", rs.from),
 				zap.String("next_channel", route.Name), zap.String("reason", reasonResumed),
-				zap.Int("delivered_bytes", len(rs.transcript.Text())))
-			h.app.decided(x, rs.from, &failure{reason: reasonResumed}, route.Name)
+				zap.Int("delivered_bytes", len(rs.transcript.Text())), zap.Int64("delivered_tokens", delivered))
+			h.app.decided(x, rs.from, &failure{reason: reasonResumed, delivered: delivered}, route.Name)
 			return
 		}
 		h.logger.Warn("resume attempt failed",

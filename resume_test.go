@@ -9,6 +9,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
+	"github.com/llmfailover/caddy-llm-failover/provider"
 )
 
 // resumePieces is a 60-token answer; the continuation serves its tail.
@@ -60,6 +61,15 @@ func TestResumeCutStreamDeliveredWhole(t *testing.T) {
 	}
 	hits(t, a, 1)
 	hits(t, b, 1)
+	// The journal says how much the client had when the stream broke.
+	var journaled decisionsAnswer
+	if err := adminGet(t, "/llm_failover/decisions?reason=resumed", &journaled); err != nil {
+		t.Fatal(err)
+	}
+	want := provider.EstimateTokens([]byte(strings.Join(pieces[:40], "")))
+	if journaled.Total != 1 || journaled.Decisions[0].DeliveredTokens != want || journaled.Decisions[0].Next != "b" {
+		t.Errorf("journal %+v, want one resumed decision with %d delivered tokens", journaled, want)
+	}
 }
 
 // A stall after 20 deltas is resumed once stream_idle_timeout passes.

@@ -132,6 +132,7 @@ func (a *App) decided(x *exchange, channel string, f *failure, next string) {
 	a.status.journal.Add(journal.Decision{
 		At: time.Now(), RequestID: requestID(x), Model: x.req.Model, Channel: channel, Attempt: x.attempts,
 		Reason: f.reason, UpstreamStatus: f.status, Elapsed: time.Since(x.start), Remaining: time.Until(x.deadline), Next: next,
+		DeliveredTokens: f.delivered,
 	})
 }
 

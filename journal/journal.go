@@ -30,6 +30,9 @@ type Decision struct {
 	Elapsed        time.Duration `json:"elapsed_ns"`
 	Remaining      time.Duration `json:"remaining_budget_ns"`
 	Next           string        `json:"next_channel,omitempty"`
+	// DeliveredTokens is how much of the answer the client already had
+	// when its stream broke (reason "resumed"; the gateway's estimate).
+	DeliveredTokens int64 `json:"delivered_tokens,omitempty"`
 }
 
 // Journal is a fixed-size ring of decisions, safe for concurrent use.

@@ -31,7 +31,7 @@ func OpenSQLite(path string) (*Store, error) {
 	db.SetMaxOpenConns(2)
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
-	if err := migrate(ctx, db); err != nil {
+	if err := migrate(ctx, db, `SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ?`); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("opening SQLite history %s: %w", path, err)
 	}
@@ -60,7 +60,8 @@ func OpenPostgres(ctx context.Context, dsn string) (*Store, error) {
 	}
 	db := stdlib.OpenDBFromPool(pool)
 	closeAll := func() { db.Close(); pool.Close() }
-	if err := migrate(ctx, db, "SET LOCAL lock_timeout = 0", fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", int64(migrationLockKey))); err != nil {
+	const columnExists = `SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = $1 AND column_name = $2`
+	if err := migrate(ctx, db, columnExists, "SET LOCAL lock_timeout = 0", fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", int64(migrationLockKey))); err != nil {
 		closeAll()
 		return nil, fmt.Errorf("opening PostgreSQL history: %w", err)
 	}

@@ -61,7 +61,8 @@ func schema() []string {
 		upstream_status BIGINT NOT NULL DEFAULT 0,
 		elapsed_ns BIGINT NOT NULL,
 		remaining_ns BIGINT NOT NULL,
-		next_channel TEXT NOT NULL DEFAULT ''
+		next_channel TEXT NOT NULL DEFAULT '',
+		delivered_tokens BIGINT NOT NULL DEFAULT 0
 	)`,
 		`CREATE INDEX IF NOT EXISTS llmf_decisions_at ON llmf_decisions (at)`,
 	}
@@ -89,8 +90,8 @@ func newStore(db *sql.DB, kind string, dollar bool) *Store {
 	all := append(keys, cols...)
 	s.upsert = fmt.Sprintf("INSERT INTO llmf_history_buckets (%s) VALUES (%s) ON CONFLICT (res, start, scope, name) DO UPDATE SET %s",
 		strings.Join(all, ", "), s.placeholders(len(all)), strings.Join(set, ", "))
-	s.insert = "INSERT INTO llmf_decisions (at, request_id, model, channel, attempt, reason, upstream_status, elapsed_ns, remaining_ns, next_channel) VALUES (" +
-		s.placeholders(10) + ")"
+	s.insert = "INSERT INTO llmf_decisions (at, request_id, model, channel, attempt, reason, upstream_status, elapsed_ns, remaining_ns, next_channel, delivered_tokens) VALUES (" +
+		s.placeholders(11) + ")"
 	return s
 }
 
@@ -122,7 +123,10 @@ func (s *Store) Close() error {
 	return err
 }
 
-func migrate(ctx context.Context, db *sql.DB, prelude ...string) error {
+// migrate creates the schema and adds the columns later versions
+// introduced; columnExists counts a table's column by name (a dialect's
+// catalogue query with two placeholders).
+func migrate(ctx context.Context, db *sql.DB, columnExists string, prelude ...string) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -130,6 +134,16 @@ func migrate(ctx context.Context, db *sql.DB, prelude ...string) error {
 	defer func() { _ = tx.Rollback() }()
 	for _, q := range append(prelude, schema()...) {
 		if _, err := tx.ExecContext(ctx, q); err != nil {
+			return fmt.Errorf("migrating the history schema: %w", err)
+		}
+	}
+	// Added after the first release: stores created before it lack it.
+	var n int
+	if err := tx.QueryRowContext(ctx, columnExists, "llmf_decisions", "delivered_tokens").Scan(&n); err != nil {
+		return fmt.Errorf("migrating the history schema: %w", err)
+	}
+	if n == 0 {
+		if _, err := tx.ExecContext(ctx, "ALTER TABLE llmf_decisions ADD COLUMN delivered_tokens BIGINT NOT NULL DEFAULT 0"); err != nil {
 			return fmt.Errorf("migrating the history schema: %w", err)
 		}
 	}
@@ -175,7 +189,7 @@ func (s *Store) Flush(ctx context.Context, deltas []history.Delta, decisions []j
 		defer st.Close()
 		for _, d := range decisions {
 			if _, err := st.ExecContext(ctx, d.At.UnixNano(), d.RequestID, d.Model, d.Channel, int64(d.Attempt), d.Reason,
-				int64(d.UpstreamStatus), int64(d.Elapsed), int64(d.Remaining), d.Next); err != nil {
+				int64(d.UpstreamStatus), int64(d.Elapsed), int64(d.Remaining), d.Next, d.DeliveredTokens); err != nil {
 				return fmt.Errorf("flushing decisions: %w", err)
 			}
 		}
@@ -230,7 +244,7 @@ func (s *Store) readBuckets(ctx context.Context, q string, res history.Resolutio
 
 // Decisions reads the latest limit decisions, oldest first.
 func (s *Store) Decisions(ctx context.Context, limit int) ([]journal.Decision, error) {
-	rows, err := s.db.QueryContext(ctx, "SELECT at, request_id, model, channel, attempt, reason, upstream_status, elapsed_ns, remaining_ns, next_channel FROM llmf_decisions ORDER BY at DESC LIMIT "+s.arg(1), limit)
+	rows, err := s.db.QueryContext(ctx, "SELECT at, request_id, model, channel, attempt, reason, upstream_status, elapsed_ns, remaining_ns, next_channel, delivered_tokens FROM llmf_decisions ORDER BY at DESC LIMIT "+s.arg(1), limit)
 	if err != nil {
 		return nil, fmt.Errorf("reading decisions: %w", err)
 	}
@@ -239,7 +253,7 @@ func (s *Store) Decisions(ctx context.Context, limit int) ([]journal.Decision, e
 	for rows.Next() {
 		var d journal.Decision
 		var at, attempt, status, elapsed, remaining int64
-		if err := rows.Scan(&at, &d.RequestID, &d.Model, &d.Channel, &attempt, &d.Reason, &status, &elapsed, &remaining, &d.Next); err != nil {
+		if err := rows.Scan(&at, &d.RequestID, &d.Model, &d.Channel, &attempt, &d.Reason, &status, &elapsed, &remaining, &d.Next, &d.DeliveredTokens); err != nil {
 			return nil, fmt.Errorf("reading decisions: %w", err)
 		}
 		d.At, d.Attempt, d.UpstreamStatus = time.Unix(0, at), int(attempt), int(status)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/llmfailover/caddy-llm-failover/history"
+	"github.com/llmfailover/caddy-llm-failover/internal/sqlitefile"
 	"github.com/llmfailover/caddy-llm-failover/journal"
 )
 
@@ -107,7 +108,7 @@ func testStore(t *testing.T, open func() *Store) {
 		{At: now, Model: "m", Channel: "a", Class: history.Client, Reason: "status", Status: 400},
 	}
 	d := journal.Decision{At: now, RequestID: "r1", Model: "m", Channel: "a", Attempt: 1, Reason: "status", UpstreamStatus: 503,
-		Elapsed: time.Second, Remaining: time.Minute, Next: "b"}
+		Elapsed: time.Second, Remaining: time.Minute, Next: "b", DeliveredTokens: 40}
 	instance(t, s, a, []journal.Decision{d})
 	instance(t, s, b, nil)
 
@@ -139,7 +140,7 @@ func testStore(t *testing.T, open func() *Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 1 || !got[0].At.Equal(d.At) || got[0].Next != "b" || got[0].Remaining != time.Minute || got[0].UpstreamStatus != 503 {
+	if len(got) != 1 || !got[0].At.Equal(d.At) || got[0].Next != "b" || got[0].Remaining != time.Minute || got[0].UpstreamStatus != 503 || got[0].DeliveredTokens != 40 {
 		t.Fatalf("decisions %+v", got)
 	}
 
@@ -175,6 +176,38 @@ func TestSQLiteStore(t *testing.T) {
 		}
 		return s
 	})
+}
+
+// A store created before decisions had delivered_tokens gains the
+// column when opened, and keeps its rows.
+func TestSQLiteStoreMigratesDecisions(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "old.db")
+	db, err := sqlitefile.Open(path, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`CREATE TABLE llmf_decisions (at BIGINT NOT NULL, request_id TEXT NOT NULL DEFAULT '', model TEXT NOT NULL,
+			channel TEXT NOT NULL, attempt BIGINT NOT NULL, reason TEXT NOT NULL, upstream_status BIGINT NOT NULL DEFAULT 0,
+			elapsed_ns BIGINT NOT NULL, remaining_ns BIGINT NOT NULL, next_channel TEXT NOT NULL DEFAULT '')`,
+		`INSERT INTO llmf_decisions VALUES (1, 'r0', 'm', 'a', 1, 'status', 503, 1, 1, 'b')`,
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+	for range 2 { // the second open finds the column there
+		s, err := OpenSQLite(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.Decisions(context.Background(), 10)
+		s.Close()
+		if err != nil || len(got) != 1 || got[0].RequestID != "r0" || got[0].DeliveredTokens != 0 {
+			t.Fatalf("decisions %+v, %v", got, err)
+		}
+	}
 }
 
 func TestPostgresStore(t *testing.T) {
