@@ -197,6 +197,16 @@ func (t *Transcript) messagesContinue(body []byte) ([]byte, *Splice, error) {
 	if msgs[len(msgs)-1].Role == "assistant" {
 		return nil, nil, fmt.Errorf("request ends with an assistant prefill: %w", ErrNotContinuable)
 	}
+	// Structured output (output_format, or output_config's format) is one
+	// JSON document: a join could break it, and Anthropic does not take a
+	// prefill with it.
+	var config struct {
+		Format json.RawMessage `json:"format"`
+	}
+	_ = json.Unmarshal(req["output_config"], &config)
+	if len(req["output_format"]) > 0 && string(req["output_format"]) != "null" || len(config.Format) > 0 && string(config.Format) != "null" {
+		return nil, nil, fmt.Errorf("request asks for structured output: %w", ErrNotContinuable)
+	}
 	// Anthropic refuses a final assistant message that ends in white
 	// space; the continuation is expected to start with it again, and the
 	// Splice takes it off.

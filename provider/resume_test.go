@@ -79,10 +79,17 @@ func TestTranscriptRefuses(t *testing.T) {
 	for name, c := range map[string]struct {
 		tr   *Transcript
 		body []byte
-	}{"tool_use": {tool, req}, "cap": {capped, req}, "prefill": {prefilled, []byte(`{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"x"}]}`)}} {
+	}{"tool_use": {tool, req}, "cap": {capped, req}, "prefill": {prefilled, []byte(`{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"x"}]}`)},
+		"output_format": {prefilled, []byte(`{"messages":[{"role":"user","content":"hi"}],"output_format":{"type":"json_schema","schema":{}}}`)},
+		"output_config": {prefilled, []byte(`{"messages":[{"role":"user","content":"hi"}],"output_config":{"format":{"type":"json_schema","schema":{}}}}`)}} {
 		if _, _, err := c.tr.Continue(c.body); err == nil {
 			t.Errorf("%s: continued", name)
 		}
+	}
+	// Without structured output (output_config may say other things) it
+	// continues.
+	if _, _, err := prefilled.Continue([]byte(`{"messages":[{"role":"user","content":"hi"}],"output_config":{"effort":"low"},"output_format":null}`)); err != nil {
+		t.Errorf("plain request not continued: %v", err)
 	}
 	// A Responses stream has no prefill: its Transcript refuses at once,
 	// and says why.
