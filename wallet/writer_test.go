@@ -125,13 +125,18 @@ func TestGroupCommitIsolatesFailures(t *testing.T) {
 		}
 		submit("attempt ok", func() (Micros, error) { return 0, s.RecordAttempt(ctx, Entry{Account: "a", Channel: "c", Note: "503"}) })
 		submit("attempt ghost", func() (Micros, error) { return 0, s.RecordAttempt(ctx, Entry{Account: "ghost"}) })
-		const n = 9
+		// Queued: the grows of "reserve ok", "reserve poor" and one of the
+		// tight pair (the other waits for it), one settle, both attempts.
+		// The duplicate ID and the second settle fail in memory at once.
+		const n = 6
 		waitQueued(t, s, n)
 		release()
 		wg.Wait()
 
-		if got := s.w.batches.Load() - batchesBefore; got != 1 {
-			t.Errorf("%d multi-op batches, want 1", got)
+		// The queued ops ran as one batch; what they set off afterwards (a
+		// settle's give-back, the second tight grow) may make another.
+		if got := s.w.batches.Load() - batchesBefore; got < 1 || got > 2 {
+			t.Errorf("%d multi-op batches, want 1 (or 2)", got)
 		}
 		t.Logf("%d writer goroutines; re-runs: %d", s.w.workers, s.w.reruns.Load()-rerunsBefore)
 		one := func(name string) result {
@@ -210,6 +215,9 @@ func TestGroupCommitIsolatesFailures(t *testing.T) {
 			if _, err := s.Settle(ctx, id, Entry{}); err != nil {
 				t.Errorf("Settle(%s): %v", id, err)
 			}
+		}
+		if _, err := s.Sweep(ctx, time.Now()); err != nil { // returns the spare lease money
+			t.Fatal(err)
 		}
 		if a := getAccount(t, s, "a"); a.Reserved != 0 {
 			t.Errorf("a after settling = %+v", a)
@@ -549,6 +557,9 @@ func TestPostgresTinyPool(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	if _, err := s.Sweep(ctx, time.Now()); err != nil { // returns the spare lease money
+		t.Fatal(err)
+	}
 	if a := getAccount(t, s, "a"); a.Reserved != 0 || a.Balance != 1_000_000-8 {
 		t.Errorf("a = %+v", a)
 	}
