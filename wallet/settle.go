@@ -40,13 +40,26 @@ type settleJob struct {
 type settleQueue struct {
 	mu      sync.Mutex
 	pending []*settleJob
+	// scheduled: a batch op is queued in the writer and has not yet taken
+	// the pending jobs; a Settle arriving meanwhile just joins them.
+	scheduled bool
+}
+
+// add queues j and reports whether the caller must schedule a batch op.
+func (q *settleQueue) add(j *settleJob) (schedule bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.pending = append(q.pending, j)
+	schedule = !q.scheduled
+	q.scheduled = true
+	return schedule
 }
 
 func (q *settleQueue) take() []*settleJob {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	jobs := q.pending
-	q.pending = nil
+	q.pending, q.scheduled = nil, false
 	if jobs == nil {
 		jobs = []*settleJob{}
 	}
@@ -164,16 +177,34 @@ func settleRows(m *memReservation, entries []Entry, now time.Time) ([]Entry, Mic
 	return rows, total
 }
 
-// settleWrite queues job and waits for the batch that commits it.
+// settleWrite queues job and waits for the batch that commits it. The
+// first Settle to find no batch op scheduled submits one; the op takes
+// every job pending when the writer starts it. It runs whatever the
+// submitter's context (others wait on it); a Settle whose context ends
+// before its job was taken withdraws the job and returns ctx.Err().
 func (s *sqlStore) settleWrite(ctx context.Context, what string, job *settleJob) error {
 	q := &s.settles
-	q.mu.Lock()
-	q.pending = append(q.pending, job)
-	q.mu.Unlock()
+	if q.add(job) {
+		go s.settleBatch(what, job.account)
+	}
+	select {
+	case <-job.done:
+	case <-ctx.Done():
+		if q.remove(job) {
+			return fmt.Errorf("%s: %w", what, ctx.Err())
+		}
+		<-job.done // taken: it commits, or fails, with its batch
+	}
+	return job.err
+}
+
+// settleBatch runs one batch op and delivers its outcome to the jobs it
+// took.
+func (s *sqlStore) settleBatch(what, account string) {
 	var taken []*settleJob
-	err := s.w.do(ctx, what, job.account, func(t *stx) error {
+	err := s.w.do(context.Background(), what, account, func(t *stx) error {
 		if taken == nil { // a re-run settles the same batch
-			taken = q.take()
+			taken = s.settles.take()
 		}
 		if len(taken) == 0 {
 			return nil
@@ -181,11 +212,8 @@ func (s *sqlStore) settleWrite(ctx context.Context, what string, job *settleJob)
 		return s.runSettles(t, taken)
 	}, nil, s.d.settleBatch != "")
 	if taken == nil {
-		// Skipped: the context ended while the op was queued. Unless
-		// another batch took the job already, it is not written.
-		if q.remove(job) {
-			return err
-		}
+		// Refused before it ran (the store is closing): fail what waits.
+		taken = s.settles.take()
 	}
 	for _, j := range taken {
 		if err != nil {
@@ -193,8 +221,6 @@ func (s *sqlStore) settleWrite(ctx context.Context, what string, job *settleJob)
 		}
 		close(j.done)
 	}
-	<-job.done
-	return job.err
 }
 
 // runSettles settles jobs in t, setting each job's results.
