@@ -151,7 +151,9 @@ func (s *sqlStore) Reserve(ctx context.Context, r Reservation) error {
 	if r.Amount < 0 {
 		return fmt.Errorf("reserving %s: %w: negative amount %s", r.ID, ErrInvalid, r.Amount)
 	}
-	what := fmt.Sprintf("reserving %s for account %q", r.Amount, r.Account)
+	// what names the call in errors; built only when one happens, since
+	// the usual Reserve costs less than formatting it.
+	what := func() string { return fmt.Sprintf("reserving %s for account %q", r.Amount, r.Account) }
 	b := s.leases
 	var waited *growCall // the last grow this Reserve waited for
 	for {
@@ -159,11 +161,11 @@ func (s *sqlStore) Reserve(ctx context.Context, r Reservation) error {
 		b.mu.Lock()
 		if b.closed {
 			b.mu.Unlock()
-			return fmt.Errorf("%s: %w", what, errStoreClosed)
+			return fmt.Errorf("%s: %w", what(), errStoreClosed)
 		}
 		if _, dup := b.res[r.ID]; dup {
 			b.mu.Unlock()
-			return fmt.Errorf("%s: %w %s", what, errDuplicateReservation, r.ID)
+			return fmt.Errorf("%s: %w %s", what(), errDuplicateReservation, r.ID)
 		}
 		l := b.leases[r.Account]
 		if l == nil {
@@ -195,7 +197,7 @@ func (s *sqlStore) Reserve(ctx context.Context, r Reservation) error {
 			select {
 			case <-g.done:
 			case <-ctx.Done():
-				return fmt.Errorf("%s: %w", what, ctx.Err())
+				return fmt.Errorf("%s: %w", what(), ctx.Err())
 			}
 			waited = g
 			continue
@@ -223,7 +225,7 @@ func (s *sqlStore) Reserve(ctx context.Context, r Reservation) error {
 		// takes stays in the lease, whence Renew returns it when idle.
 		go func() {
 			defer b.inflight.Done()
-			grant, err := s.grow(ctx, what, r.Account, need, r.Amount, kmax)
+			grant, err := s.grow(ctx, what(), r.Account, need, r.Amount, kmax)
 			b.mu.Lock()
 			defer b.mu.Unlock()
 			l.grow = nil
@@ -238,7 +240,7 @@ func (s *sqlStore) Reserve(ctx context.Context, r Reservation) error {
 		select {
 		case <-g.done:
 		case <-ctx.Done():
-			return fmt.Errorf("%s: %w", what, ctx.Err())
+			return fmt.Errorf("%s: %w", what(), ctx.Err())
 		}
 		if g.err != nil {
 			return g.err // wrapped with what by the writer
