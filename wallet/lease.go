@@ -258,9 +258,32 @@ func (s *sqlStore) Reserve(ctx context.Context, r Reservation) error {
 func (s *sqlStore) grow(ctx context.Context, what, account string, need, amount Micros, kmax int64) (Micros, error) {
 	var grant Micros
 	now := s.now()
+	if s.d.growOne != "" {
+		err := s.w.do(ctx, what, account, func(t *stx) error {
+			var (
+				granted sql.NullInt64
+				exists  bool
+			)
+			if err := t.queryRowText(s.d.growOne, account, int64(amount), int64(max(1, leaseGiveBackFactor*amount)), kmax, int64(need),
+				s.leases.id, toDB(now.Add(s.leases.ttl)), toDB(now)).Scan(&granted, &exists); err != nil {
+				return err
+			}
+			switch {
+			case granted.Valid:
+				grant = Micros(granted.Int64)
+				return nil
+			case exists:
+				return ErrInsufficientFunds
+			}
+			return ErrUnknownAccount
+		}, nil, true)
+		return grant, err
+	}
 	err := s.w.do(ctx, what, account, func(t *stx) error {
+		// The writer holds SQLite's write lock: nothing changes the row
+		// between this read and the UPDATE below.
 		var avail int64
-		err := t.tx.QueryRowContext(t.ctx, s.q(`SELECT balance - reserved FROM accounts WHERE id = ?`+s.d.forUpdate), account).Scan(&avail)
+		err := t.tx.QueryRowContext(t.ctx, s.q(`SELECT balance - reserved FROM accounts WHERE id = ?`), account).Scan(&avail)
 		if errors.Is(err, sql.ErrNoRows) {
 			return ErrUnknownAccount
 		}
@@ -338,7 +361,18 @@ func (s *sqlStore) shrink(ctx context.Context, accounts []string, keep func(l *l
 	}
 	// One order on every instance: see writer.go on deadlocks.
 	sort.Slice(gb, func(i, j int) bool { return gb[i].account < gb[j].account })
-	err := s.write(ctx, fmt.Sprintf("returning spare lease money of %d account(s)", len(gb)), gb[0].account, func(t *stx) error {
+	err := s.w.do(ctx, fmt.Sprintf("returning spare lease money of %d account(s)", len(gb)), gb[0].account, func(t *stx) error {
+		if s.d.shrinkOne != "" {
+			accounts, spares := make([]string, len(gb)), make([]int64, len(gb))
+			for i, g := range gb {
+				accounts[i], spares[i] = g.account, int64(g.spare)
+			}
+			rs, err := t.queryText(s.d.shrinkOne, b.id, accounts, spares)
+			if err != nil {
+				return err
+			}
+			return rs.Close()
+		}
 		for _, g := range gb {
 			res, err := t.tx.ExecContext(t.ctx, s.q(`UPDATE leases SET amount = amount - ? WHERE id = ? AND account_id = ? AND amount >= ?`), int64(g.spare), b.id, g.account, int64(g.spare))
 			if err != nil {
@@ -354,7 +388,7 @@ func (s *sqlStore) shrink(ctx context.Context, accounts []string, keep func(l *l
 			}
 		}
 		return nil
-	})
+	}, nil, s.d.shrinkOne != "")
 	if err != nil {
 		b.mu.Lock()
 		for _, g := range gb {
@@ -486,18 +520,12 @@ func (s *sqlStore) sweepLeases(ctx context.Context, now time.Time) (int, error) 
 			if err != nil {
 				return err
 			}
-			for rs.Next() {
+			if err := eachRow(rs, func(rs *sql.Rows) error {
 				var x expired
-				if err := rs.Scan(&x.id, &x.account, &x.amount); err != nil {
-					rs.Close()
-					return err
-				}
+				err := rs.Scan(&x.id, &x.account, &x.amount)
 				rows = append(rows, x)
-			}
-			if err := rs.Close(); err != nil {
 				return err
-			}
-			if err := rs.Err(); err != nil {
+			}); err != nil {
 				return err
 			}
 			sort.Slice(rows, func(i, j int) bool { return rows[i].account < rows[j].account })
@@ -518,7 +546,11 @@ func (s *sqlStore) sweepLeases(ctx context.Context, now time.Time) (int, error) 
 		if err != nil {
 			return total, err
 		}
-		total += len(rows)
+		for _, x := range rows {
+			if x.amount > 0 { // empty leases go without a word
+				total++
+			}
+		}
 		if len(rows) < sweepBatch {
 			return total, nil
 		}

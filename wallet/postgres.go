@@ -81,6 +81,41 @@ var postgresSchema = []string{
 	FOR EACH ROW EXECUTE FUNCTION ledger_append_only()`,
 }
 
+// pgGrow grows this instance's lease ($6) of account $1 in one statement:
+// the account row is locked and read, the grant sized as leaseGrant does
+// (amount $2, 4 × amount $3, kmax $4, need $5), and added to reserved by
+// the conditional UPDATE that is the no-overdraft rule; the lease row is
+// upserted with expiry $7 (created $8). It answers the grant (NULL when none) and
+// whether the account exists; a refusal writes nothing and fails no
+// statement, as writer.go needs.
+const pgGrow = `WITH a AS (
+	SELECT id, balance - reserved AS avail FROM accounts WHERE id = $1 FOR UPDATE
+), g AS (
+	SELECT id, LEAST(GREATEST($2::bigint * LEAST(GREATEST(avail / $3::bigint, 1), $4::bigint), $5::bigint), avail) AS granted
+	FROM a WHERE avail >= $5::bigint
+), u AS (
+	UPDATE accounts x SET reserved = x.reserved + g.granted FROM g WHERE x.id = g.id AND x.balance - x.reserved >= g.granted
+	RETURNING g.granted
+), l AS (
+	INSERT INTO leases (id, account_id, amount, expires_at, created_at)
+	SELECT $6::text, $1::text, u.granted, $7::bigint, $8::bigint FROM u
+	ON CONFLICT (id, account_id) DO UPDATE SET amount = leases.amount + excluded.amount, expires_at = excluded.expires_at
+	RETURNING 1
+)
+SELECT (SELECT granted FROM u), EXISTS (SELECT 1 FROM a)`
+
+// pgShrink gives back spare lease money in one statement: this
+// instance's leases ($1) of the accounts $2 shrink by $3 each, and the
+// accounts' reserved with them; a lease Sweep already released is skipped.
+const pgShrink = `WITH s AS (
+	SELECT * FROM unnest($2::text[], $3::bigint[]) AS s(account_id, spare)
+), l AS (
+	UPDATE leases y SET amount = y.amount - s.spare FROM s
+	WHERE y.id = $1 AND y.account_id = s.account_id AND y.amount >= s.spare
+	RETURNING y.account_id, s.spare
+)
+UPDATE accounts x SET reserved = x.reserved - l.spare FROM l WHERE x.id = l.account_id`
+
 // pgSettleBatch is a batch of settlements (see settle.go) in one
 // statement: per account ($2, with the total charged in $3) the lease of
 // this instance ($1) and the account go down by the charge, and the ledger
@@ -163,7 +198,8 @@ func OpenPostgres(ctx context.Context, dsn string, opts ...Options) (Store, erro
 			// round trips each. See writer.go.
 			savepoints:  false,
 			retryable:   pgRetryable,
-			forUpdate:   " FOR UPDATE",
+			growOne:     pgGrow,
+			shrinkOne:   pgShrink,
 			settleBatch: pgSettleBatch,
 			writers:     writers,
 		},

@@ -345,16 +345,13 @@ func (s *sqlStore) runSettlesInOne(t *stx, jobs []*settleJob, accounts []string,
 	if err != nil {
 		return err
 	}
-	defer rs.Close()
-	for rs.Next() {
+	return eachRow(rs, func(rs *sql.Rows) error {
 		var (
 			a  string
 			av int64
 		)
-		if err := rs.Scan(&a, &av); err != nil {
-			return err
-		}
+		err := rs.Scan(&a, &av)
 		avail[a] = Micros(av)
-	}
-	return rs.Err()
+		return err
+	})
 }

@@ -35,9 +35,12 @@ type dialect struct {
 	// retryable reports errors (deadlock, serialization failure) after
 	// which a transaction may simply be run again.
 	retryable func(error) bool
-	// forUpdate locks the row a lease grows from while it is read
-	// (PostgreSQL; SQLite's writer holds the database's write lock).
-	forUpdate string
+	// growOne, when set, grows a lease in one statement (PostgreSQL; see
+	// pgGrow).
+	growOne string
+	// shrinkOne, when set, gives spare lease money back in one statement
+	// (PostgreSQL; see pgShrink).
+	shrinkOne string
 	// settleBatch, when set, settles a whole batch in one statement
 	// (PostgreSQL's data-modifying CTEs; SQLite has none), so that a
 	// request's settlement is at most one round trip (see settle.go).
@@ -325,18 +328,12 @@ func (s *sqlStore) sweepOnce(ctx context.Context, now time.Time) (int, error) {
 		if err != nil {
 			return err
 		}
-		for rs.Next() {
+		if err := eachRow(rs, func(rs *sql.Rows) error {
 			var x expired
-			if err := rs.Scan(&x.id, &x.account, &x.key, &x.model, &x.reqID, &x.amount); err != nil {
-				rs.Close()
-				return err
-			}
+			err := rs.Scan(&x.id, &x.account, &x.key, &x.model, &x.reqID, &x.amount)
 			rows = append(rows, x)
-		}
-		if err := rs.Close(); err != nil {
 			return err
-		}
-		if err := rs.Err(); err != nil {
+		}); err != nil {
 			return err
 		}
 		// One update per account, in ID order, so two sweepers on different
@@ -446,6 +443,21 @@ func (s *sqlStore) Credit(ctx context.Context, account string, amount Micros, no
 }
 
 type scanner interface{ Scan(dest ...any) error }
+
+// eachRow calls scan on every row of rs and closes it; the first error
+// wins.
+func eachRow(rs *sql.Rows, scan func(*sql.Rows) error) error {
+	defer rs.Close()
+	for rs.Next() {
+		if err := scan(rs); err != nil {
+			return err
+		}
+	}
+	if err := rs.Close(); err != nil {
+		return err
+	}
+	return rs.Err()
+}
 
 func scanAccount(r scanner) (Account, error) {
 	var (
