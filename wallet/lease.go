@@ -392,7 +392,11 @@ func (s *sqlStore) shrink(ctx context.Context, accounts []string, keep func(l *l
 	if err != nil {
 		b.mu.Lock()
 		for _, g := range gb {
-			b.leases[g.account].amount += g.spare
+			if l := b.leases[g.account]; l != nil {
+				// (Forgotten meanwhile by Renew, the money stays in the
+				// row until it expires and Sweep releases it.)
+				l.amount += g.spare
+			}
 		}
 		b.mu.Unlock()
 	}
@@ -409,7 +413,13 @@ func (s *sqlStore) Renew(ctx context.Context) error {
 	now := s.now()
 	b.mu.Lock()
 	extend := false
-	for _, l := range b.leases {
+	for a, l := range b.leases {
+		if l.amount == 0 && l.held == 0 && l.grow == nil && now.Sub(l.lastReserve) >= leaseIdleAfter {
+			// Forget an empty, idle lease, so that the map holds only the
+			// accounts in use (its row, if any, is deleted at Close).
+			delete(b.leases, a)
+			continue
+		}
 		if now.Sub(l.extended) >= b.ttl/3 {
 			extend = true
 		}
