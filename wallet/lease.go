@@ -40,7 +40,9 @@ import (
 //     live reservations hold: after a Settle that finds the account's
 //     available balance below 4 × the reservation, when the lease served no
 //     Reserve for leaseIdleAfter (Renew), at every Sweep, before a negative
-//     Credit, and at Close. A 402 can therefore come at most about a second
+//     Credit, and at Close (which first releases the reservations left
+//     unsettled, each with a KindExpired row: their requests can no longer
+//     settle). A 402 can therefore come at most about a second
 //     early when another instance holds an idle lease of a nearly empty
 //     account.
 //   - A lease row expires LeaseTTL after its last extension. The live
@@ -465,16 +467,16 @@ func (s *sqlStore) Extend(_ context.Context, ids []string, until time.Time) (int
 }
 
 // sweepReservations releases this instance's reservations that expired at
-// or before now: their money goes back to the lease, each with a
-// KindExpired row.
-func (s *sqlStore) sweepReservations(ctx context.Context, now time.Time) (int, error) {
+// or before now (all of them when closing): their money goes back to the
+// lease, each with a KindExpired row.
+func (s *sqlStore) sweepReservations(ctx context.Context, now time.Time, closing bool) (int, error) {
 	b := s.leases
 	total := 0
 	for {
 		var batch []*memReservation
 		b.mu.Lock()
 		for id, m := range b.res {
-			if !m.expires.After(now) {
+			if closing || !m.expires.After(now) {
 				batch = append(batch, m)
 				delete(b.res, id)
 				if len(batch) == sweepBatch {
@@ -486,11 +488,15 @@ func (s *sqlStore) sweepReservations(ctx context.Context, now time.Time) (int, e
 		if len(batch) == 0 {
 			return total, nil
 		}
+		why := "expired unsettled"
+		if closing {
+			why = "released unsettled: its store closed"
+		}
 		err := s.write(ctx, fmt.Sprintf("releasing %d expired reservations", len(batch)), "", func(t *stx) error {
 			for _, m := range batch {
 				if err := s.insertEntry(t, Entry{
 					Kind: KindExpired, Account: m.Account, KeyID: m.KeyID, Model: m.Model, RequestID: m.RequestID,
-					Note: fmt.Sprintf("reservation %s of %s expired unsettled", m.ID, m.Amount),
+					Note: fmt.Sprintf("reservation %s of %s %s", m.ID, m.Amount, why),
 				}); err != nil {
 					return err
 				}
@@ -568,9 +574,9 @@ func (s *sqlStore) sweepLeases(ctx context.Context, now time.Time) (int, error) 
 }
 
 // closeLeases refuses new Reserves and Settles, waits for those writing,
-// and returns every lease's spare money. What live reservations hold stays
-// leased until the lease expires: their requests can no longer settle,
-// and Sweep releases it uncharged, as after a crash.
+// releases the live reservations left (their requests can no longer
+// settle: uncharged, each with a KindExpired row, as Sweep would after
+// they expired), and returns every lease to its account.
 func (s *sqlStore) closeLeases() error {
 	b := s.leases
 	b.mu.Lock()
@@ -583,6 +589,9 @@ func (s *sqlStore) closeLeases() error {
 	b.inflight.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	if _, err := s.sweepReservations(ctx, time.Time{}, true); err != nil {
+		return fmt.Errorf("releasing unsettled reservations: %w", err)
+	}
 	if err := s.shrink(ctx, nil, nil); err != nil {
 		return fmt.Errorf("returning leases: %w", err)
 	}

@@ -291,7 +291,7 @@ const sweepBatch = 256
 // instances' expired leases; and last returns this instance's spare lease
 // money.
 func (s *sqlStore) Sweep(ctx context.Context, now time.Time) (int, error) {
-	total, err := s.sweepReservations(ctx, now)
+	total, err := s.sweepReservations(ctx, now, false)
 	if err != nil {
 		return total, err
 	}
@@ -669,8 +669,10 @@ func (s *sqlStore) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Close lets the writer finish the writes already queued, then closes the
-// database. Writes submitted after Close fail.
+// Close lets the writer finish the writes already queued, releases the
+// reservations left unsettled (KindExpired rows) and returns this
+// instance's leases, then closes the database. Writes submitted after Close
+// fail.
 func (s *sqlStore) Close() error {
 	var leaseErr error
 	if s.w != nil {
