@@ -186,14 +186,13 @@ func (s *sqlStore) Reserve(ctx context.Context, r Reservation) error {
 			return nil
 		}
 		need := max(0, r.Amount-l.spare())
-		if waited != nil && waited.err != nil && need >= waited.need {
-			// The grow just waited for could not cover even less than
-			// this needs.
+		if waited != nil && need >= waited.need && (errors.Is(waited.err, ErrInsufficientFunds) || errors.Is(waited.err, ErrUnknownAccount)) {
+			// The grow just waited for could not cover even what this
+			// needs (or found no account).
 			b.mu.Unlock()
-			if errors.Is(waited.err, ErrInsufficientFunds) || errors.Is(waited.err, ErrUnknownAccount) {
-				return waited.err
-			}
-		} else if g := l.grow; g != nil {
+			return waited.err
+		}
+		if g := l.grow; g != nil {
 			// Another Reserve is growing the lease: wait, then look again.
 			b.mu.Unlock()
 			select {
@@ -203,15 +202,8 @@ func (s *sqlStore) Reserve(ctx context.Context, r Reservation) error {
 			}
 			waited = g
 			continue
-		} else {
-			b.mu.Unlock()
 		}
-		b.mu.Lock()
-		if l.grow != nil || b.closed {
-			b.mu.Unlock()
-			continue
-		}
-		need = max(0, r.Amount-l.spare())
+		// This Reserve grows the lease (the lock is still held).
 		g := &growCall{done: make(chan struct{}), need: need}
 		l.grow = g
 		if l.spare() < r.Amount && !l.grantedAt.IsZero() && now.Sub(l.grantedAt) < leaseUsedUpFast {
