@@ -1183,7 +1183,12 @@ func TestWalletReloadSettlesInFlight(t *testing.T) {
 		gatewayWith(t, storeOption("sqlite "+path), walletChannels+"\t\tstream_idle_timeout 30s\n", a.URL, b.URL)
 	}, func() []walletapp.EntryView { return requestRows(t, "acct") })
 	want := priceM.Cost(400, 60)
-	bal, reserved := balanceOf(t, "acct")
+	// What the credit lease still holds goes back once it is idle.
+	var bal, reserved wallet.Micros
+	eventually(t, 5*time.Second, "the lease's money back in the account", func() bool {
+		bal, reserved = balanceOf(t, "acct")
+		return reserved == 0
+	})
 	if bal != money(t, "1")-want || reserved != 0 {
 		t.Fatalf("balance %s reserved %s", bal, reserved)
 	}

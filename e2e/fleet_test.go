@@ -27,9 +27,10 @@ const fleetHoldTTL = 2 * time.Second
 
 // fleetWallet is the whole llm_wallet block of both instances of
 // TestBinaryKill9PostgresRecovers: every wallet option the test depends on
-// is here (a lease TTL goes next to reservation_ttl when the wallet has
-// one; fleetHoldTTL must then be the longer of the two).
-var fleetWallet = fmt.Sprintf("\t\tstore postgres {env.LLMF_E2E_DSN}\n\t\treservation_ttl %s", fleetHoldTTL)
+// is here. A dead instance's money is held by its credit leases
+// (lease_ttl) and, should any remain, reservation rows (reservation_ttl):
+// both are fleetHoldTTL.
+var fleetWallet = fmt.Sprintf("\t\tstore postgres {env.LLMF_E2E_DSN}\n\t\treservation_ttl %s\n\t\tlease_ttl %s", fleetHoldTTL, fleetHoldTTL)
 
 // oneDollarModel is the llm_failover block of a billed channel and model
 // whose every request reserves, and is charged, exactly $1: input is

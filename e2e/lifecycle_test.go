@@ -23,7 +23,7 @@ func TestBinarySigtermHonoursGracePeriod(t *testing.T) {
 	stall := fu.New(fu.StallMidStream(60 * time.Second))
 	defer stall.Close()
 	p := portsSigterm
-	in := newInstance(t, "sigterm", p, withWallet(globalOptionsGrace(p, "2s"), "\t\treservation_ttl 1s")+site(p, fmt.Sprintf(`
+	in := newInstance(t, "sigterm", p, withWallet(globalOptionsGrace(p, "2s"), "\t\treservation_ttl 1s\n\t\tlease_ttl 1s")+site(p, fmt.Sprintf(`
 		channel stall %s
 		model gpt-stall {
 			route stall cost 1 2

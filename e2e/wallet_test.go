@@ -303,7 +303,7 @@ func TestBinaryKill9SweepsReservation(t *testing.T) {
 	stall := fu.New(fu.StallMidStream(30 * time.Second))
 	defer stall.Close()
 	p := portsKill9
-	in := newInstance(t, "kill9", p, withWallet(globalOptions(p), "\t\treservation_ttl 2s")+site(p, fmt.Sprintf(`
+	in := newInstance(t, "kill9", p, withWallet(globalOptions(p), "\t\treservation_ttl 2s\n\t\tlease_ttl 2s")+site(p, fmt.Sprintf(`
 		channel stall %s
 		model gpt-stall {
 			route stall cost 1 2

@@ -7,11 +7,13 @@ import (
 
 // auditQuery reads, in one statement (one snapshot on either database),
 // each account's balance and reserved amount next to what its ledger and
-// its live reservations say they must be.
+// its leases (plus reservation rows an older version left) say they must
+// be.
 const auditQuery = `SELECT a.id, a.balance, a.reserved,
 	CAST(COALESCE((SELECT SUM(l.cost) FROM ledger l WHERE l.account_id = a.id AND l.kind = '` + KindCredit + `'), 0)
 	   - COALESCE((SELECT SUM(l.cost) FROM ledger l WHERE l.account_id = a.id AND l.kind = '` + KindCharge + `'), 0) AS BIGINT),
-	CAST(COALESCE((SELECT SUM(r.amount) FROM reservations r WHERE r.account_id = a.id), 0) AS BIGINT)
+	CAST(COALESCE((SELECT SUM(r.amount) FROM reservations r WHERE r.account_id = a.id), 0)
+	   + COALESCE((SELECT SUM(l.amount) FROM leases l WHERE l.account_id = a.id), 0) AS BIGINT)
 FROM accounts a`
 
 func (s *sqlStore) Audit(ctx context.Context, account string) ([]AuditRow, error) {

@@ -13,6 +13,11 @@ type Options struct {
 	// for another process holding the database). Zero keeps the
 	// defaults: no PostgreSQL timeout, a 10 s SQLite busy timeout.
 	StatementTimeout time.Duration
+	// LeaseTTL is how long this instance's credit leases outlive its last
+	// extension (see lease.go): after a crash, how long the money its
+	// requests held stays reserved before Sweep on another instance
+	// releases it. Zero means DefaultLeaseTTL.
+	LeaseTTL time.Duration
 
 	// tracer, if set, sees every PostgreSQL statement (tests count round
 	// trips with it).

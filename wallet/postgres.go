@@ -61,6 +61,17 @@ var postgresSchema = []string{
 		created_at BIGINT NOT NULL
 	)`,
 	`CREATE INDEX IF NOT EXISTS ledger_account ON ledger (account_id, id)`,
+	// Credit leases (see lease.go): id is the instance's lease ID. Created
+	// with IF NOT EXISTS, like every table, so older databases gain it.
+	`CREATE TABLE IF NOT EXISTS leases (
+		id TEXT NOT NULL,
+		account_id TEXT NOT NULL REFERENCES accounts(id),
+		amount BIGINT NOT NULL CHECK (amount >= 0),
+		expires_at BIGINT NOT NULL,
+		created_at BIGINT NOT NULL,
+		PRIMARY KEY (id, account_id)
+	)`,
+	`CREATE INDEX IF NOT EXISTS leases_expiry ON leases (expires_at)`,
 	`CREATE OR REPLACE FUNCTION ledger_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
 	BEGIN
 		RAISE EXCEPTION 'ledger is append-only';
@@ -70,43 +81,67 @@ var postgresSchema = []string{
 	FOR EACH ROW EXECUTE FUNCTION ledger_append_only()`,
 }
 
-// pgReserve is Reserve in one statement and one round trip: the same
-// conditional UPDATE as stmts.reserve (the no-overdraft rule), and the
-// reservation row inserted only if it matched. It answers whether it
-// reserved and whether the account exists, to tell the two refusals apart;
-// a refusal writes nothing and fails no statement, as writer.go needs.
-const pgReserve = `WITH upd AS (
-	UPDATE accounts SET reserved = reserved + $1 WHERE id = $2 AND balance - reserved >= $1 RETURNING id
-), ins AS (
-	INSERT INTO reservations (id, account_id, key_id, model, request_id, amount, expires_at, created_at)
-	SELECT $3::text, upd.id, $4::text, $5::text, $6::text, $1, $7::bigint, $8::bigint FROM upd RETURNING 1
-)
-SELECT EXISTS (SELECT 1 FROM ins), EXISTS (SELECT 1 FROM accounts WHERE id = $2)`
-
-// pgSettle is Settle in one statement: deleting the reservation (at most
-// once, as stmts.settleDelete), charging min(cost, amount), releasing the
-// amount and writing the ledger row, whose kind, key, model, request and
-// capped note follow sqlStore.Settle. $10 is the capped note's prefix; the
-// reservation's amount is formatted as Micros.String does. No row means
-// ErrNotFound.
-const pgSettle = `WITH r AS (
-	DELETE FROM reservations WHERE id = $1 RETURNING account_id, key_id, model, request_id, amount
-), c AS (
-	SELECT r.*, LEAST($2::bigint, r.amount) AS charged FROM r
+// pgGrow grows this instance's lease ($6) of account $1 in one statement:
+// the account row is locked and read, the grant sized as leaseGrant does
+// (amount $2, 4 × amount $3, kmax $4, need $5), and added to reserved by
+// the conditional UPDATE that is the no-overdraft rule; the lease row is
+// upserted with expiry $7 (created $8). It answers the grant (NULL when none) and
+// whether the account exists; a refusal writes nothing and fails no
+// statement, as writer.go needs.
+const pgGrow = `WITH a AS (
+	SELECT id, balance - reserved AS avail FROM accounts WHERE id = $1 FOR UPDATE
+), g AS (
+	SELECT id, LEAST(GREATEST($2::bigint * LEAST(GREATEST(avail / $3::bigint, 1), $4::bigint), $5::bigint), avail) AS granted
+	FROM a WHERE avail >= $5::bigint
 ), u AS (
-	UPDATE accounts a SET balance = a.balance - c.charged, reserved = a.reserved - c.amount FROM c WHERE a.id = c.account_id RETURNING 1
+	UPDATE accounts x SET reserved = x.reserved + g.granted FROM g WHERE x.id = g.id AND x.balance - x.reserved >= g.granted
+	RETURNING g.granted
 ), l AS (
-	INSERT INTO ledger (kind, account_id, key_id, model, upstream_model, channel, request_id, tokens_in, tokens_out, cost, note, created_at)
-	SELECT CASE WHEN c.charged > 0 THEN 'charge' ELSE 'release' END, c.account_id,
-		COALESCE(NULLIF($3::text, ''), c.key_id), COALESCE(NULLIF($4::text, ''), c.model), $12::text, $5::text,
-		COALESCE(NULLIF($6::text, ''), c.request_id), $7::bigint, $8::bigint, c.charged,
-		CASE WHEN $2::bigint > c.amount THEN concat_ws('; ', NULLIF($9::text, ''), $10::text || (c.amount / 1000000)::text ||
-			CASE WHEN c.amount % 1000000 = 0 THEN '' ELSE '.' || rtrim(lpad((c.amount % 1000000)::text, 6, '0'), '0') END)
-		ELSE $9::text END,
-		$11::bigint
-	FROM c RETURNING 1
+	INSERT INTO leases (id, account_id, amount, expires_at, created_at)
+	SELECT $6::text, $1::text, u.granted, $7::bigint, $8::bigint FROM u
+	ON CONFLICT (id, account_id) DO UPDATE SET amount = leases.amount + excluded.amount, expires_at = excluded.expires_at
+	RETURNING 1
 )
-SELECT charged FROM c`
+SELECT (SELECT granted FROM u), EXISTS (SELECT 1 FROM a)`
+
+// pgShrink gives back spare lease money in one statement: this
+// instance's leases ($1) of the accounts $2 shrink by $3 each, and the
+// accounts' reserved with them; a lease Sweep already released is skipped.
+const pgShrink = `WITH s AS (
+	SELECT * FROM unnest($2::text[], $3::bigint[]) AS s(account_id, spare)
+), l AS (
+	UPDATE leases y SET amount = y.amount - s.spare FROM s
+	WHERE y.id = $1 AND y.account_id = s.account_id AND y.amount >= s.spare
+	RETURNING y.account_id, s.spare
+)
+UPDATE accounts x SET reserved = x.reserved - l.spare FROM l WHERE x.id = l.account_id`
+
+// pgSettleBatch is a batch of settlements (see settle.go) in one
+// statement: per account ($2, with the total charged in $3) the lease of
+// this instance ($1) and the account go down by the charge, and the ledger
+// rows ($4-$15, one array per column) of the accounts whose lease was
+// found are written. It answers each such account's available balance; an
+// account missing from the answer lost its lease to Sweep, and nothing of
+// it was written. A lease is only charged what its reservations held, so
+// neither UPDATE can fail a CHECK.
+const pgSettleBatch = `WITH j AS (
+	SELECT * FROM unnest($2::text[], $3::bigint[]) AS j(account_id, charged)
+), l AS (
+	UPDATE leases y SET amount = y.amount - j.charged FROM j
+	WHERE y.id = $1 AND y.account_id = j.account_id AND y.amount >= j.charged
+	RETURNING y.account_id, j.charged
+), a AS (
+	UPDATE accounts x SET balance = x.balance - l.charged, reserved = x.reserved - l.charged FROM l
+	WHERE x.id = l.account_id
+	RETURNING x.id, x.balance - x.reserved AS avail
+), g AS (
+	INSERT INTO ledger (` + ledgerColumns + `)
+	SELECT e.* FROM unnest($4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[],
+		$11::bigint[], $12::bigint[], $13::bigint[], $14::text[], $15::bigint[])
+		AS e(kind, account_id, key_id, model, upstream_model, channel, request_id, tokens_in, tokens_out, cost, note, created_at)
+	WHERE e.account_id IN (SELECT id FROM a)
+)
+SELECT id, avail FROM a`
 
 // OpenPostgres connects to PostgreSQL and migrates the schema. Several
 // gateway instances may share one database: reservations serialise on the
@@ -161,14 +196,16 @@ func OpenPostgres(ctx context.Context, dsn string, opts ...Options) (Store, erro
 			// No savepoints: a failed statement aborts the whole
 			// transaction, and two more statements per op would cost two
 			// round trips each. See writer.go.
-			savepoints: false,
-			retryable:  pgRetryable,
-			reserveOne: pgReserve,
-			settleOne:  pgSettle,
-			writers:    writers,
+			savepoints:  false,
+			retryable:   pgRetryable,
+			growOne:     pgGrow,
+			shrinkOne:   pgShrink,
+			settleBatch: pgSettleBatch,
+			writers:     writers,
 		},
 		onClose: pool.Close,
 		now:     time.Now,
+		leases:  newLeaseBook(o.LeaseTTL),
 	}
 	if err := s.migrate(ctx); err != nil {
 		s.Close()

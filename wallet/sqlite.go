@@ -64,6 +64,17 @@ var sqliteSchema = []string{
 		created_at INTEGER NOT NULL
 	) STRICT`,
 	`CREATE INDEX IF NOT EXISTS ledger_account ON ledger (account_id, id)`,
+	// Credit leases (see lease.go): id is the instance's lease ID. Created
+	// with IF NOT EXISTS, like every table, so older databases gain it.
+	`CREATE TABLE IF NOT EXISTS leases (
+		id TEXT NOT NULL,
+		account_id TEXT NOT NULL REFERENCES accounts(id),
+		amount INTEGER NOT NULL CHECK (amount >= 0),
+		expires_at INTEGER NOT NULL,
+		created_at INTEGER NOT NULL,
+		PRIMARY KEY (id, account_id)
+	) STRICT`,
+	`CREATE INDEX IF NOT EXISTS leases_expiry ON leases (expires_at)`,
 	// The ledger is the audit trail; nothing in this package updates or
 	// deletes it, and the triggers keep it that way for anyone with SQL.
 	`CREATE TRIGGER IF NOT EXISTS ledger_no_update BEFORE UPDATE ON ledger
@@ -98,7 +109,8 @@ func OpenSQLite(path string, opts ...Options) (Store, error) {
 		// savepoint costs no I/O: each op of a batch gets one.
 		d: dialect{name: "sqlite", schema: sqliteSchema, savepoints: true, writers: 1,
 			columnExists: `SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ?`},
-		now: time.Now,
+		now:    time.Now,
+		leases: newLeaseBook(o.LeaseTTL),
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

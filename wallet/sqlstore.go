@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -34,10 +35,16 @@ type dialect struct {
 	// retryable reports errors (deadlock, serialization failure) after
 	// which a transaction may simply be run again.
 	retryable func(error) bool
-	// reserveOne and settleOne, when set, do Reserve and Settle each in one
-	// statement (PostgreSQL's data-modifying CTEs; SQLite has none), so a
-	// request's hot path is two round trips (see postgres.go).
-	reserveOne, settleOne string
+	// growOne, when set, grows a lease in one statement (PostgreSQL; see
+	// pgGrow).
+	growOne string
+	// shrinkOne, when set, gives spare lease money back in one statement
+	// (PostgreSQL; see pgShrink).
+	shrinkOne string
+	// settleBatch, when set, settles a whole batch in one statement
+	// (PostgreSQL's data-modifying CTEs; SQLite has none), so that a
+	// request's settlement is at most one round trip (see settle.go).
+	settleBatch string
 	// writers is the number of writer goroutines (see newWriter), each
 	// holding one connection while it runs a batch.
 	writers int
@@ -58,17 +65,26 @@ type sqlStore struct {
 	auth    *authCache
 	onClose func()
 	now     func() time.Time
+	// leases are this instance's credit leases and the live reservations
+	// they serve (see lease.go); settles the Settles waiting for a batch.
+	leases  *leaseBook
+	settles settleQueue
+	// inserts caches the multi-row ledger INSERTs, by row count.
+	inserts struct {
+		mu     sync.Mutex
+		byRows map[int]*sql.Stmt
+	}
 }
 
 // stmts are the statements of the request path, prepared once per store
 // (database/sql then prepares each once per connection) instead of being
 // compiled from SQL text on every call.
 type stmts struct {
-	reserve, insertReservation, accountExists *sql.Stmt
-	settleDelete, settleUpdate, insertLedger  *sql.Stmt
-	authenticate                              *sql.Stmt
-	savepoint, release, rollbackTo            *sql.Stmt
-	all                                       []*sql.Stmt
+	accountExists, insertLedger    *sql.Stmt
+	leaseCharge, accountCharge     *sql.Stmt
+	authenticate                   *sql.Stmt
+	savepoint, release, rollbackTo *sql.Stmt
+	all                            []*sql.Stmt
 }
 
 func (s *sqlStore) prepare(ctx context.Context) error {
@@ -77,18 +93,11 @@ func (s *sqlStore) prepare(ctx context.Context) error {
 		dst   **sql.Stmt
 		query string
 	}{
-		// The whole no-overdraft rule is this one statement: the row is
-		// locked while the condition is checked and the amount added, so
-		// concurrent reservations from any number of instances serialise on
-		// the account row and none can see a stale available balance.
-		{&st.reserve, `UPDATE accounts SET reserved = reserved + ? WHERE id = ? AND balance - reserved >= ?`},
-		{&st.insertReservation, `INSERT INTO reservations (id, account_id, key_id, model, request_id, amount, expires_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`},
 		{&st.accountExists, `SELECT 1 FROM accounts WHERE id = ?`},
-		// Deleting the reservation is what makes settlement happen at most
-		// once: of two concurrent settles (or a settle and a sweep) only one
-		// gets the row back.
-		{&st.settleDelete, `DELETE FROM reservations WHERE id = ? RETURNING account_id, key_id, model, request_id, amount`},
-		{&st.settleUpdate, `UPDATE accounts SET balance = balance - ?, reserved = reserved - ? WHERE id = ?`},
+		// A settlement batch, per account (see settle.go): the charge leaves
+		// the lease (no row: Sweep released it) and the account.
+		{&st.leaseCharge, `UPDATE leases SET amount = amount - ? WHERE id = ? AND account_id = ? AND amount >= ?`},
+		{&st.accountCharge, `UPDATE accounts SET balance = balance - ?, reserved = reserved - ? WHERE id = ? RETURNING balance - reserved`},
 		{&st.insertLedger, `INSERT INTO ledger (kind, account_id, key_id, model, upstream_model, channel, request_id, tokens_in, tokens_out, cost, note, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`},
 		{&st.authenticate, `SELECT ` + keyColumns + ` FROM api_keys WHERE hash = ?`},
 		{&st.savepoint, `SAVEPOINT op`},
@@ -214,59 +223,6 @@ func (s *sqlStore) orMissingAccount(t *stx, account string, otherwise error) err
 	return otherwise
 }
 
-func (s *sqlStore) Reserve(ctx context.Context, r Reservation) error {
-	if err := validID("reservation", r.ID); err != nil {
-		return fmt.Errorf("reserving: %w", err)
-	}
-	if r.Amount < 0 {
-		return fmt.Errorf("reserving %s: %w: negative amount %s", r.ID, ErrInvalid, r.Amount)
-	}
-	now := s.now()
-	exp := r.ExpiresAt
-	if exp.IsZero() {
-		exp = now.Add(DefaultReservationTTL)
-	}
-	what := fmt.Sprintf("reserving %s for account %q", r.Amount, r.Account)
-	// A caller whose context ends while its reservation is being written
-	// gets ctx.Err() at once; should the reservation commit after all, it
-	// is released, so that nothing stays reserved that the caller believes
-	// failed.
-	undo := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), lateReleaseTimeout)
-		defer cancel()
-		_, _ = s.Settle(ctx, r.ID, Entry{Note: "released: the caller gave up before the reservation committed"})
-	}
-	if s.d.reserveOne != "" {
-		return s.w.do(ctx, what, r.Account, func(t *stx) error {
-			var reserved, exists bool
-			if err := t.queryRowText(s.d.reserveOne, int64(r.Amount), r.Account, r.ID, r.KeyID, r.Model, r.RequestID, toDB(exp), toDB(now)).Scan(&reserved, &exists); err != nil {
-				return err
-			}
-			switch {
-			case reserved:
-				return nil
-			case exists:
-				return ErrInsufficientFunds
-			}
-			return ErrUnknownAccount
-		}, undo, true)
-	}
-	return s.w.do(ctx, what, r.Account, func(t *stx) error {
-		// The no-overdraft rule: see stmts.reserve.
-		res, err := t.exec(s.st.reserve, int64(r.Amount), r.Account, int64(r.Amount))
-		if err != nil {
-			return err
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return err
-		} else if n == 0 {
-			return s.orMissingAccount(t, r.Account, ErrInsufficientFunds)
-		}
-		_, err = t.exec(s.st.insertReservation, r.ID, r.Account, r.KeyID, r.Model, r.RequestID, int64(r.Amount), toDB(exp), toDB(now))
-		return err
-	}, undo, false)
-}
-
 func (s *sqlStore) insertEntry(t *stx, e Entry) error {
 	if e.Time.IsZero() {
 		e.Time = s.now()
@@ -277,119 +233,6 @@ func (s *sqlStore) insertEntry(t *stx, e Entry) error {
 		return fmt.Errorf("writing %s ledger row: %w", e.Kind, err)
 	}
 	return nil
-}
-
-func (s *sqlStore) Settle(ctx context.Context, reservationID string, in Entry, more ...Entry) (Micros, error) {
-	if s.d.settleOne != "" && len(more) == 0 {
-		return s.settleInOne(ctx, reservationID, in)
-	}
-	entries := append([]Entry{in}, more...)
-	var charged Micros
-	err := s.write(ctx, "settling reservation "+reservationID, in.Account, func(t *stx) error {
-		var (
-			account, key, model, reqID string
-			amount                     int64
-		)
-		// At most once: see stmts.settleDelete.
-		err := t.queryRow(s.st.settleDelete, reservationID).Scan(&account, &key, &model, &reqID, &amount)
-		if errors.Is(err, sql.ErrNoRows) {
-			return ErrNotFound
-		}
-		if err != nil {
-			return err
-		}
-		// fn may run twice: rows are built from entries, never changed
-		// in place.
-		rows, total := capEntries(entries, Micros(amount))
-		if _, err := t.exec(s.st.settleUpdate, int64(total), amount, account); err != nil {
-			return fmt.Errorf("updating balance: %w", err)
-		}
-		for _, e := range rows {
-			e.Account = account
-			e.KeyID = firstNonEmpty(e.KeyID, key)
-			e.Model = firstNonEmpty(e.Model, model)
-			e.RequestID = firstNonEmpty(e.RequestID, reqID)
-			if err := s.insertEntry(t, e); err != nil {
-				return err
-			}
-		}
-		charged = total
-		return nil
-	})
-	if err != nil {
-		return 0, err
-	}
-	return charged, nil
-}
-
-// capEntries charges entries in order against a reservation of amount:
-// each gets min(its cost, what the earlier ones left), so the total never
-// exceeds the reservation. It returns the ledger rows to write (KindCharge,
-// or KindRelease when nothing is charged; a row charged below its cost
-// says so in its note) and their total.
-func capEntries(entries []Entry, amount Micros) ([]Entry, Micros) {
-	rows := make([]Entry, len(entries))
-	left := amount
-	for i, e := range entries {
-		cost := e.Cost
-		var notes []string
-		if e.Note != "" {
-			notes = append(notes, e.Note)
-		}
-		if cost < 0 {
-			notes = append(notes, fmt.Sprintf("negative cost %s treated as 0", cost))
-			cost = 0
-		}
-		e.Cost = min(cost, left)
-		left -= e.Cost
-		if e.Cost < cost {
-			// Never overdraw: the reservation was the promise to the account
-			// holder. The difference is the operator's loss, made visible.
-			if i == 0 {
-				notes = append(notes, fmt.Sprintf("capped: usage cost %s exceeded reservation %s", cost, amount))
-			} else {
-				notes = append(notes, fmt.Sprintf("capped: usage cost %s exceeded what the earlier rows left of reservation %s", cost, amount))
-			}
-		}
-		e.Kind = KindCharge
-		if e.Cost == 0 {
-			e.Kind = KindRelease
-		}
-		e.Note = strings.Join(notes, "; ")
-		rows[i] = e
-	}
-	return rows, amount - left
-}
-
-// settleInOne is Settle as one statement (dialect.settleOne): the same
-// rules, with the capped note built in SQL since only the database knows
-// the reservation's amount.
-func (s *sqlStore) settleInOne(ctx context.Context, reservationID string, e Entry) (Micros, error) {
-	var notes []string
-	if e.Note != "" {
-		notes = append(notes, e.Note)
-	}
-	cost := e.Cost
-	if cost < 0 {
-		notes = append(notes, fmt.Sprintf("negative cost %s treated as 0", cost))
-		cost = 0
-	}
-	if e.Time.IsZero() {
-		e.Time = s.now()
-	}
-	var charged int64
-	err := s.w.do(ctx, "settling reservation "+reservationID, e.Account, func(t *stx) error {
-		err := t.queryRowText(s.d.settleOne, reservationID, int64(cost), e.KeyID, e.Model, e.Channel, e.RequestID,
-			e.TokensIn, e.TokensOut, strings.Join(notes, "; "), "capped: usage cost "+cost.String()+" exceeded reservation ", toDB(e.Time), e.UpstreamModel).Scan(&charged)
-		if errors.Is(err, sql.ErrNoRows) {
-			return ErrNotFound
-		}
-		return err
-	}, nil, true)
-	if err != nil {
-		return 0, err
-	}
-	return Micros(charged), nil
 }
 
 // firstNonEmpty returns the first non-empty string.
@@ -439,43 +282,19 @@ func (s *sqlStore) RecordAttemptAsync(e Entry, done func(error)) {
 	report(s.write(ctx, what, e.Account, fn))
 }
 
-// extendChunk bounds the IDs one Extend statement names.
-const extendChunk = 256
-
-func (s *sqlStore) Extend(ctx context.Context, ids []string, until time.Time) (int, error) {
-	total := 0
-	for len(ids) > 0 {
-		chunk := ids[:min(len(ids), extendChunk)]
-		ids = ids[len(chunk):]
-		args := make([]any, 0, len(chunk)+2)
-		args = append(args, toDB(until), toDB(until))
-		for _, id := range chunk {
-			args = append(args, id)
-		}
-		query := s.q(`UPDATE reservations SET expires_at = ? WHERE expires_at < ? AND id IN (?` + strings.Repeat(", ?", len(chunk)-1) + `)`)
-		var n int64
-		err := s.write(ctx, fmt.Sprintf("extending %d reservations", len(chunk)), "", func(t *stx) error {
-			res, err := t.tx.ExecContext(t.ctx, query, args...)
-			if err != nil {
-				return err
-			}
-			n, err = res.RowsAffected()
-			return err
-		})
-		if err != nil {
-			return total, err
-		}
-		total += int(n)
-	}
-	return total, nil
-}
-
 // sweepBatch bounds how long one Sweep transaction holds locks (on SQLite,
 // the whole database's write lock).
 const sweepBatch = 256
 
+// Sweep releases this instance's expired reservations (in memory, see
+// lease.go), then reservation rows an older version left, then other
+// instances' expired leases; and last returns this instance's spare lease
+// money.
 func (s *sqlStore) Sweep(ctx context.Context, now time.Time) (int, error) {
-	total := 0
+	total, err := s.sweepReservations(ctx, now, false)
+	if err != nil {
+		return total, err
+	}
 	for {
 		n, err := s.sweepOnce(ctx, now)
 		total += n
@@ -483,9 +302,18 @@ func (s *sqlStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 			return total, err
 		}
 		if n < sweepBatch {
-			return total, nil
+			break
 		}
 	}
+	n, err := s.sweepLeases(ctx, now)
+	total += n
+	if err != nil {
+		return total, err
+	}
+	if err := s.shrink(ctx, nil, nil); err != nil {
+		return total, fmt.Errorf("returning spare lease money: %w", err)
+	}
+	return total, nil
 }
 
 func (s *sqlStore) sweepOnce(ctx context.Context, now time.Time) (int, error) {
@@ -500,18 +328,12 @@ func (s *sqlStore) sweepOnce(ctx context.Context, now time.Time) (int, error) {
 		if err != nil {
 			return err
 		}
-		for rs.Next() {
+		if err := eachRow(rs, func(rs *sql.Rows) error {
 			var x expired
-			if err := rs.Scan(&x.id, &x.account, &x.key, &x.model, &x.reqID, &x.amount); err != nil {
-				rs.Close()
-				return err
-			}
+			err := rs.Scan(&x.id, &x.account, &x.key, &x.model, &x.reqID, &x.amount)
 			rows = append(rows, x)
-		}
-		if err := rs.Close(); err != nil {
 			return err
-		}
-		if err := rs.Err(); err != nil {
+		}); err != nil {
 			return err
 		}
 		// One update per account, in ID order, so two sweepers on different
@@ -574,6 +396,14 @@ func (s *sqlStore) Credit(ctx context.Context, account string, amount Micros, no
 	if amount == 0 || amount == math.MinInt64 {
 		return Account{}, fmt.Errorf("%s: %w: amount must be non-zero", what, ErrInvalid)
 	}
+	if amount < 0 {
+		// This instance's lease counts as reserved: give its spare money
+		// back first. Other instances' leases still count (they shrink
+		// when idle, within about a second).
+		if err := s.shrink(ctx, []string{account}, nil); err != nil {
+			return Account{}, fmt.Errorf("%s: %w", what, err)
+		}
+	}
 	var a Account
 	err := s.write(ctx, what, account, func(t *stx) error {
 		var res sql.Result
@@ -613,6 +443,21 @@ func (s *sqlStore) Credit(ctx context.Context, account string, amount Micros, no
 }
 
 type scanner interface{ Scan(dest ...any) error }
+
+// eachRow calls scan on every row of rs and closes it; the first error
+// wins.
+func eachRow(rs *sql.Rows, scan func(*sql.Rows) error) error {
+	defer rs.Close()
+	for rs.Next() {
+		if err := scan(rs); err != nil {
+			return err
+		}
+	}
+	if err := rs.Close(); err != nil {
+		return err
+	}
+	return rs.Err()
+}
 
 func scanAccount(r scanner) (Account, error) {
 	var (
@@ -824,15 +669,30 @@ func (s *sqlStore) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Close lets the writer finish the writes already queued, then closes the
-// database. Writes submitted after Close fail.
+// Close lets the writer finish the writes already queued, releases the
+// reservations left unsettled (KindExpired rows) and returns this
+// instance's leases, then closes the database. Writes submitted after Close
+// fail.
 func (s *sqlStore) Close() error {
+	var leaseErr error
 	if s.w != nil {
+		leaseErr = s.closeLeases()
 		s.w.close()
 	}
+	return errors.Join(leaseErr, s.closeDB())
+}
+
+// closeDB closes the statements and the database.
+func (s *sqlStore) closeDB() error {
 	if s.st != nil {
 		s.st.close()
 	}
+	s.inserts.mu.Lock()
+	for n, st := range s.inserts.byRows {
+		_ = st.Close()
+		delete(s.inserts.byRows, n)
+	}
+	s.inserts.mu.Unlock()
 	err := s.db.Close()
 	if s.onClose != nil {
 		s.onClose()

@@ -110,21 +110,23 @@ type Key struct {
 // already submitted; later ones fail.
 type Store interface {
 	// Reserve holds back r.Amount of the account's available balance, or
-	// fails with ErrInsufficientFunds or ErrUnknownAccount.
+	// fails with ErrInsufficientFunds or ErrUnknownAccount. The SQL stores
+	// serve it from this instance's credit lease, in memory, and write
+	// only when the lease must grow (see lease.go): the reservation lives
+	// in this Store, and only this Store can Settle or Extend it.
 	Reserve(ctx context.Context, r Reservation) error
-	// Settle ends a reservation: it charges min(e.Cost, reserved amount),
-	// releases the rest and writes one ledger row (KindCharge, or
-	// KindRelease when nothing is charged). A charge below e.Cost means the
-	// usage exceeded the reservation; the row's Note says so. The account
-	// comes from the reservation; e.KeyID, e.Model and e.RequestID default
-	// to the reservation's. Each of more (a resumed answer's continuation)
-	// is a ledger row of its own, charged after e and the ones before it:
-	// the total is capped at the reservation, and a row charged below its
-	// cost notes it. A second Settle of the same reservation, or one
-	// after Sweep released it, changes nothing and returns ErrNotFound.
+	// Settle ends a reservation: it charges e's cost, then each of more's
+	// in order, their total capped at the reserved amount, releases the
+	// rest and writes one ledger row per entry (KindCharge, or KindRelease
+	// when the row charges nothing). A row charged below its cost means the
+	// usage exceeded the reservation; its Note says so. The account comes
+	// from the reservation; an entry's KeyID, Model and RequestID default
+	// to the reservation's. It returns the total charged, once committed.
+	// A second Settle of the same reservation, one after Sweep released
+	// it, or one on another Store changes nothing and returns ErrNotFound.
 	// Pass a context that outlives the client (context.WithoutCancel): a
-	// settlement abandoned because the client hung up leaves the reservation
-	// to expire, and Sweep releases it uncharged.
+	// settlement abandoned because the client hung up leaves the
+	// reservation to expire, and Sweep releases it uncharged.
 	Settle(ctx context.Context, reservationID string, e Entry, more ...Entry) (charged Micros, err error)
 	// RecordAttempt writes a KindFailedAttempt row with zero cost.
 	RecordAttempt(ctx context.Context, e Entry) error
@@ -136,20 +138,30 @@ type Store interface {
 	RecordAttemptAsync(e Entry, done func(error))
 	// Extend keeps live reservations from expiring: it moves the expiry of
 	// each of ids that is still reserved to until (never earlier), and
-	// returns how many it moved. A settled or swept ID is skipped.
+	// returns how many it moved. A settled or swept ID is skipped. It
+	// writes nothing: reservations live in memory.
 	Extend(ctx context.Context, ids []string, until time.Time) (int, error)
+	// Renew keeps this instance's credit leases from expiring and gives
+	// back the spare money of idle ones (see lease.go). Call it about
+	// every second while the Store serves; most calls write nothing.
+	Renew(ctx context.Context) error
 	// Audit checks the ledger against the balances: per account (all
 	// accounts when account is ""), balance must equal credits minus
-	// charges, and reserved the sum of its live reservations. It returns
+	// charges, and reserved the sum of its leases (of every instance) and
+	// of any reservation rows an older version left. It returns
 	// every account checked, with the differences it found.
 	Audit(ctx context.Context, account string) ([]AuditRow, error)
-	// Sweep releases, uncharged, every reservation that expired at or
-	// before now, each with a KindExpired row.
+	// Sweep releases, uncharged, every reservation of this Store that
+	// expired at or before now, and every other instance's lease that did
+	// (a crashed gateway's), each with a KindExpired row; then it returns
+	// this Store's spare lease money.
 	Sweep(ctx context.Context, now time.Time) (released int, err error)
 	CreateAccount(ctx context.Context, id string) (Account, error)
 	// Credit adds amount to the balance with a KindCredit row. A negative
 	// amount is a correction and fails with ErrInsufficientFunds if it would
-	// take more than the available balance; zero is rejected.
+	// take more than the available balance; zero is rejected. This Store
+	// returns its spare lease money first, but other instances' leases
+	// count as reserved until they go idle (about a second).
 	Credit(ctx context.Context, account string, amount Micros, note string) (Account, error)
 	Account(ctx context.Context, id string) (Account, error)
 	Accounts(ctx context.Context) ([]Account, error)
@@ -175,7 +187,8 @@ type Store interface {
 }
 
 // AuditRow is one account's audit. Ledger is the sum of its credit rows
-// minus the sum of its charge rows; Live the sum of its reservations.
+// minus the sum of its charge rows; Live the sum of its leases and
+// reservation rows.
 type AuditRow struct {
 	Account                         string
 	Balance, Ledger, Reserved, Live Micros

@@ -144,6 +144,14 @@ func (t *stx) queryRowText(query string, args ...any) *sql.Row {
 	return t.tx.QueryRowContext(t.ctx, query, args...)
 }
 
+// queryText is queryRowText for a statement answering several rows.
+func (t *stx) queryText(query string, args ...any) (*sql.Rows, error) {
+	if t.tx == nil {
+		return t.conn.QueryContext(t.ctx, query, args...)
+	}
+	return t.tx.QueryContext(t.ctx, query, args...)
+}
+
 func (t *stx) stmt(st *sql.Stmt) *sql.Stmt {
 	if b, ok := t.bound[st]; ok {
 		return b

@@ -125,13 +125,18 @@ func TestGroupCommitIsolatesFailures(t *testing.T) {
 		}
 		submit("attempt ok", func() (Micros, error) { return 0, s.RecordAttempt(ctx, Entry{Account: "a", Channel: "c", Note: "503"}) })
 		submit("attempt ghost", func() (Micros, error) { return 0, s.RecordAttempt(ctx, Entry{Account: "ghost"}) })
-		const n = 9
+		// Queued: the grows of "reserve ok", "reserve poor" and one of the
+		// tight pair (the other waits for it), one settle, both attempts.
+		// The duplicate ID and the second settle fail in memory at once.
+		const n = 6
 		waitQueued(t, s, n)
 		release()
 		wg.Wait()
 
-		if got := s.w.batches.Load() - batchesBefore; got != 1 {
-			t.Errorf("%d multi-op batches, want 1", got)
+		// The queued ops ran as one batch; what they set off afterwards (a
+		// settle's give-back, the second tight grow) may make another.
+		if got := s.w.batches.Load() - batchesBefore; got < 1 || got > 2 {
+			t.Errorf("%d multi-op batches, want 1 (or 2)", got)
 		}
 		t.Logf("%d writer goroutines; re-runs: %d", s.w.workers, s.w.reruns.Load()-rerunsBefore)
 		one := func(name string) result {
@@ -210,6 +215,9 @@ func TestGroupCommitIsolatesFailures(t *testing.T) {
 			if _, err := s.Settle(ctx, id, Entry{}); err != nil {
 				t.Errorf("Settle(%s): %v", id, err)
 			}
+		}
+		if _, err := s.Sweep(ctx, time.Now()); err != nil { // returns the spare lease money
+			t.Fatal(err)
 		}
 		if a := getAccount(t, s, "a"); a.Reserved != 0 {
 			t.Errorf("a after settling = %+v", a)
@@ -355,13 +363,22 @@ func TestCloseWithOpsInFlight(t *testing.T) {
 			}
 			t.Logf("%d reserved, %d settled before Close", reserved.Load(), settled.Load())
 
-			// Every Reserve that returned nil is committed, and so is every
-			// Settle: what is still reserved is exactly the difference.
+			// Every Settle that returned nil is committed, and every
+			// reservation left unsettled was released by Close, uncharged,
+			// with an expired row: nothing stays reserved.
 			s2 := reopen()
 			a := getAccount(t, s2, "a")
-			if want := Micros(reserved.Load()-settled.Load()) * amount; a.Reserved != want {
-				t.Errorf("reserved %s after reopening, want %s", a.Reserved, want)
+			if a.Reserved != 0 || a.Balance != 1<<40 {
+				t.Errorf("account %+v after reopening, want nothing reserved or charged", a)
 			}
+			var expired int64
+			if err := s2.(*sqlStore).db.QueryRow(s2.(*sqlStore).q(`SELECT COUNT(*) FROM ledger WHERE kind = ?`), KindExpired).Scan(&expired); err != nil {
+				t.Fatal(err)
+			}
+			if want := reserved.Load() - settled.Load(); expired != want {
+				t.Errorf("%d expired rows, want one per unsettled reservation (%d)", expired, want)
+			}
+			wantCleanAudit(t, s2)
 			s2.Close()
 
 			deadline := time.Now().Add(10 * time.Second)
@@ -549,6 +566,9 @@ func TestPostgresTinyPool(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	if _, err := s.Sweep(ctx, time.Now()); err != nil { // returns the spare lease money
+		t.Fatal(err)
+	}
 	if a := getAccount(t, s, "a"); a.Reserved != 0 || a.Balance != 1_000_000-8 {
 		t.Errorf("a = %+v", a)
 	}

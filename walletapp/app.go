@@ -72,7 +72,20 @@ type Config struct {
 	// database is first opened; a reload that keeps the database keeps
 	// the open store and its timeout. Default: 5s.
 	StatementTimeout caddy.Duration `json:"statement_timeout,omitempty"`
+	// LeaseTTL is how long this instance's credit leases (the slices of
+	// balances it serves reservations from, see package wallet) outlive
+	// its last extension: after a crash, how long the money of its
+	// requests stays reserved before another instance's sweep releases
+	// it. The live instance extends them every third of it. At least 1s;
+	// like statement_timeout it applies from when a database is first
+	// opened. Default: 30s.
+	LeaseTTL caddy.Duration `json:"lease_ttl,omitempty"`
 }
+
+// minLeaseTTL: leases are renewed every second (see keepalive.go), and a
+// lease is only served from while less than two thirds of its TTL have
+// passed since its renewal.
+const minLeaseTTL = time.Second
 
 // CaddyModule returns the Caddy module information.
 func (App) CaddyModule() caddy.ModuleInfo {
@@ -107,8 +120,11 @@ func (a *App) Provision(ctx caddy.Context) error {
 }
 
 func (a *App) provisionWallet(name string, c *Config) (*Wallet, error) {
-	if c.ReservationTTL < 0 || c.AdmissionTimeout < 0 || c.StatementTimeout < 0 {
+	if c.ReservationTTL < 0 || c.AdmissionTimeout < 0 || c.StatementTimeout < 0 || c.LeaseTTL < 0 {
 		return nil, errors.New("durations must not be negative")
+	}
+	if c.LeaseTTL != 0 && time.Duration(c.LeaseTTL) < minLeaseTTL {
+		return nil, fmt.Errorf("lease_ttl %v is shorter than %v", time.Duration(c.LeaseTTL), minLeaseTTL)
 	}
 	var backend Backend
 	if c.StoreRaw != nil {
@@ -130,6 +146,7 @@ func (a *App) provisionWallet(name string, c *Config) (*Wallet, error) {
 		ttl:              orDefault(c.ReservationTTL, wallet.DefaultReservationTTL),
 		admissionTimeout: orDefault(c.AdmissionTimeout, DefaultAdmissionTimeout),
 		statementTimeout: orDefault(c.StatementTimeout, DefaultStatementTimeout),
+		leaseTTL:         orDefault(c.LeaseTTL, wallet.DefaultLeaseTTL),
 		logger:           a.logger.With(zap.String("wallet", name)),
 	}
 	return w, nil

@@ -24,6 +24,7 @@ func init() {
 //		reservation_ttl   <duration>
 //		admission_timeout <duration>
 //		statement_timeout <duration>
+//		lease_ttl         <duration>
 //	}
 func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 	app := new(App)
@@ -72,6 +73,8 @@ func unmarshalConfig(d *caddyfile.Dispenser) (*Config, error) {
 			c.AdmissionTimeout, err = caddykit.DurationArg(d)
 		case "statement_timeout":
 			c.StatementTimeout, err = caddykit.DurationArg(d)
+		case "lease_ttl":
+			c.LeaseTTL, err = caddykit.DurationArg(d)
 		default:
 			return nil, d.Errf("unrecognized llm_wallet option '%s'", opt)
 		}

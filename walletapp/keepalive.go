@@ -93,3 +93,33 @@ func (h *storeHolder) extend() {
 		keepAliveTotal.WithLabelValues("ok").Inc()
 	}
 }
+
+// Leases: the store serves reservations from credit leases (see package
+// wallet) that expire unless extended, and gives back the spare money of
+// idle ones; both happen in Store.Renew, which the renewer calls every
+// leaseRenewEvery. Most calls write nothing: the leases' expiry moves once
+// a third of lease_ttl has passed.
+const leaseRenewEvery = time.Second
+
+// renewer renews the store's leases until the holder stops. It stops
+// after the sweeper, which may still need leases for draining requests.
+func (h *storeHolder) renewer() {
+	defer close(h.renewed)
+	t := time.NewTicker(leaseRenewEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-h.done:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := h.store.Renew(ctx)
+		cancel()
+		if err != nil {
+			keepAliveTotal.WithLabelValues("error").Inc()
+			h.logger.Error("renewing credit leases failed; a lease that is not renewed in time is no longer served from",
+				zap.Error(err))
+		}
+	}
+}

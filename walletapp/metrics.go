@@ -19,7 +19,7 @@ var (
 	}, []string{"result"})
 	keepAliveTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "llm_failover", Name: "wallet_keepalive_total",
-		Help: "Batched extensions of live requests' reservations, by result.",
+		Help: "Batched extensions of live requests' reservations, and failed lease renewals, by result.",
 	}, []string{"result"})
 )
 

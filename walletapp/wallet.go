@@ -45,6 +45,7 @@ type Wallet struct {
 	ttl              time.Duration
 	admissionTimeout time.Duration
 	statementTimeout time.Duration
+	leaseTTL         time.Duration
 	logger           *zap.Logger
 
 	once    sync.Once
@@ -83,15 +84,16 @@ func (w *Wallet) open() (*storeHolder, error) {
 	w.once.Do(func() {
 		key := w.backend.PoolKey()
 		v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
-			st, err := w.backend.Open(wallet.Options{StatementTimeout: w.statementTimeout})
+			st, err := w.backend.Open(wallet.Options{StatementTimeout: w.statementTimeout, LeaseTTL: w.leaseTTL})
 			if err != nil {
 				return nil, err
 			}
 			h := &storeHolder{store: st, kind: w.backend.Kind(), logger: w.logger,
 				job:  caddykit.Jobs.Job(SweepJobPrefix+w.name, SweepEvery),
-				stop: make(chan struct{}), done: make(chan struct{}), drained: make(chan struct{})}
+				stop: make(chan struct{}), done: make(chan struct{}), renewed: make(chan struct{}), drained: make(chan struct{})}
 			h.live.noteTTL(w.ttl) // before the sweeper reads its tick
 			go h.sweeper()
+			go h.renewer()
 			return h, nil
 		})
 		if err != nil {
@@ -146,7 +148,8 @@ func (w *Wallet) Reserve(ctx context.Context, r wallet.Reservation) error {
 	return st.Reserve(ctx, r)
 }
 
-// Settle charges a reservation's usage and releases the rest.
+// Settle charges a reservation's usage and releases the rest: e and then
+// each of more is one ledger row (see wallet.Store).
 func (w *Wallet) Settle(ctx context.Context, reservationID string, e wallet.Entry, more ...wallet.Entry) (wallet.Micros, error) {
 	st, err := w.Store()
 	if err != nil {
@@ -203,7 +206,9 @@ type storeHolder struct {
 	logger *zap.Logger
 	stop   chan struct{}
 	done   chan struct{}
-	live   liveSet
+	// renewed is closed when the lease renewer has stopped.
+	renewed chan struct{}
+	live    liveSet
 
 	mu       sync.Mutex
 	inflight int
@@ -298,6 +303,7 @@ func (h *storeHolder) Destruct() error {
 		// reservations alive, stops only once they have left.
 		close(h.stop)
 		<-h.done
+		<-h.renewed
 		if err := h.store.Close(); err != nil {
 			h.logger.Error("closing wallet store", zap.Error(err))
 		}

@@ -1,0 +1,594 @@
+package wallet
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Credit leases.
+//
+// A Reserve used to be a conditional UPDATE and an INSERT in the database,
+// and its Settle a DELETE, an UPDATE and an INSERT: most of a request's
+// wallet cost. Instead, each open Store is an instance (a random lease ID)
+// that holds, per account, a lease: an amount of the account's balance
+// taken into accounts.reserved in the database and recorded as a row of
+// the leases table. Reservations are then served from the lease in memory:
+//
+//   - Reserve takes r.Amount from the lease's spare money (amount minus
+//     what its live reservations hold). Only when it does not fit does the
+//     lease grow, in one group-committed write: the same conditional UPDATE
+//     that once reserved (balance − reserved must cover what is missing),
+//     plus the lease row's upsert. Concurrent Reserves of one account that
+//     do not fit wait for the one grow in flight. A grant is k whole
+//     reservations of the size asked for, k = clamp(available / (4 ×
+//     amount), 1, kmax): a nearly empty account grants exactly one request
+//     (the old behaviour, so no false 402 from fragmentation between
+//     instances), and a grant never takes more than a quarter of what is
+//     available. kmax starts at leaseKmaxStart and doubles, up to
+//     leaseKmaxMax, when a grant is used up within a second.
+//   - Settle charges in the database (balance, reserved and the lease's
+//     amount go down by the charge, and the ledger rows are written), in
+//     one op that settles every Settle waiting at that moment (see
+//     settle.go). What the reservation held and did not charge goes back
+//     to the lease's spare money, in memory.
+//   - Money goes back to the account when the lease shrinks to what its
+//     live reservations hold: after a Settle that finds the account's
+//     available balance below 4 × the reservation, when the lease served no
+//     Reserve for leaseIdleAfter (Renew), at every Sweep, before a negative
+//     Credit, and at Close (which first releases the reservations left
+//     unsettled, each with a KindExpired row: their requests can no longer
+//     settle). A 402 can therefore come at most about a second
+//     early when another instance holds an idle lease of a nearly empty
+//     account.
+//   - A lease row expires LeaseTTL after its last extension. The live
+//     instance extends all its leases in one statement (Renew, which the
+//     gateway calls every second), and never serves a Reserve from a lease
+//     closer than a third of the TTL to expiry (it grows it instead, which
+//     extends it). An instance that dies (kill -9) stops extending; once
+//     its leases expire, Sweep on any other instance releases them:
+//     reserved goes down by the lease's amount, the row is deleted, and a
+//     KindExpired ledger row names the lease. The dead instance's requests
+//     are thus released uncharged, as before.
+//
+// balance ≥ reserved still holds by construction: reserved is the sum of
+// the leases and of any reservation rows left by an older version (swept
+// as before), and every lease was taken by the conditional UPDATE. The
+// audit checks reserved against exactly that sum.
+//
+// A reservation lives in the memory of the Store that made it: Settle and
+// Extend it there; another Store (instance) answers ErrNotFound.
+
+// DefaultLeaseTTL is how long a lease outlives its instance's last
+// extension (Options.LeaseTTL).
+const DefaultLeaseTTL = 30 * time.Second
+
+const (
+	// leaseIdleAfter: a lease that served no Reserve for this long gives
+	// its spare money back at the next Renew.
+	leaseIdleAfter = time.Second
+	leaseKmaxStart = 8
+	leaseKmaxMax   = 256
+	// leaseUsedUpFast: a grant used up within this doubles kmax.
+	leaseUsedUpFast = time.Second
+	// leaseGiveBackFactor: a Settle that leaves the account less than this
+	// many reservations of its size available gives the lease's spare
+	// money back, so that other instances can use it.
+	leaseGiveBackFactor = 4
+)
+
+// memReservation is a live reservation, held in memory.
+type memReservation struct {
+	Reservation
+	expires time.Time
+}
+
+// lease is this instance's lease of one account.
+type lease struct {
+	// amount is what the database's lease row holds, or less while a
+	// shrink is being written (never more: memory is the lower bound).
+	amount Micros
+	// held is the sum of the live reservations served from it.
+	held Micros
+	// extended is when the row's expiry was last moved (or set).
+	extended    time.Time
+	lastReserve time.Time
+	kmax        int64
+	grantedAt   time.Time
+	grow        *growCall // in flight, or nil
+}
+
+func (l *lease) spare() Micros { return l.amount - l.held }
+
+// growCall is one grow in flight, which Reserves that do not fit wait for.
+type growCall struct {
+	done chan struct{}
+	need Micros
+	err  error // set before done is closed
+}
+
+// leaseBook is a store's in-memory leases and reservations.
+type leaseBook struct {
+	id  string // this instance's lease ID
+	ttl time.Duration
+
+	mu     sync.Mutex
+	leases map[string]*lease
+	res    map[string]*memReservation
+	closed bool
+	// inflight counts the Reserves and Settles writing, so that Close
+	// returns the leases only once they are done.
+	inflight sync.WaitGroup
+}
+
+func newLeaseBook(ttl time.Duration) *leaseBook {
+	if ttl <= 0 {
+		ttl = DefaultLeaseTTL
+	}
+	return &leaseBook{
+		id:     "lease_" + randomBase62(20),
+		ttl:    ttl,
+		leases: map[string]*lease{},
+		res:    map[string]*memReservation{},
+	}
+}
+
+// usable reports whether a Reserve may be served from l without touching
+// the database: its row is far enough from expiring.
+func (b *leaseBook) usable(l *lease, now time.Time) bool {
+	return now.Sub(l.extended) < b.ttl*2/3
+}
+
+// errDuplicateReservation: a Reserve with the ID of a live reservation.
+var errDuplicateReservation = errors.New("duplicate reservation ID")
+
+func (s *sqlStore) Reserve(ctx context.Context, r Reservation) error {
+	if err := validID("reservation", r.ID); err != nil {
+		return fmt.Errorf("reserving: %w", err)
+	}
+	if r.Amount < 0 {
+		return fmt.Errorf("reserving %s: %w: negative amount %s", r.ID, ErrInvalid, r.Amount)
+	}
+	// what names the call in errors; built only when one happens, since
+	// the usual Reserve costs less than formatting it.
+	what := func() string { return fmt.Sprintf("reserving %s for account %q", r.Amount, r.Account) }
+	b := s.leases
+	var waited *growCall // the last grow this Reserve waited for
+	for {
+		now := s.now()
+		b.mu.Lock()
+		if b.closed {
+			b.mu.Unlock()
+			return fmt.Errorf("%s: %w", what(), errStoreClosed)
+		}
+		if _, dup := b.res[r.ID]; dup {
+			b.mu.Unlock()
+			return fmt.Errorf("%s: %w %s", what(), errDuplicateReservation, r.ID)
+		}
+		l := b.leases[r.Account]
+		if l == nil {
+			l = &lease{kmax: leaseKmaxStart}
+			b.leases[r.Account] = l
+		}
+		l.lastReserve = now
+		if !l.extended.IsZero() && b.usable(l, now) && l.spare() >= r.Amount {
+			l.held += r.Amount
+			exp := r.ExpiresAt
+			if exp.IsZero() {
+				exp = now.Add(DefaultReservationTTL)
+			}
+			b.res[r.ID] = &memReservation{Reservation: r, expires: exp}
+			b.mu.Unlock()
+			return nil
+		}
+		need := max(0, r.Amount-l.spare())
+		if waited != nil && need >= waited.need && (errors.Is(waited.err, ErrInsufficientFunds) || errors.Is(waited.err, ErrUnknownAccount)) {
+			// The grow just waited for could not cover even what this
+			// needs (or found no account).
+			b.mu.Unlock()
+			return waited.err
+		}
+		if g := l.grow; g != nil {
+			// Another Reserve is growing the lease: wait, then look again.
+			b.mu.Unlock()
+			select {
+			case <-g.done:
+			case <-ctx.Done():
+				return fmt.Errorf("%s: %w", what(), ctx.Err())
+			}
+			waited = g
+			continue
+		}
+		// This Reserve grows the lease (the lock is still held).
+		g := &growCall{done: make(chan struct{}), need: need}
+		l.grow = g
+		if l.spare() < r.Amount && !l.grantedAt.IsZero() && now.Sub(l.grantedAt) < leaseUsedUpFast {
+			// The last grant was used up fast: grant more this time.
+			l.kmax = min(2*l.kmax, leaseKmaxMax)
+		}
+		kmax := l.kmax
+		b.inflight.Add(1)
+		b.mu.Unlock()
+
+		// The grow finishes (and lands in the lease) even if this caller
+		// gives up meanwhile: others may be waiting for it, and money it
+		// takes stays in the lease, whence Renew returns it when idle.
+		go func() {
+			defer b.inflight.Done()
+			grant, err := s.grow(ctx, what(), r.Account, need, r.Amount, kmax)
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			l.grow = nil
+			g.err = err
+			if err == nil {
+				l.amount += grant
+				l.extended = now
+				l.grantedAt = now
+			}
+			close(g.done)
+		}()
+		select {
+		case <-g.done:
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %w", what(), ctx.Err())
+		}
+		if g.err != nil {
+			return g.err // wrapped with what by the writer
+		}
+		// Served from the grown lease on the next turn (or, should others
+		// have taken it first, grown again).
+		waited = nil
+	}
+}
+
+// grow takes more of the account's available balance into this
+// instance's lease and extends its row; see the package's lease notes for
+// the size of the grant. need is what must be covered at least, amount the
+// size of the reservation asking.
+func (s *sqlStore) grow(ctx context.Context, what, account string, need, amount Micros, kmax int64) (Micros, error) {
+	var grant Micros
+	now := s.now()
+	if s.d.growOne != "" {
+		err := s.w.do(ctx, what, account, func(t *stx) error {
+			var (
+				granted sql.NullInt64
+				exists  bool
+			)
+			if err := t.queryRowText(s.d.growOne, account, int64(amount), int64(max(1, leaseGiveBackFactor*amount)), kmax, int64(need),
+				s.leases.id, toDB(now.Add(s.leases.ttl)), toDB(now)).Scan(&granted, &exists); err != nil {
+				return err
+			}
+			switch {
+			case granted.Valid:
+				grant = Micros(granted.Int64)
+				return nil
+			case exists:
+				return ErrInsufficientFunds
+			}
+			return ErrUnknownAccount
+		}, nil, true)
+		return grant, err
+	}
+	err := s.w.do(ctx, what, account, func(t *stx) error {
+		// The writer holds SQLite's write lock: nothing changes the row
+		// between this read and the UPDATE below.
+		var avail int64
+		err := t.tx.QueryRowContext(t.ctx, s.q(`SELECT balance - reserved FROM accounts WHERE id = ?`), account).Scan(&avail)
+		if errors.Is(err, sql.ErrNoRows) {
+			return ErrUnknownAccount
+		}
+		if err != nil {
+			return fmt.Errorf("reading available balance: %w", err)
+		}
+		if Micros(avail) < need {
+			return ErrInsufficientFunds
+		}
+		grant = leaseGrant(Micros(avail), need, amount, kmax)
+		// The no-overdraft rule, as ever one conditional UPDATE: the row is
+		// locked while balance − reserved is checked and the grant added.
+		res, err := t.tx.ExecContext(t.ctx, s.q(`UPDATE accounts SET reserved = reserved + ? WHERE id = ? AND balance - reserved >= ?`), int64(grant), account, int64(grant))
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			return ErrInsufficientFunds
+		}
+		_, err = t.tx.ExecContext(t.ctx, s.q(`INSERT INTO leases (id, account_id, amount, expires_at, created_at) VALUES (?, ?, ?, ?, ?)
+			ON CONFLICT (id, account_id) DO UPDATE SET amount = leases.amount + excluded.amount, expires_at = excluded.expires_at`),
+			s.leases.id, account, int64(grant), toDB(now.Add(s.leases.ttl)), toDB(now))
+		if err != nil {
+			return fmt.Errorf("writing lease: %w", err)
+		}
+		return nil
+	}, nil, false)
+	return grant, err
+}
+
+// leaseGrant sizes a grant: k reservations of amount, k = clamp(avail /
+// (4 × amount), 1, kmax), but at least need and at most avail.
+func leaseGrant(avail, need, amount Micros, kmax int64) Micros {
+	if amount <= 0 {
+		return need
+	}
+	k := min(max(int64(avail/(leaseGiveBackFactor*amount)), 1), kmax)
+	return min(max(Micros(k)*amount, need), avail)
+}
+
+// shrink gives back the spare money of this instance's leases of accounts
+// (all of them when accounts is nil) that pass keep: each lease keeps what
+// its live reservations hold. The spare money is taken out of memory
+// first, so no Reserve can use it while it is written; should the write
+// fail, it is put back. Rows are never deleted here (a grow may be landing
+// on the same row): Close deletes the empty ones.
+func (s *sqlStore) shrink(ctx context.Context, accounts []string, keep func(l *lease) bool) error {
+	b := s.leases
+	type giveBack struct {
+		account string
+		spare   Micros
+	}
+	var gb []giveBack
+	b.mu.Lock()
+	if accounts == nil {
+		for a := range b.leases {
+			accounts = append(accounts, a)
+		}
+	}
+	for _, a := range accounts {
+		l := b.leases[a]
+		if l == nil || (keep != nil && !keep(l)) {
+			continue
+		}
+		if sp := l.spare(); sp > 0 {
+			l.amount -= sp
+			gb = append(gb, giveBack{a, sp})
+		}
+	}
+	b.mu.Unlock()
+	if len(gb) == 0 {
+		return nil
+	}
+	// One order on every instance: see writer.go on deadlocks.
+	sort.Slice(gb, func(i, j int) bool { return gb[i].account < gb[j].account })
+	err := s.w.do(ctx, fmt.Sprintf("returning spare lease money of %d account(s)", len(gb)), gb[0].account, func(t *stx) error {
+		if s.d.shrinkOne != "" {
+			accounts, spares := make([]string, len(gb)), make([]int64, len(gb))
+			for i, g := range gb {
+				accounts[i], spares[i] = g.account, int64(g.spare)
+			}
+			rs, err := t.queryText(s.d.shrinkOne, b.id, accounts, spares)
+			if err != nil {
+				return err
+			}
+			return rs.Close()
+		}
+		for _, g := range gb {
+			res, err := t.tx.ExecContext(t.ctx, s.q(`UPDATE leases SET amount = amount - ? WHERE id = ? AND account_id = ? AND amount >= ?`), int64(g.spare), b.id, g.account, int64(g.spare))
+			if err != nil {
+				return fmt.Errorf("shrinking lease of %q: %w", g.account, err)
+			}
+			if n, err := res.RowsAffected(); err != nil {
+				return err
+			} else if n == 0 {
+				continue // swept: nothing left to give back
+			}
+			if _, err := t.tx.ExecContext(t.ctx, s.q(`UPDATE accounts SET reserved = reserved - ? WHERE id = ?`), int64(g.spare), g.account); err != nil {
+				return fmt.Errorf("returning lease money of %q: %w", g.account, err)
+			}
+		}
+		return nil
+	}, nil, s.d.shrinkOne != "")
+	if err != nil {
+		b.mu.Lock()
+		for _, g := range gb {
+			if l := b.leases[g.account]; l != nil {
+				// (Forgotten meanwhile by Renew, the money stays in the
+				// row until it expires and Sweep releases it.)
+				l.amount += g.spare
+			}
+		}
+		b.mu.Unlock()
+	}
+	return err
+}
+
+// Renew keeps this instance's leases alive and returns idle ones: it moves
+// every lease's expiry LeaseTTL ahead, in one statement, when a third of
+// the TTL has passed since the last extension, and gives back the spare
+// money of leases that served no Reserve for a second. The gateway calls
+// it every second (walletapp's keep-alive); most calls write nothing.
+func (s *sqlStore) Renew(ctx context.Context) error {
+	b := s.leases
+	now := s.now()
+	b.mu.Lock()
+	extend := false
+	for a, l := range b.leases {
+		if l.amount == 0 && l.held == 0 && l.grow == nil && now.Sub(l.lastReserve) >= leaseIdleAfter {
+			// Forget an empty, idle lease, so that the map holds only the
+			// accounts in use (its row, if any, is deleted at Close).
+			delete(b.leases, a)
+			continue
+		}
+		if now.Sub(l.extended) >= b.ttl/3 {
+			extend = true
+		}
+	}
+	b.mu.Unlock()
+	if err := s.shrink(ctx, nil, func(l *lease) bool { return now.Sub(l.lastReserve) >= leaseIdleAfter }); err != nil {
+		return fmt.Errorf("returning idle leases: %w", err)
+	}
+	if !extend {
+		return nil
+	}
+	err := s.write(ctx, "extending leases", "", func(t *stx) error {
+		_, err := t.tx.ExecContext(t.ctx, s.q(`UPDATE leases SET expires_at = ? WHERE id = ?`), toDB(now.Add(b.ttl)), b.id)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	for _, l := range b.leases {
+		// Leases granted since now were extended by their grant.
+		if l.extended.Before(now) {
+			l.extended = now
+		}
+	}
+	b.mu.Unlock()
+	return nil
+}
+
+// Extend moves live reservations' expiry, in memory.
+func (s *sqlStore) Extend(_ context.Context, ids []string, until time.Time) (int, error) {
+	b := s.leases
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, id := range ids {
+		if m := b.res[id]; m != nil && m.expires.Before(until) {
+			m.expires = until
+			n++
+		}
+	}
+	return n, nil
+}
+
+// sweepReservations releases this instance's reservations that expired at
+// or before now (all of them when closing): their money goes back to the
+// lease, each with a KindExpired row.
+func (s *sqlStore) sweepReservations(ctx context.Context, now time.Time, closing bool) (int, error) {
+	b := s.leases
+	total := 0
+	for {
+		var batch []*memReservation
+		b.mu.Lock()
+		for id, m := range b.res {
+			if closing || !m.expires.After(now) {
+				batch = append(batch, m)
+				delete(b.res, id)
+				if len(batch) == sweepBatch {
+					break
+				}
+			}
+		}
+		b.mu.Unlock()
+		if len(batch) == 0 {
+			return total, nil
+		}
+		why := "expired unsettled"
+		if closing {
+			why = "released unsettled: its store closed"
+		}
+		err := s.write(ctx, fmt.Sprintf("releasing %d expired reservations", len(batch)), "", func(t *stx) error {
+			for _, m := range batch {
+				if err := s.insertEntry(t, Entry{
+					Kind: KindExpired, Account: m.Account, KeyID: m.KeyID, Model: m.Model, RequestID: m.RequestID,
+					Note: fmt.Sprintf("reservation %s of %s %s", m.ID, m.Amount, why),
+				}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		b.mu.Lock()
+		for _, m := range batch {
+			if err != nil {
+				b.res[m.ID] = m
+			} else if l := b.leases[m.Account]; l != nil {
+				l.held -= m.Amount
+			}
+		}
+		b.mu.Unlock()
+		if err != nil {
+			return total, err
+		}
+		total += len(batch)
+	}
+}
+
+// sweepLeases releases, once they expired at or before now, the leases of
+// other instances (this one's are alive while it is): one KindExpired row
+// per lease, reserved down by its amount.
+func (s *sqlStore) sweepLeases(ctx context.Context, now time.Time) (int, error) {
+	total := 0
+	for {
+		type expired struct {
+			id, account string
+			amount      int64
+		}
+		var rows []expired
+		err := s.write(ctx, "releasing expired leases", "", func(t *stx) error {
+			rows = rows[:0]
+			rs, err := t.tx.QueryContext(t.ctx, s.q(`DELETE FROM leases WHERE (id, account_id) IN (SELECT id, account_id FROM leases WHERE expires_at <= ? AND id <> ? ORDER BY expires_at LIMIT `+fmt.Sprint(sweepBatch)+s.d.skipLocked+`) RETURNING id, account_id, amount`), toDB(now), s.leases.id)
+			if err != nil {
+				return err
+			}
+			if err := eachRow(rs, func(rs *sql.Rows) error {
+				var x expired
+				err := rs.Scan(&x.id, &x.account, &x.amount)
+				rows = append(rows, x)
+				return err
+			}); err != nil {
+				return err
+			}
+			sort.Slice(rows, func(i, j int) bool { return rows[i].account < rows[j].account })
+			for _, x := range rows {
+				if x.amount == 0 {
+					continue
+				}
+				if _, err := t.tx.ExecContext(t.ctx, s.q(`UPDATE accounts SET reserved = reserved - ? WHERE id = ?`), x.amount, x.account); err != nil {
+					return fmt.Errorf("releasing lease of %q: %w", x.account, err)
+				}
+				if err := s.insertEntry(t, Entry{Kind: KindExpired, Account: x.account,
+					Note: fmt.Sprintf("lease %s of %s expired: its instance stopped extending it", x.id, Micros(x.amount))}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return total, err
+		}
+		for _, x := range rows {
+			if x.amount > 0 { // empty leases go without a word
+				total++
+			}
+		}
+		if len(rows) < sweepBatch {
+			return total, nil
+		}
+	}
+}
+
+// closeLeases refuses new Reserves and Settles, waits for those writing,
+// releases the live reservations left (their requests can no longer
+// settle: uncharged, each with a KindExpired row, as Sweep would after
+// they expired), and returns every lease to its account.
+func (s *sqlStore) closeLeases() error {
+	b := s.leases
+	b.mu.Lock()
+	already := b.closed
+	b.closed = true
+	b.mu.Unlock()
+	if already {
+		return nil
+	}
+	b.inflight.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := s.sweepReservations(ctx, time.Time{}, true); err != nil {
+		return fmt.Errorf("releasing unsettled reservations: %w", err)
+	}
+	if err := s.shrink(ctx, nil, nil); err != nil {
+		return fmt.Errorf("returning leases: %w", err)
+	}
+	return s.write(ctx, "deleting empty leases", "", func(t *stx) error {
+		_, err := t.tx.ExecContext(t.ctx, s.q(`DELETE FROM leases WHERE id = ? AND amount = 0`), b.id)
+		return err
+	})
+}

@@ -1,0 +1,357 @@
+package wallet
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Settlement.
+//
+// Settle takes its reservation out of memory (at most once: a second Settle
+// finds nothing and gets ErrNotFound), computes the ledger rows, and queues
+// them. One writer op then settles every Settle queued at that moment
+// together (each Settle submits an op, and the first to run takes them
+// all, so the others find nothing to do): per account one UPDATE of the
+// lease and one of the account, and the ledger rows in one multi-row
+// INSERT on SQLite; on PostgreSQL the whole batch is one statement
+// (settleBatchPG), and so, alone, one round trip without BEGIN or COMMIT.
+// Each Settle returns once its batch committed, or fails alone with the
+// batch's error, its reservation put back so that a retry (or Sweep) can
+// still end it.
+
+// settleJob is one Settle waiting for its batch.
+type settleJob struct {
+	account string
+	charged Micros
+	rows    []Entry
+	// Results, set by the batch that took the job, before done is closed.
+	avail Micros // the account's available balance after the batch
+	lost  bool   // the lease was gone (swept): nothing was written
+	err   error
+	done  chan struct{}
+}
+
+// settleQueue is the Settles waiting for a batch.
+type settleQueue struct {
+	mu      sync.Mutex
+	pending []*settleJob
+	// scheduled: a batch op is queued in the writer and has not yet taken
+	// the pending jobs; a Settle arriving meanwhile just joins them.
+	scheduled bool
+}
+
+// add queues j and reports whether the caller must schedule a batch op.
+func (q *settleQueue) add(j *settleJob) (schedule bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.pending = append(q.pending, j)
+	schedule = !q.scheduled
+	q.scheduled = true
+	return schedule
+}
+
+func (q *settleQueue) take() []*settleJob {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	jobs := q.pending
+	q.pending, q.scheduled = nil, false
+	if jobs == nil {
+		jobs = []*settleJob{}
+	}
+	return jobs
+}
+
+// remove takes j out of the queue, if no batch has taken it yet.
+func (q *settleQueue) remove(j *settleJob) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for i, p := range q.pending {
+		if p == j {
+			q.pending = append(q.pending[:i], q.pending[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+func (s *sqlStore) Settle(ctx context.Context, reservationID string, e Entry, more ...Entry) (Micros, error) {
+	what := "settling reservation " + reservationID
+	b := s.leases
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return 0, fmt.Errorf("%s: %w", what, errStoreClosed)
+	}
+	m := b.res[reservationID]
+	if m == nil {
+		b.mu.Unlock()
+		return 0, fmt.Errorf("%s: %w", what, ErrNotFound)
+	}
+	delete(b.res, reservationID)
+	b.inflight.Add(1)
+	b.mu.Unlock()
+	defer b.inflight.Done()
+
+	job := &settleJob{account: m.Account, done: make(chan struct{})}
+	job.rows, job.charged = settleRows(m, append([]Entry{e}, more...), s.now())
+	err := s.settleWrite(ctx, what, job)
+	if err == nil && job.lost {
+		err = fmt.Errorf("%s: %w: its lease expired and Sweep released it", what, ErrNotFound)
+	}
+	b.mu.Lock()
+	l := b.leases[m.Account]
+	switch {
+	case job.lost:
+		// The database no longer holds this lease: nothing may be served
+		// from it, and the next Reserve grows a fresh one.
+		l.held -= m.Amount
+		l.amount, l.extended = 0, time.Time{}
+	case err != nil:
+		b.res[reservationID] = m
+	default:
+		l.held -= m.Amount
+		l.amount -= job.charged
+	}
+	b.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	if job.avail < leaseGiveBackFactor*m.Amount {
+		// The account runs low: let other instances have the spare money.
+		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lateReleaseTimeout)
+		defer cancel()
+		_ = s.shrink(gctx, []string{m.Account}, nil) // failing, the money stays leased until Renew or expiry
+	}
+	return job.charged, nil
+}
+
+// settleRows turns a settlement's entries into ledger rows: charged in
+// order, their total capped at the reservation's amount.
+func settleRows(m *memReservation, entries []Entry, now time.Time) ([]Entry, Micros) {
+	left := m.Amount
+	var total Micros
+	rows := make([]Entry, len(entries))
+	for i, e := range entries {
+		var notes []string
+		if e.Note != "" {
+			notes = append(notes, e.Note)
+		}
+		cost := e.Cost
+		if cost < 0 {
+			notes = append(notes, fmt.Sprintf("negative cost %s treated as 0", cost))
+			cost = 0
+		}
+		charged := min(cost, left)
+		if charged < cost {
+			// Never overdraw: the reservation was the promise to the
+			// account holder. The difference is the operator's loss, made
+			// visible.
+			if i == 0 {
+				notes = append(notes, fmt.Sprintf("capped: usage cost %s exceeded reservation %s", cost, m.Amount))
+			} else {
+				notes = append(notes, fmt.Sprintf("capped: usage cost %s exceeded the %s left of reservation %s", cost, left, m.Amount))
+			}
+		}
+		left -= charged
+		total += charged
+		e.Kind = KindCharge
+		if charged == 0 {
+			e.Kind = KindRelease
+		}
+		e.Account = m.Account
+		e.KeyID = firstNonEmpty(e.KeyID, m.KeyID)
+		e.Model = firstNonEmpty(e.Model, m.Model)
+		e.RequestID = firstNonEmpty(e.RequestID, m.RequestID)
+		e.Cost = charged
+		e.Note = strings.Join(notes, "; ")
+		if e.Time.IsZero() {
+			e.Time = now
+		}
+		rows[i] = e
+	}
+	return rows, total
+}
+
+// settleWrite queues job and waits for the batch that commits it. The
+// first Settle to find no batch op scheduled submits one; the op takes
+// every job pending when the writer starts it. It runs whatever the
+// submitter's context (others wait on it); a Settle whose context ends
+// before its job was taken withdraws the job and returns ctx.Err().
+func (s *sqlStore) settleWrite(ctx context.Context, what string, job *settleJob) error {
+	q := &s.settles
+	if q.add(job) {
+		go s.settleBatch(what, job.account)
+	}
+	select {
+	case <-job.done:
+	case <-ctx.Done():
+		if q.remove(job) {
+			return fmt.Errorf("%s: %w", what, ctx.Err())
+		}
+		<-job.done // taken: it commits, or fails, with its batch
+	}
+	return job.err
+}
+
+// settleBatch runs one batch op and delivers its outcome to the jobs it
+// took.
+func (s *sqlStore) settleBatch(what, account string) {
+	var taken []*settleJob
+	err := s.w.do(context.Background(), what, account, func(t *stx) error {
+		if taken == nil { // a re-run settles the same batch
+			taken = s.settles.take()
+		}
+		if len(taken) == 0 {
+			return nil
+		}
+		return s.runSettles(t, taken)
+	}, nil, s.d.settleBatch != "")
+	if taken == nil {
+		// Refused before it ran (the store is closing): fail what waits.
+		taken = s.settles.take()
+	}
+	for _, j := range taken {
+		if err != nil {
+			j.err = err
+		}
+		close(j.done)
+	}
+}
+
+// runSettles settles jobs in t, setting each job's results.
+func (s *sqlStore) runSettles(t *stx, jobs []*settleJob) error {
+	perAccount := map[string]Micros{}
+	for _, j := range jobs {
+		j.avail, j.lost, j.err = 0, false, nil
+		perAccount[j.account] += j.charged
+	}
+	accounts := make([]string, 0, len(perAccount))
+	for a := range perAccount {
+		accounts = append(accounts, a)
+	}
+	sort.Strings(accounts) // one lock order on every instance
+	avail := make(map[string]Micros, len(accounts))
+	if s.d.settleBatch != "" {
+		if err := s.runSettlesInOne(t, jobs, accounts, perAccount, avail); err != nil {
+			return err
+		}
+	} else {
+		var rows []Entry
+		for _, a := range accounts {
+			charged := int64(perAccount[a])
+			res, err := t.exec(s.st.leaseCharge, charged, s.leases.id, a, charged)
+			if err != nil {
+				return fmt.Errorf("charging lease of %q: %w", a, err)
+			}
+			if n, err := res.RowsAffected(); err != nil {
+				return err
+			} else if n == 0 {
+				continue // swept: lost
+			}
+			var av int64
+			if err := t.queryRow(s.st.accountCharge, charged, charged, a).Scan(&av); err != nil {
+				return fmt.Errorf("charging account %q: %w", a, err)
+			}
+			avail[a] = Micros(av)
+		}
+		for _, j := range jobs {
+			if _, ok := avail[j.account]; ok {
+				rows = append(rows, j.rows...)
+			}
+		}
+		if err := s.insertEntries(t, rows); err != nil {
+			return err
+		}
+	}
+	for _, j := range jobs {
+		av, ok := avail[j.account]
+		j.avail, j.lost = av, !ok
+	}
+	return nil
+}
+
+// ledgerColumns are the ledger's columns every insert names.
+const ledgerColumns = `kind, account_id, key_id, model, upstream_model, channel, request_id, tokens_in, tokens_out, cost, note, created_at`
+
+// maxInsertRows bounds the rows of one multi-row INSERT (12 placeholders
+// each, far below SQLite's limit).
+const maxInsertRows = 128
+
+// insertEntries writes rows with multi-row INSERTs, prepared once per row
+// count.
+func (s *sqlStore) insertEntries(t *stx, rows []Entry) error {
+	for len(rows) > 0 {
+		chunk := rows[:min(len(rows), maxInsertRows)]
+		rows = rows[len(chunk):]
+		st, err := s.insertStmt(t.ctx, len(chunk))
+		if err != nil {
+			return err
+		}
+		args := make([]any, 0, 12*len(chunk))
+		for _, e := range chunk {
+			args = append(args, e.Kind, e.Account, e.KeyID, e.Model, e.UpstreamModel, e.Channel, e.RequestID, e.TokensIn, e.TokensOut, int64(e.Cost), e.Note, toDB(e.Time))
+		}
+		if _, err := t.exec(st, args...); err != nil {
+			return fmt.Errorf("writing %d ledger rows: %w", len(chunk), err)
+		}
+	}
+	return nil
+}
+
+// insertStmt returns the prepared INSERT of n ledger rows.
+func (s *sqlStore) insertStmt(ctx context.Context, n int) (*sql.Stmt, error) {
+	s.inserts.mu.Lock()
+	defer s.inserts.mu.Unlock()
+	if st := s.inserts.byRows[n]; st != nil {
+		return st, nil
+	}
+	row := "(?" + strings.Repeat(", ?", 11) + ")"
+	st, err := s.db.PrepareContext(ctx, s.q(`INSERT INTO ledger (`+ledgerColumns+`) VALUES `+row+strings.Repeat(", "+row, n-1)))
+	if err != nil {
+		return nil, fmt.Errorf("preparing a %d-row ledger insert: %w", n, err)
+	}
+	if s.inserts.byRows == nil {
+		s.inserts.byRows = map[int]*sql.Stmt{}
+	}
+	s.inserts.byRows[n] = st
+	return st, nil
+}
+
+// runSettlesInOne is the batch as one PostgreSQL statement (settleBatchPG).
+func (s *sqlStore) runSettlesInOne(t *stx, jobs []*settleJob, accounts []string, perAccount, avail map[string]Micros) error {
+	charged := make([]int64, len(accounts))
+	for i, a := range accounts {
+		charged[i] = int64(perAccount[a])
+	}
+	var (
+		kind, account, key, model, upstream, channel, request, note []string
+		tokIn, tokOut, cost, created                                []int64
+	)
+	for _, j := range jobs {
+		for _, e := range j.rows {
+			kind, account, key, model = append(kind, e.Kind), append(account, e.Account), append(key, e.KeyID), append(model, e.Model)
+			upstream, channel, request = append(upstream, e.UpstreamModel), append(channel, e.Channel), append(request, e.RequestID)
+			tokIn, tokOut, cost = append(tokIn, e.TokensIn), append(tokOut, e.TokensOut), append(cost, int64(e.Cost))
+			note, created = append(note, e.Note), append(created, toDB(e.Time))
+		}
+	}
+	rs, err := t.queryText(s.d.settleBatch, s.leases.id, accounts, charged,
+		kind, account, key, model, upstream, channel, request, tokIn, tokOut, cost, note, created)
+	if err != nil {
+		return err
+	}
+	return eachRow(rs, func(rs *sql.Rows) error {
+		var (
+			a  string
+			av int64
+		)
+		err := rs.Scan(&a, &av)
+		avail[a] = Micros(av)
+		return err
+	})
+}
