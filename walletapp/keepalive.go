@@ -2,10 +2,14 @@ package walletapp
 
 import (
 	"context"
+	"fmt"
+	"runtime/debug"
 	"sync"
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/llmfailover/caddy-llm-failover/jobs"
 )
 
 // Keep-alive: a reservation expires reservation_ttl after it was made, and
@@ -101,8 +105,17 @@ func (h *storeHolder) extend() {
 // a third of lease_ttl has passed.
 const leaseRenewEvery = time.Second
 
-// renewer renews the store's leases until the holder stops. It stops
-// after the sweeper, which may still need leases for draining requests.
+// renewerStallLimit is how long the renewer may go without a successful
+// run before the sweeper's runs fail: leases not renewed stop being served
+// from (every request then waits for a grow), and the sweeper's heartbeat
+// is the one operators watch.
+const renewerStallLimit = 10 * leaseRenewEvery
+
+// renewer renews the store's leases until the holder stops, each tick a
+// run of the lease job (recorded, visible in /llm_failover/jobs, pinging
+// the heartbeats attached to it). It stops after the sweeper, which may
+// still need leases for draining requests. A panic is logged and the
+// renewer goes on.
 func (h *storeHolder) renewer() {
 	defer close(h.renewed)
 	t := time.NewTicker(leaseRenewEvery)
@@ -113,13 +126,45 @@ func (h *storeHolder) renewer() {
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err := h.store.Renew(ctx)
-		cancel()
-		if err != nil {
+		h.renewRecovering()
+	}
+}
+
+func (h *storeHolder) renewRecovering() {
+	defer func() {
+		if r := recover(); r != nil {
+			h.logger.Error("credit lease renewer panicked; it runs again at the next tick",
+				zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = h.leaseJob.Run(ctx, func(ctx context.Context) (jobs.Summary, error) {
+		if err := h.store.Renew(ctx); err != nil {
 			keepAliveTotal.WithLabelValues("error").Inc()
 			h.logger.Error("renewing credit leases failed; a lease that is not renewed in time is no longer served from",
 				zap.Error(err))
+			return "", err
 		}
+		return "renewed", nil
+	})
+}
+
+// renewerStalled reports, for the sweeper's run, a renewer that has not
+// succeeded for renewerStallLimit, so that one heartbeat (the sweeper's)
+// covers both jobs.
+func (h *storeHolder) renewerStalled(now time.Time) error {
+	st := h.leaseJob.Status(now)
+	since := st.LastSuccess
+	if since.IsZero() {
+		since = h.opened
 	}
+	if now.Sub(since) <= renewerStallLimit {
+		return nil
+	}
+	msg := "never succeeded"
+	if st.LastError != "" {
+		msg = "last error: " + st.LastError
+	}
+	return fmt.Errorf("credit lease renewer %s has not succeeded for %s (%s)", st.Name, now.Sub(since).Round(time.Second), msg)
 }

@@ -2,6 +2,7 @@ package walletapp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
+	"github.com/llmfailover/caddy-llm-failover/jobs"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
 )
 
@@ -79,11 +82,38 @@ func TestHolderRenewsLeases(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		acct, _ = st.Account(bg, "acme")
 	}
+	if st := caddykit.Jobs.Job(LeaseJobPrefix+"w", 0).Status(time.Now()); st.Runs == 0 || st.LastSuccess.IsZero() || st.Overdue {
+		t.Errorf("the renewer's job: %+v", st)
+	}
 	if acct.Balance != 1_000_000_000-30 {
 		t.Errorf("balance %s, want both entries charged", acct.Balance)
 	}
 	rows, err := st.Usage(bg, "acme", 0, 10)
 	if err != nil || len(rows) != 3 || !strings.Contains(rows[0].Note, "continuation") {
 		t.Errorf("ledger = %+v, %v", rows, err)
+	}
+}
+
+// The renewer's runs are a job of their own, and a renewer that stops
+// succeeding fails the sweeper's runs, whose heartbeat operators watch.
+func TestStalledRenewerFailsTheSweep(t *testing.T) {
+	reg := jobs.NewRegistry(nil)
+	h := &storeHolder{leaseJob: reg.Job(LeaseJobPrefix+"t", leaseRenewEvery), opened: time.Now()}
+	now := time.Now()
+	if err := h.renewerStalled(now); err != nil {
+		t.Fatalf("a renewer within its grace after open: %v", err)
+	}
+	if err := h.renewerStalled(now.Add(renewerStallLimit + time.Second)); err == nil || !strings.Contains(err.Error(), "never succeeded") {
+		t.Fatalf("a renewer that never ran: %v", err)
+	}
+	bg := context.Background()
+	_ = h.leaseJob.Run(bg, func(context.Context) (jobs.Summary, error) { return "renewed", nil })
+	if err := h.renewerStalled(time.Now()); err != nil {
+		t.Fatalf("just renewed: %v", err)
+	}
+	_ = h.leaseJob.Run(bg, func(context.Context) (jobs.Summary, error) { return "", errors.New("database gone") })
+	err := h.renewerStalled(time.Now().Add(renewerStallLimit + time.Second))
+	if err == nil || !strings.Contains(err.Error(), "database gone") || !strings.Contains(err.Error(), LeaseJobPrefix+"t") {
+		t.Fatalf("a renewer failing since its last success: %v", err)
 	}
 }

@@ -24,6 +24,10 @@ const SweepEvery = time.Minute
 // it by that name.
 const SweepJobPrefix = "wallet_sweep."
 
+// LeaseJobPrefix names the credit lease renewer's job (every second),
+// followed by the wallet's name.
+const LeaseJobPrefix = "wallet_leases."
+
 // drainLimit bounds how long a store no config uses waits for the
 // requests that entered it before it closes.
 const drainLimit = 10 * time.Minute
@@ -89,7 +93,8 @@ func (w *Wallet) open() (*storeHolder, error) {
 				return nil, err
 			}
 			h := &storeHolder{store: st, kind: w.backend.Kind(), logger: w.logger,
-				job:  caddykit.Jobs.Job(SweepJobPrefix+w.name, SweepEvery),
+				job:      caddykit.Jobs.Job(SweepJobPrefix+w.name, SweepEvery),
+				leaseJob: caddykit.Jobs.Job(LeaseJobPrefix+w.name, leaseRenewEvery), opened: time.Now(),
 				stop: make(chan struct{}), done: make(chan struct{}), renewed: make(chan struct{}), drained: make(chan struct{})}
 			h.live.noteTTL(w.ttl) // before the sweeper reads its tick
 			go h.sweeper()
@@ -200,12 +205,16 @@ func (w *Wallet) Heartbeat() (time.Time, string) {
 
 // storeHolder owns an open store, its sweeper and the requests in flight.
 type storeHolder struct {
-	store  wallet.Store
-	job    *jobs.Job // the sweeper's record and heartbeats
-	kind   string
-	logger *zap.Logger
-	stop   chan struct{}
-	done   chan struct{}
+	store wallet.Store
+	job   *jobs.Job // the sweeper's record and heartbeats
+	// leaseJob is the lease renewer's (keepalive.go); opened is when the
+	// store opened, the renewer's grace before its first success.
+	leaseJob *jobs.Job
+	opened   time.Time
+	kind     string
+	logger   *zap.Logger
+	stop     chan struct{}
+	done     chan struct{}
 	// renewed is closed when the lease renewer has stopped.
 	renewed chan struct{}
 	live    liveSet
@@ -276,6 +285,10 @@ func (h *storeHolder) sweep(ctx context.Context) (jobs.Summary, error) {
 		h.logger.Warn("released expired wallet reservations", zap.Int("count", n))
 	}
 	if err != nil {
+		return "", err
+	}
+	if err := h.renewerStalled(time.Now()); err != nil {
+		h.logger.Error("wallet sweep reports a stalled lease renewer", zap.Error(err))
 		return "", err
 	}
 	sweepHeartbeat.SetToCurrentTime()
