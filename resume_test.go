@@ -67,8 +67,9 @@ func TestResumeCutStreamDeliveredWhole(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := provider.EstimateTokens([]byte(strings.Join(pieces[:40], "")))
-	if journaled.Total != 1 || journaled.Decisions[0].DeliveredTokens != want || journaled.Decisions[0].Next != "b" {
-		t.Errorf("journal %+v, want one resumed decision with %d delivered tokens", journaled, want)
+	// The journal outlives configs: this request's decision is the newest.
+	if journaled.Total == 0 || journaled.Decisions[0].DeliveredTokens != want || journaled.Decisions[0].Next != "b" {
+		t.Errorf("journal %+v, want the newest resumed decision with %d delivered tokens", journaled, want)
 	}
 }
 

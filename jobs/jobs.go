@@ -113,7 +113,9 @@ func (r *Registry) Statuses() []Status {
 	r.mu.Unlock()
 	out := make([]Status, 0, len(jobs))
 	for _, j := range jobs {
-		out = append(out, j.Status(now))
+		if !j.retired() {
+			out = append(out, j.Status(now))
+		}
 	}
 	sort.Slice(out, func(a, b int) bool { return out[a].Name < out[b].Name })
 	return out
@@ -130,10 +132,47 @@ type Job struct {
 	created time.Time
 	running bool
 	st      Status
+	// owners counts the loops running the job (Acquire); acquired is set
+	// once one has, so that a job whose last owner released it is
+	// retired, and since is when the current owners started.
+	owners   int
+	acquired bool
+	since    time.Time
 }
 
 // Name is the job's name.
 func (j *Job) Name() string { return j.name }
+
+// Acquire records that one more loop runs the job (a wallet store's
+// sweeper, say), until its Release. A job that was acquired and whose
+// every owner has released it is retired: its store closed, so it is
+// never overdue and Statuses leaves it out, until it is acquired again
+// (a later config opening the same wallet), which starts its interval
+// afresh. Jobs never acquired are always listed.
+func (j *Job) Acquire() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.owners == 0 {
+		j.since = j.reg.now()
+	}
+	j.owners++
+	j.acquired = true
+}
+
+// Release ends one Acquire.
+func (j *Job) Release() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.owners > 0 {
+		j.owners--
+	}
+}
+
+func (j *Job) retired() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.acquired && j.owners == 0
+}
 
 // Summary describes one run for the heartbeat receivers: counts and
 // anything an operator reading the receiver's log wants to see. It must
@@ -202,10 +241,13 @@ func (j *Job) Status(now time.Time) Status {
 	if j.every > 0 && !s.LastStart.IsZero() {
 		s.NextDue = s.LastStart.Add(j.every)
 	}
-	if j.every > 0 && !j.running {
+	if j.every > 0 && !j.running && !(j.acquired && j.owners == 0) {
 		since := s.LastSuccess
 		if since.IsZero() {
 			since = j.created
+		}
+		if j.since.After(since) {
+			since = j.since // acquired again after a pause
 		}
 		s.Overdue = !since.IsZero() && now.Sub(since) > 2*j.every
 	}

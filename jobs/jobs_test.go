@@ -200,6 +200,44 @@ func TestOverdue(t *testing.T) {
 	}
 }
 
+// A job whose loops all stopped (its wallet store closed at a reload) is
+// retired: never overdue, not listed; acquired again, its interval
+// starts afresh.
+func TestRetiredJobIsNeverOverdue(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	reg := NewRegistry(nil)
+	reg.now = func() time.Time { return now }
+	job := reg.Job("leases", time.Second)
+	job.Acquire()
+	job.Acquire() // two configs overlapping during a reload
+	_ = job.Run(context.Background(), func(context.Context) (Summary, error) { return "", nil })
+	job.Release()
+	now = now.Add(time.Minute)
+	if st := reg.Statuses(); len(st) != 1 || !st[0].Overdue {
+		t.Fatalf("a job one owner still runs and that stopped succeeding: %+v", st)
+	}
+	job.Release()
+	if st := reg.Statuses(); len(st) != 0 {
+		t.Fatalf("a retired job is listed: %+v", st)
+	}
+	if job.Status(now).Overdue {
+		t.Fatal("a retired job is overdue")
+	}
+	job.Acquire()
+	if st := reg.Statuses(); len(st) != 1 || st[0].Overdue {
+		t.Fatalf("acquired again, the job gets a fresh interval: %+v", st)
+	}
+	now = now.Add(3 * time.Second)
+	if st := reg.Statuses(); !st[0].Overdue {
+		t.Fatalf("acquired again and not succeeding: %+v", st)
+	}
+	// Jobs never acquired are listed as before.
+	reg.Job("prober", time.Minute)
+	if st := reg.Statuses(); len(st) != 2 {
+		t.Fatalf("statuses %+v", st)
+	}
+}
+
 func TestPanicIsRecordedAndReraised(t *testing.T) {
 	reg := NewRegistry(nil)
 	job := reg.Job("p", 0)

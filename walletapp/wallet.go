@@ -97,6 +97,10 @@ func (w *Wallet) open() (*storeHolder, error) {
 				leaseJob: caddykit.Jobs.Job(LeaseJobPrefix+w.name, leaseRenewEvery), opened: time.Now(),
 				stop: make(chan struct{}), done: make(chan struct{}), renewed: make(chan struct{}), drained: make(chan struct{})}
 			h.live.noteTTL(w.ttl) // before the sweeper reads its tick
+			// Released when the store closes: a closed store's jobs
+			// are retired, never overdue (see jobs.Job.Acquire).
+			h.job.Acquire()
+			h.leaseJob.Acquire()
 			go h.sweeper()
 			go h.renewer()
 			return h, nil
@@ -320,6 +324,8 @@ func (h *storeHolder) Destruct() error {
 		if err := h.store.Close(); err != nil {
 			h.logger.Error("closing wallet store", zap.Error(err))
 		}
+		h.job.Release()
+		h.leaseJob.Release()
 	}()
 	return nil
 }
