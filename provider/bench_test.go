@@ -98,3 +98,16 @@ func BenchmarkClassify(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkMeterBody is the usage read of every billed chat answer.
+func BenchmarkMeterBody(b *testing.B) {
+	body := []byte(`{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"` + strings.Repeat("Hello there. ", 30) + `"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21}}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		m := OpenAIChat.NewMeter()
+		m.Body(body)
+		if !m.Usage().OutputKnown {
+			b.Fatal("no usage")
+		}
+	}
+}

@@ -129,6 +129,11 @@ func TestMeterBodies(t *testing.T) {
 		{"error body", OpenAIChat, `{"error":{"message":"Rate limit","type":"requests","code":"rate_limit_exceeded"}}`, Usage{0, 0, false, false}},
 		{"garbage", AnthropicMessages, `{"usage": oops`, Usage{0, 0, false, false}},
 		{"null usage", OpenAIChat, `{"choices":[],"usage":null}`, Usage{0, 0, false, false}},
+		{"usage nested only", OpenAIChat, `{"choices":[{"usage":{"prompt_tokens":1}}]}`, Usage{0, 0, false, false}},
+		{"last usage wins", OpenAIChat, `{"usage":{"prompt_tokens":1,"completion_tokens":2},"usage":{"prompt_tokens":3,"completion_tokens":4}}`, Usage{3, 4, true, true}},
+		{"broken after usage", OpenAIChat, `{"usage":{"prompt_tokens":1,"completion_tokens":2},"x":}`, Usage{0, 0, false, false}},
+		{"trailing garbage", OpenAIChat, `{"usage":{"prompt_tokens":1,"completion_tokens":2}} x`, Usage{0, 0, false, false}},
+		{"usage not an object", OpenAIChat, `{"usage":7}`, Usage{0, 0, false, false}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
