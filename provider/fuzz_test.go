@@ -225,3 +225,44 @@ func FuzzDeliveredContent(f *testing.F) {
 		}
 	})
 }
+
+// FuzzOpenAIUsage: the one-walk usage read agrees with unmarshalling the
+// whole document, wherever the two can agree (json.Unmarshal also matches
+// keys case-insensitively and decodes escaped keys; the walk takes the
+// literal key "usage" only, which is what every provider sends).
+func FuzzOpenAIUsage(f *testing.F) {
+	for _, s := range []string{
+		`{"id":"x","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":12}}`,
+		`{"usage":null}`, `{"usage":{"prompt_tokens":1},"usage":{"completion_tokens":2}}`,
+		`{"choices":[{"usage":{"prompt_tokens":1}}]}`, `{"usage":{"prompt_tokens":1}} x`,
+		`{"usage":{"prompt_tokens":1.5}}`, `{"usage":7}`, `[{"usage":{}}]`, `{"a":tru,"usage":{"prompt_tokens":1}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var got Usage
+		openAIUsageBody(&got, data)
+		// Outside the usage value the walk is structural only, so the
+		// two are compared on valid documents.
+		if bytes.IndexByte(data, '\\') >= 0 || !json.Valid(data) {
+			return
+		}
+		if keys, ok := topLevelKeys(data); ok {
+			for _, k := range keys {
+				if strings.EqualFold(k, "usage") && k != "usage" {
+					return
+				}
+			}
+		}
+		var want Usage
+		var c struct {
+			Usage *openAIUsage `json:"usage"`
+		}
+		if json.Unmarshal(data, &c) == nil && c.Usage != nil {
+			want.set(c.Usage.PromptTokens, c.Usage.CompletionTokens)
+		}
+		if got != want {
+			t.Fatalf("walk %+v, unmarshal %+v for %q", got, want, data)
+		}
+	})
+}

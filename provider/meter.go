@@ -105,23 +105,40 @@ type openAIUsage struct {
 // It runs on every billed answer and every chunk of a billed stream, so it
 // walks the object once (jsonscan) and decodes only the usage value:
 // unmarshalling the whole answer cost about a tenth of a billed request.
-// Like json.Unmarshal, it takes nothing from malformed JSON.
+// The walk checks the document's structure, not every literal outside
+// the usage value, which is decoded strictly: a report from an answer
+// broken elsewhere counts like any upstream report (the wallet bounds
+// every report by the reservation).
 func openAIUsageBody(u *Usage, data []byte) {
 	it, ok := jsonscan.Object(data)
 	if !ok {
 		return
 	}
-	var usage []byte
+	var usages [][]byte // almost always one
 	for key, ok := it.Next(); ok; key, ok = it.Next() {
 		if string(key) == "usage" {
-			usage = it.Value() // the last one wins, as in json.Unmarshal
+			usages = append(usages, it.Value())
 		}
 	}
-	if !it.Finished() || usage == nil || jsonscan.IsNull(usage) {
+	if !it.Finished() || usages == nil {
 		return
 	}
-	var c openAIUsage
-	if json.Unmarshal(usage, &c) == nil {
+	// Repeated keys decode as json.Unmarshal does: into the same value,
+	// in order, a null starting it over.
+	var c *openAIUsage
+	for _, v := range usages {
+		if jsonscan.IsNull(v) {
+			c = nil
+			continue
+		}
+		if c == nil {
+			c = new(openAIUsage)
+		}
+		if json.Unmarshal(v, c) != nil {
+			return
+		}
+	}
+	if c != nil {
 		u.set(c.PromptTokens, c.CompletionTokens)
 	}
 }

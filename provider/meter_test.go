@@ -131,6 +131,7 @@ func TestMeterBodies(t *testing.T) {
 		{"null usage", OpenAIChat, `{"choices":[],"usage":null}`, Usage{0, 0, false, false}},
 		{"usage nested only", OpenAIChat, `{"choices":[{"usage":{"prompt_tokens":1}}]}`, Usage{0, 0, false, false}},
 		{"last usage wins", OpenAIChat, `{"usage":{"prompt_tokens":1,"completion_tokens":2},"usage":{"prompt_tokens":3,"completion_tokens":4}}`, Usage{3, 4, true, true}},
+		{"repeated usage merges", OpenAIChat, `{"usage":{"prompt_tokens":1},"usage":{"completion_tokens":2}}`, Usage{1, 2, true, true}},
 		{"broken after usage", OpenAIChat, `{"usage":{"prompt_tokens":1,"completion_tokens":2},"x":}`, Usage{0, 0, false, false}},
 		{"trailing garbage", OpenAIChat, `{"usage":{"prompt_tokens":1,"completion_tokens":2}} x`, Usage{0, 0, false, false}},
 		{"usage not an object", OpenAIChat, `{"usage":7}`, Usage{0, 0, false, false}},
