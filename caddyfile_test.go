@@ -211,6 +211,15 @@ func TestCaddyfileMistakesNameTheLine(t *testing.T) {
 			route a
 			route a cost 1 2
 		}`, `model "m" routes channel "a" twice, at Testfile:5`},
+		{"unknown openai continuation", `
+		channel a http://127.0.0.1:9000 {
+			provider openai {
+				continuation on
+			}
+		}
+		model m {
+			route a
+		}`, `channel "a": provider: openai: continuation "on": want one of prefix, continue_final_message, prefill, at Testfile:2`},
 		{"channel defined twice", good + `
 		channel a http://127.0.0.1:9001`, `channel "a" is defined twice, at Testfile:6`},
 		{"repeated breaker option", good + `

@@ -203,6 +203,13 @@ func decodeAdapter(raw json.RawMessage) (provider.Adapter, error) {
 	if !ok {
 		return nil, fmt.Errorf("module %q is not a provider adapter", which.Name)
 	}
+	// The adapter's own option checks, here too so that the Caddyfile
+	// parser can name the line.
+	if v, ok := mod.(caddy.Validator); ok {
+		if err := v.Validate(); err != nil {
+			return nil, fmt.Errorf("%s: %w", which.Name, err)
+		}
+	}
 	return adapter, nil
 }
 

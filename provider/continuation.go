@@ -2,10 +2,10 @@ package provider
 
 import (
 	"fmt"
-	"net/url"
 	"slices"
 	"strings"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/llmfailover/caddy-llm-failover/internal/jsonscan"
 )
@@ -40,14 +40,16 @@ func (o OpenAI) CanContinue(api API) bool {
 	return api == AnthropicMessages || api == OpenAIChat && o.Continuation != ""
 }
 
-// CheckBaseURL refuses an unknown continuation option and a base path
-// ending in /v1.
-func (o OpenAI) CheckBaseURL(u *url.URL) error {
+// Validate refuses an unknown continuation option (Caddy calls it when it
+// loads the module; the configuration check, for the Caddyfile's line).
+func (o OpenAI) Validate() error {
 	if o.Continuation != "" && !slices.Contains(continuations, o.Continuation) {
-		return fmt.Errorf("openai continuation %q: want one of %s", o.Continuation, strings.Join(continuations, ", "))
+		return fmt.Errorf("continuation %q: want one of %s", o.Continuation, strings.Join(continuations, ", "))
 	}
-	return o.passThrough.CheckBaseURL(u)
+	return nil
 }
+
+var _ caddy.Validator = OpenAI{}
 
 // UnmarshalCaddyfile sets up the adapter from `provider openai { ... }`.
 func (o *OpenAI) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {

@@ -225,6 +225,9 @@ func TestOpenAIContinuationConfig(t *testing.T) {
 		var o OpenAI
 		err := o.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in))
 		if err == nil {
+			err = o.Validate()
+		}
+		if err == nil {
 			err = o.CheckBaseURL(base)
 		}
 		if (err == nil) != (want == "") || err != nil && !strings.Contains(err.Error(), want) {
