@@ -48,9 +48,9 @@ type resumeState struct {
 func (rs *resumeState) sending() bool { return rs != nil && rs.tries > 0 }
 
 // resumeMode is the model's stream_resume, or the handler's.
-func (h *Handler) resumeMode(x *exchange) string {
-	if x.model.resume != "" {
-		return x.model.resume
+func (h *Handler) resumeMode(m *model) string {
+	if m.resume != "" {
+		return m.resume
 	}
 	return h.StreamResume
 }
@@ -67,11 +67,7 @@ func (h *Handler) mayResume(x *exchange) bool {
 // continue them. Otherwise no request of m holds money for a
 // continuation that cannot happen.
 func (h *Handler) resumableAPIs(m *model) (out [provider.NumAPIs]bool) {
-	mode := m.resume
-	if mode == "" {
-		mode = h.StreamResume
-	}
-	if mode != resumeContinue {
+	if h.resumeMode(m) != resumeContinue {
 		return out
 	}
 	for api, c := range m.byAPI {
@@ -100,7 +96,7 @@ func (h *Handler) watchForResume(x *exchange, opts *streamgate.Options, d stream
 		return d
 	}
 	x.resume = nil
-	if h.resumeMode(x) != resumeContinue || (x.bill != nil && !x.bill.resumable) {
+	if h.resumeMode(x.model) != resumeContinue || (x.bill != nil && !x.bill.resumable) {
 		return d
 	}
 	t := x.api.NewTranscript(resumeTextCap(x))

@@ -114,13 +114,14 @@ func openAIUsageBody(u *Usage, data []byte) {
 	if !ok {
 		return
 	}
-	var usages [][]byte // almost always one
+	var one [1][]byte
+	usages := one[:0] // almost always one: no allocation
 	for key, ok := it.Next(); ok; key, ok = it.Next() {
 		if string(key) == "usage" {
 			usages = append(usages, it.Value())
 		}
 	}
-	if !it.Finished() || usages == nil {
+	if !it.Finished() || len(usages) == 0 {
 		return
 	}
 	// Repeated keys decode as json.Unmarshal does: into the same value,

@@ -16,10 +16,12 @@ import (
 // the sweeper releases it uncharged, so a request that outlives the TTL (a
 // long stream: the client decides how long it lasts) would be free. Each
 // store therefore keeps the reservations of its live requests from
-// expiring: every TTL/3 one batched UPDATE per TTL moves them all another
-// TTL ahead. A live request costs a map insert and delete, not a ticker or a
-// statement of its own; a crashed instance stops extending, so its
-// reservations expire and are swept as before.
+// expiring: every TTL/3 one Extend per TTL moves them all another TTL
+// ahead (in the store's memory, where lease-served reservations live; the
+// lease rows themselves are kept by the renewer below). A live request
+// costs a map insert and delete, not a ticker of its own; a request that
+// exited without settling (its settlement failed) is no longer extended,
+// so its reservation expires and is swept, as after a crash.
 
 // liveSet is the reservations a store's live requests hold, by ID, with
 // each one's wallet TTL.
