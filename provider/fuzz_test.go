@@ -236,6 +236,11 @@ func FuzzOpenAIUsage(f *testing.F) {
 		`{"usage":null}`, `{"usage":{"prompt_tokens":1},"usage":{"completion_tokens":2}}`,
 		`{"choices":[{"usage":{"prompt_tokens":1}}]}`, `{"usage":{"prompt_tokens":1}} x`,
 		`{"usage":{"prompt_tokens":1.5}}`, `{"usage":7}`, `[{"usage":{}}]`, `{"a":tru,"usage":{"prompt_tokens":1}}`,
+		// The usage object's own fast decode against json's rules.
+		`{"usage":{"PROMPT_TOKENS":3,"Completion_Tokens":null,"completion_tokens":4,"details":{"a":[1,{"b":2}]}}}`,
+		`{"usage":{"prompt_tokens":9223372036854775808}}`, `{"usage":{"prompt_tokens":-0,"completion_tokens":1e2}}`,
+		`{"usage":{"prompt_toKens":5}}`, `{"usage":{"prompt_tokens":"5"}}`, `{"usage":{"prompt_tokens":01}}`,
+		`{"usage":{"completion_tokens":2,"completion_tokens":null}}`, `{"usage":{"prompt_tokens":1,}}`,
 	} {
 		f.Add([]byte(s))
 	}

@@ -3,6 +3,7 @@ package provider
 import (
 	"bytes"
 	"encoding/json"
+	"strconv"
 
 	"github.com/llmfailover/caddy-llm-failover/internal/jsonscan"
 	"github.com/llmfailover/caddy-llm-failover/streamgate"
@@ -60,15 +61,22 @@ func (m *Meter) Event(ev streamgate.Event) {
 }
 
 // Body feeds a complete non-streaming JSON response body.
+//
+// The delivered-content estimate is only read when the output count is
+// unknown (see DeliveredTokens), and a whole body is fed once: a body
+// whose report is complete skips it.
 func (m *Meter) Body(body []byte) {
-	m.format.content.feed(&m.content, body)
 	if bytes.Contains(body, usageKey) {
 		m.format.body(&m.u, body)
+	}
+	if !m.Usage().OutputKnown {
+		m.format.content.feed(&m.content, body)
 	}
 }
 
 // DeliveredTokens estimates the output tokens of the content seen so far
-// (see TokenEstimator), for when the upstream reported no output count.
+// (see TokenEstimator), for when the upstream reported no output count;
+// after a Body whose report was complete it is 0.
 func (m *Meter) DeliveredTokens() int64 { return m.content.Tokens() }
 
 // Usage returns what the upstream reported so far.
@@ -135,13 +143,106 @@ func openAIUsageBody(u *Usage, data []byte) {
 		if c == nil {
 			c = new(openAIUsage)
 		}
-		if json.Unmarshal(v, c) != nil {
+		if !c.decode(v) && json.Unmarshal(v, c) != nil {
 			return
 		}
 	}
 	if c != nil {
 		u.set(c.PromptTokens, c.CompletionTokens)
 	}
+}
+
+// decode is json.Unmarshal(v, c) for the usage objects upstreams send:
+// ASCII keys without escapes, the two counts integers or null, every
+// other member skipped. It reports false, having changed nothing, for
+// anything else (escaped or non-ASCII keys, which json matches by Unicode
+// case folding; a count that is a float, a string or out of range, which
+// json refuses), so that the caller can leave it to json.Unmarshal. v is
+// a value the caller's walk delimited; as there, members it skips are
+// checked for structure only.
+func (c *openAIUsage) decode(v []byte) bool {
+	it, ok := jsonscan.Object(v)
+	if !ok {
+		return false
+	}
+	in, out := c.PromptTokens, c.CompletionTokens
+	for key, ok := it.Next(); ok; key, ok = it.Next() {
+		var dst **int64
+		switch {
+		case !plainKey(key):
+			return false
+		case asciiEqualFold(key, "prompt_tokens"):
+			dst = &in
+		case asciiEqualFold(key, "completion_tokens"):
+			dst = &out
+		default:
+			continue // Next skips the value
+		}
+		n, null, ok := jsonInt64(it.Value())
+		switch {
+		case !ok:
+			return false
+		case null:
+			*dst = nil
+		default:
+			*dst = &n
+		}
+	}
+	if !it.Finished() {
+		return false
+	}
+	c.PromptTokens, c.CompletionTokens = in, out
+	return true
+}
+
+// plainKey: every byte printable ASCII, no escape.
+func plainKey(k []byte) bool {
+	for _, b := range k {
+		if b < 0x20 || b >= 0x80 || b == '\\' {
+			return false
+		}
+	}
+	return true
+}
+
+// asciiEqualFold compares an ASCII key with a lower-case name as json
+// matches field names: exactly, or ignoring ASCII case.
+func asciiEqualFold(k []byte, name string) bool {
+	if len(k) != len(name) {
+		return false
+	}
+	for i, b := range k {
+		if 'A' <= b && b <= 'Z' {
+			b += 'a' - 'A'
+		}
+		if b != name[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// jsonInt64 reads a JSON null or an integer literal that fits int64 (what
+// json.Unmarshal puts in an *int64 without error); ok is false for
+// anything else.
+func jsonInt64(v []byte) (n int64, null, ok bool) {
+	if string(v) == "null" {
+		return 0, true, true
+	}
+	d := v
+	if len(d) > 0 && d[0] == '-' {
+		d = d[1:]
+	}
+	if len(d) == 0 || len(d) > 1 && d[0] == '0' {
+		return 0, false, false
+	}
+	for _, b := range d {
+		if b < '0' || b > '9' {
+			return 0, false, false
+		}
+	}
+	n, err := strconv.ParseInt(string(v), 10, 64)
+	return n, false, err == nil
 }
 
 var (
