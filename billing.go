@@ -288,13 +288,20 @@ func (b *bill) attemptFailed(channel, upstreamModel, reason string) {
 // served (nothing when none did), or of a resumed answer's two attempts in
 // two rows, and releases the rest. It runs exactly once, deferred, so
 // panics and client disconnects settle too.
+//
+// The rows are decided here; their write happens after the handler
+// returns, so that the client's answer completes (and its connection
+// takes the next request) without waiting for the store, and the store
+// can commit many settlements together (wallet.settleGather). The request
+// keeps its place in the wallet (Enter) until the write is done, so a
+// reload never closes the store under it; the reservation holds its money
+// until then, so nothing can be spent twice.
 func (b *bill) close() {
 	// b is nil when on_store_error allow admitted the request unbilled.
 	if b == nil || b.closed || b.free {
 		return
 	}
 	b.closed = true
-	defer b.live()
 	// Nothing served: a release row.
 	entries := []wallet.Entry{{Account: b.res.Account, KeyID: b.res.KeyID, Model: b.res.Model, RequestID: b.res.RequestID}}
 	if answers := b.answers(); len(answers) > 0 {
@@ -303,13 +310,26 @@ func (b *bill) close() {
 			entries = append(entries, b.entry(a))
 		}
 	}
+	// The client may be gone; the settlement must still happen.
+	ctx := context.WithoutCancel(b.x.r.Context())
+	exit := b.rt.w.Enter()
+	go func() {
+		defer exit()
+		defer b.live()
+		b.settle(ctx, entries)
+	}()
+}
+
+// settle writes a closed bill's ledger rows, and logs and counts the
+// outcome.
+func (b *bill) settle(ctx context.Context, entries []wallet.Entry) {
 	var cost wallet.Micros
 	for _, e := range entries {
 		cost += e.Cost
 	}
-	// The client may be gone; the settlement must still happen.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(b.x.r.Context()), 30*time.Second)
-	defer cancel()
+	// No deadline of its own: the settlement joins the store's next batch,
+	// whose statements the store bounds (statement_timeout, busy_timeout),
+	// and the request keeps the store open until it ends.
 	charged, err := b.rt.w.Settle(ctx, b.res.ID, entries[0], entries[1:]...)
 	switch {
 	case errors.Is(err, wallet.ErrNotFound):

@@ -615,13 +615,9 @@ func (h *Handler) writeAnswer(x *exchange, ch *channel, res *http.Response, body
 	if _, err := x.w.Write(body); err != nil {
 		return attemptResult{done: true, clientGone: true}
 	}
-	if x.bill != nil {
-		// The answer is whole: send it now rather than when the handler
-		// returns, so that the client does not wait for the settlement
-		// (a database write) that follows. A writer that cannot flush
-		// sends it at the end, as before.
-		_ = http.NewResponseController(x.w).Flush()
-	}
+	// Not flushed: the handler returns at once (a billed answer's
+	// settlement is written after it, see bill.close), and the server
+	// sends headers and body in one write.
 	return attemptResult{done: true}
 }
 

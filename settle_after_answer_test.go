@@ -2,6 +2,7 @@ package llmfailover
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"path/filepath"
 	"testing"
@@ -13,9 +14,11 @@ import (
 )
 
 // A billed non-streaming answer reaches the client before its settlement
-// commits: with the wallet's SQLite file locked by another connection,
-// the client still gets the whole answer at once, and the charge row
-// lands once the lock goes.
+// commits, and the handler does not wait for it either: with the
+// wallet's SQLite file locked by another connection, a client still gets
+// two answers at once on one connection (the second is only read once
+// the first's handler returned), and both charge rows land once the lock
+// goes.
 func TestBilledAnswerReachesClientBeforeSettlement(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "w.db")
 	a := upstream(t, fu.OKNamed("a").WithUsage(10, 5))
@@ -56,15 +59,35 @@ func TestBilledAnswerReachesClientBeforeSettlement(t *testing.T) {
 		if _, err := tx.Exec(`UPDATE accounts SET created_at = created_at WHERE id = 'acct'`); err != nil {
 			t.Fatal(err)
 		}
-		answered := make(chan int, 1)
+		answered := make(chan int, 2)
 		go func() {
-			res, _ := post(t, "/v1/chat/completions", body, bearer(secret)...)
-			answered <- res.StatusCode
+			// One connection: the second request waits for the first's
+			// handler to return.
+			client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxConnsPerHost: 1}}
+			defer client.CloseIdleConnections()
+			for range 2 {
+				status := 0
+				if res, err := client.Do(newPost(t, context.Background(), "/v1/chat/completions", body, bearer(secret)...)); err == nil {
+					_, _ = io.Copy(io.Discard, res.Body)
+					res.Body.Close()
+					status = res.StatusCode
+				}
+				answered <- status
+			}
 		}()
 		select {
 		case status := <-answered:
 			if status != http.StatusOK {
 				t.Fatalf("status %d", status)
+			}
+			select {
+			case status := <-answered:
+				if status != http.StatusOK {
+					t.Fatalf("second answer: status %d", status)
+				}
+			case <-time.After(3 * time.Second):
+				_ = tx.Rollback()
+				t.Fatal("the second request on the connection waited for the first's settlement")
 			}
 			if n := charges(); n != before {
 				t.Fatalf("the charge committed under the lock (%d rows, were %d)", n, before)
@@ -72,15 +95,17 @@ func TestBilledAnswerReachesClientBeforeSettlement(t *testing.T) {
 			if err := tx.Rollback(); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, 10*time.Second, "the charge row after the lock", func() bool { return charges() == before+1 })
+			eventually(t, 10*time.Second, "the charge rows after the lock", func() bool { return charges() == before+2 })
 			waitUnreserved(t, "acct")
 			auditClean(t)
 			return
 		case <-time.After(3 * time.Second):
 			upstreamGotIt := a.Hits() > hitsBefore
 			_ = tx.Rollback()
-			if status := <-answered; status == http.StatusOK {
-				served++
+			for range 2 {
+				if status := <-answered; status == http.StatusOK {
+					served++
+				}
 			}
 			if upstreamGotIt {
 				t.Fatal("the upstream answered, but the client waited for the settlement")

@@ -71,7 +71,7 @@ func (w *Wallet) ReservationTTL() time.Duration { return w.ttl }
 // AdmissionContext bounds a request's admission (Authenticate and
 // Reserve) by the wallet's admission timeout.
 func (w *Wallet) AdmissionContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, w.admissionTimeout)
+	return withLazyDeadline(ctx, time.Now().Add(w.admissionTimeout))
 }
 
 // Store opens the wallet's store, once, or shares the one already open on
