@@ -16,10 +16,14 @@ type lazyDeadline struct {
 	context.Context // the parent, for Value
 	deadline        time.Time
 
-	mu     sync.Mutex
-	real   context.Context // once made: the deadline, or a canceled context after stop
-	cancel context.CancelFunc
+	mu      sync.Mutex
+	real    context.Context // made by the first Done before stop
+	cancel  context.CancelFunc
+	stopped bool // stop ran before any Done: nothing to stop, Done is closed
 }
+
+// closed is the Done of a lazyDeadline stopped before anything waited.
+var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 var _ context.Context = (*lazyDeadline)(nil)
 
@@ -35,6 +39,10 @@ func (c *lazyDeadline) Deadline() (time.Time, bool) { return c.deadline, true }
 
 func (c *lazyDeadline) Done() <-chan struct{} {
 	c.mu.Lock()
+	if c.stopped {
+		c.mu.Unlock()
+		return closed
+	}
 	if c.real == nil {
 		c.real, c.cancel = context.WithDeadline(c.Context, c.deadline)
 	}
@@ -45,10 +53,13 @@ func (c *lazyDeadline) Done() <-chan struct{} {
 
 func (c *lazyDeadline) Err() error {
 	c.mu.Lock()
-	r := c.real
+	r, stopped := c.real, c.stopped
 	c.mu.Unlock()
 	if r != nil {
 		return r.Err()
+	}
+	if stopped {
+		return context.Canceled
 	}
 	if err := c.Context.Err(); err != nil {
 		return err
@@ -64,7 +75,9 @@ func (c *lazyDeadline) Err() error {
 func (c *lazyDeadline) stop() {
 	c.mu.Lock()
 	if c.real == nil {
-		c.real, c.cancel = context.WithCancel(c.Context)
+		c.stopped = true
+		c.mu.Unlock()
+		return
 	}
 	cancel := c.cancel
 	c.mu.Unlock()

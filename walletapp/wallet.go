@@ -96,6 +96,7 @@ func (w *Wallet) open() (*storeHolder, error) {
 				job:      caddykit.Jobs.Job(SweepJobPrefix+w.name, SweepEvery),
 				leaseJob: caddykit.Jobs.Job(LeaseJobPrefix+w.name, leaseRenewEvery), opened: time.Now(),
 				stop: make(chan struct{}), done: make(chan struct{}), renewed: make(chan struct{}), drained: make(chan struct{})}
+			h.exitFunc = h.exit   // made once: a method value per request allocates
 			h.live.noteTTL(w.ttl) // before the sweeper reads its tick
 			// Released when the store closes: a closed store's jobs
 			// are retired, never overdue (see jobs.Job.Acquire).
@@ -136,7 +137,7 @@ func (w *Wallet) Enter() (exit func()) {
 		return func() {}
 	}
 	h.enter()
-	return h.exit
+	return h.exitFunc
 }
 
 // Authenticate finds the key a client presented.
@@ -222,6 +223,8 @@ type storeHolder struct {
 	// renewed is closed when the lease renewer has stopped.
 	renewed chan struct{}
 	live    liveSet
+
+	exitFunc func() // exit, for Enter
 
 	mu       sync.Mutex
 	inflight int
