@@ -13,8 +13,10 @@
 # prints medians, ratios and differences (bench/report): llm_failover
 # against reverse_proxy (B/A), and wallet on against wallet off (C/B).
 # With BENCH_INSTANCES=N (PostgreSQL only), N-1 more Caddy processes serve
-# site C on the same database, and each repetition also loads all N at once
-# with the clients split over them: the fleet against one instance.
+# sites B and C (C on the same database), and each repetition also loads
+# all N at once with the clients split over them, site B (the control:
+# what the machine gives N processes with no database) and then site C:
+# each fleet against one instance.
 #
 # Caddy is pinned to CPU 0 with GOMAXPROCS=1 (the "on one core" target);
 # the load generator and the upstream share CPU 1. Pinning is skipped when
@@ -40,18 +42,19 @@
 #                    scripts/pg-test-server.sh start; target
 #                    llm_failover+wallet_pg) or "off" (no site C: A and B
 #                    only, as before)
-#   BENCH_INSTANCES  with BENCH_WALLET=postgres: run site C on this many
-#                    Caddy processes (default 1, at most 9) sharing the
-#                    database, instance k pinned to CPU (k-1) mod CPUs;
-#                    target <N>x<site C's target>, instance k labelled /k;
-#                    the one-instance runs of site C are the baseline
+#   BENCH_INSTANCES  with BENCH_WALLET=postgres: run sites B and C on this
+#                    many Caddy processes (default 1, at most 9), site C's
+#                    sharing the database, instance k pinned to CPU (k-1)
+#                    mod CPUs; targets <N>xllm_failover and <N>x<site C's
+#                    target>, instance k labelled /k; the one-instance
+#                    runs of each site are its baseline
 #   BENCH_PG_PID     PostgreSQL's postmaster, whose CPU time (with its
 #                    backends') is measured per request; default: found in
 #                    /proc from the DSN's port (a server on this machine)
 #   BENCH_PORT       first of the ports used (default 18080): +1 site A,
 #                    +2 site B, +3 site C, +10 upstream, +19 Caddy admin;
 #                    instance k >= 2 of BENCH_INSTANCES: +20+k site C,
-#                    +30+k its admin
+#                    +30+k its admin, +40+k site B
 #   BENCH_PROFILE    "json", "stream" or both: after the runs, take a 10 s
 #                    CPU profile of Caddy during an llm_failover load (and,
 #                    with a wallet, another during an llm_failover+wallet
@@ -106,19 +109,23 @@ case "$INSTANCES" in
 [1-9]) ;;
 *) die "BENCH_INSTANCES: want 1 to 9, got '$INSTANCES'" ;;
 esac
-FLEET_TARGET=""
+# FLEETS: the targets also run on all the instances at once: site C, and
+# site B without a wallet as the control (what the machine itself allows
+# N processes, with no shared database).
+FLEET_TARGET="" FLEETS=""
 if [ "$INSTANCES" -gt 1 ]; then
 	[ "$WALLET" = postgres ] || die "BENCH_INSTANCES=$INSTANCES needs BENCH_WALLET=postgres: the instances share the wallet's database"
 	[ "$CONC" -ge "$INSTANCES" ] || die "BENCH_CONC=$CONC is fewer clients than BENCH_INSTANCES=$INSTANCES"
 	FLEET_TARGET="${INSTANCES}x$TARGET_C"
+	FLEETS="llm_failover $TARGET_C"
 fi
-# Site C's port and admin port of every instance (index 1 is the Caddy
-# that also serves A and B).
-PORTS_C=("" "$PORT_C") PORTS_ADMIN=("" "$PORT_ADMIN")
+# Sites B's and C's ports and the admin port of every instance (index 1
+# is the Caddy that also serves A).
+PORTS_B=("" "$PORT_B") PORTS_C=("" "$PORT_C") PORTS_ADMIN=("" "$PORT_ADMIN")
 for k in $(seq 2 "$INSTANCES"); do
-	PORTS_C[k]=$((PORT + 20 + k)) PORTS_ADMIN[k]=$((PORT + 30 + k))
+	PORTS_C[k]=$((PORT + 20 + k)) PORTS_ADMIN[k]=$((PORT + 30 + k)) PORTS_B[k]=$((PORT + 40 + k))
 done
-for p in "$PORT_A" "$PORT_B" "$PORT_UP" "${PORTS_C[@]:1}" "${PORTS_ADMIN[@]:1}"; do
+for p in "$PORT_A" "$PORT_B" "$PORT_UP" "${PORTS_C[@]:1}" "${PORTS_ADMIN[@]:1}" "${PORTS_B[@]:2}"; do
 	if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
 		die "port $p is already in use (set BENCH_PORT)"
 	fi
@@ -192,8 +199,12 @@ http://127.0.0.1:$PORT_A {
 	}
 }
 
+EOF
+site_b() { # site_b PORT: the handler under test, defaults otherwise (stream gate on)
+	cat <<EOF
+
 # Site B: the handler under test, defaults otherwise (stream gate on).
-http://127.0.0.1:$PORT_B {
+http://127.0.0.1:$1 {
 	bind 127.0.0.1
 	llm_failover {
 		channel up http://127.0.0.1:$PORT_UP
@@ -203,6 +214,8 @@ http://127.0.0.1:$PORT_B {
 	}
 }
 EOF
+}
+site_b "$PORT_B" >>"$WORK/Caddyfile"
 
 site_c() { # site_c PORT: site B plus a prepaid wallet
 	cat <<EOF
@@ -222,7 +235,7 @@ http://127.0.0.1:$1 {
 EOF
 }
 [ -z "$TARGET_C" ] || site_c "$PORT_C" >>"$WORK/Caddyfile"
-# The other instances of site C: the same wallet, nothing else.
+# The other instances of sites B and C: the same wallet, nothing else.
 for k in $(seq 2 "$INSTANCES"); do
 	{
 		cat <<EOF
@@ -235,6 +248,7 @@ for k in $(seq 2 "$INSTANCES"); do
 	$WALLET_OPTION
 }
 EOF
+		site_b "${PORTS_B[k]}"
 		site_c "${PORTS_C[k]}"
 	} >"$WORK/Caddyfile.$k"
 done
@@ -262,8 +276,9 @@ done
 URL_A="http://127.0.0.1:$PORT_A/v1/chat/completions"
 URL_B="http://127.0.0.1:$PORT_B/v1/chat/completions"
 URL_C="http://127.0.0.1:$PORT_C/v1/chat/completions"
-URLS_C=("")
+URLS_B=("") URLS_C=("")
 for k in $(seq 1 "$INSTANCES"); do
+	URLS_B[k]="http://127.0.0.1:${PORTS_B[k]}/v1/chat/completions"
 	URLS_C[k]="http://127.0.0.1:${PORTS_C[k]}/v1/chat/completions"
 done
 BODY_JSON='{"model":"m","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one short sentence."}],"max_tokens":64,"temperature":0.2}'
@@ -331,6 +346,7 @@ for k in $(seq 2 "$INSTANCES"); do
 		tail -n 30 "$WORK/caddy.$k.log" >&2 || true
 		die "instance $k of site C (${URLS_C[k]}) did not serve the bench key"
 	fi
+	curl -fsS -o /dev/null -d "$BODY_JSON" "${URLS_B[k]}" || die "instance $k of site B (${URLS_B[k]}) did not answer"
 done
 
 # PostgreSQL's CPU per request: the postmaster of the DSN's port, known by
@@ -370,17 +386,19 @@ load() { # load TARGET BODY LABEL [extra args]
 		-label "$label" -json -cpu-pid "$CADDY_PID" "${DB_ARGS[@]}" "${extra[@]}" "$@"
 }
 
-fleet_load() { # fleet_load BODY MODE [extra args]: site C on every instance at once, the clients split evenly
-	local body=$1 mode=$2 k c rc=0 pids=() db
-	shift 2
+fleet_load() { # fleet_load TARGET BODY MODE [extra args]: TARGET (site B or C) on every instance at once, the clients split evenly
+	local target=$1 body=$2 mode=$3 k c rc=0 pids=() db url auth
+	shift 3
 	for k in $(seq 1 "$INSTANCES"); do
 		c=$((CONC / INSTANCES + (k <= CONC % INSTANCES ? 1 : 0)))
+		url="${URLS_B[k]}" auth=()
+		[ "$target" != "$TARGET_C" ] || url="${URLS_C[k]}" auth=("${AUTH[@]}")
 		# The database serves them all: one load measures it, over the
 		# same window as the others.
 		db=()
-		[ "$k" != 1 ] || db=("${DB_ARGS[@]}")
-		GOMAXPROCS=1 "${PIN_LOAD[@]}" "$WORK/load" -url "${URLS_C[k]}" -body "$body" -c "$c" \
-			-label "$mode $FLEET_TARGET/$k" -json -cpu-pid "${CADDY_PIDS[k]}" "${db[@]}" "${AUTH[@]}" "$@" >"$WORK/fleet.$k" &
+		[ "$k" != 1 ] || [ "$target" != "$TARGET_C" ] || db=("${DB_ARGS[@]}")
+		GOMAXPROCS=1 "${PIN_LOAD[@]}" "$WORK/load" -url "$url" -body "$body" -c "$c" \
+			-label "$mode ${INSTANCES}x$target/$k" -json -cpu-pid "${CADDY_PIDS[k]}" "${db[@]}" "${auth[@]}" "$@" >"$WORK/fleet.$k" &
 		pids+=($!)
 	done
 	for k in "${pids[@]}"; do
@@ -406,7 +424,9 @@ for mode in $MODES; do
 	for target in $TARGETS; do
 		load "$target" "$body" warm -d 2s -warmup 0s >/dev/null 2>&1
 	done
-	[ -z "$FLEET_TARGET" ] || fleet_load "$body" warm -d 2s -warmup 0s >/dev/null 2>&1
+	for target in $FLEETS; do
+		fleet_load "$target" "$body" warm -d 2s -warmup 0s >/dev/null 2>&1
+	done
 done
 
 for mode in $MODES; do
@@ -418,11 +438,11 @@ for mode in $MODES; do
 			load "$target" "$body" "$mode $target" -d "$DURATION" -warmup "$WARMUP" >>"$RAW" ||
 				die "load run failed: $mode $target"
 		done
-		if [ -n "$FLEET_TARGET" ]; then
-			printf 'bench: %-6s %-22s run %d/%d:\n' "$mode" "$FLEET_TARGET" "$i" "$REPS" >&2
-			fleet_load "$body" "$mode" -d "$DURATION" -warmup "$WARMUP" >>"$RAW" ||
-				die "load run failed: $mode $FLEET_TARGET"
-		fi
+		for target in $FLEETS; do
+			printf 'bench: %-6s %-22s run %d/%d:\n' "$mode" "${INSTANCES}x$target" "$i" "$REPS" >&2
+			fleet_load "$target" "$body" "$mode" -d "$DURATION" -warmup "$WARMUP" >>"$RAW" ||
+				die "load run failed: $mode ${INSTANCES}x$target"
+		done
 	done
 done
 LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
@@ -448,13 +468,13 @@ fi
 	echo "machine:     $(nproc --all) CPUs, $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ //' || uname -m), $(uname -sr)"
 	echo "load avg:    $LOAD_BEFORE before, $LOAD_AFTER after (1/5/15 min)"
 	echo "pinning:     $PINNING"
-	echo "load:        bench/load (Go, closed loop), $CONC clients, keep-alive, ${DURATION} measured after ${WARMUP} warm-up, $REPS runs per target alternating $(echo $TARGETS $FLEET_TARGET | sed 's/ /, /g')"
+	echo "load:        bench/load (Go, closed loop), $CONC clients, keep-alive, ${DURATION} measured after ${WARMUP} warm-up, $REPS runs per target alternating $(echo $TARGETS $(for t in $FLEETS; do echo "${INSTANCES}x$t"; done) | sed 's/ /, /g')"
 	echo "upstream:    bench/upstream, JSON answer $(curl -fsS -d "$BODY_JSON" "$URL_A" | wc -c) bytes; SSE $CHUNKS content chunks + finish + [DONE], event delay $EVENT_DELAY, role-only first chunk: $([ "$ROLE_CHUNK" = 1 ] && echo yes || echo no)"
 	echo "targets:     reverse_proxy (flush_interval -1) vs llm_failover (1 channel, stream gate on, no wallet); access logs off"
 	if [ -n "$TARGET_C" ]; then
 		echo "             $TARGET_C: llm_failover + wallet $WALLET (price 3 15, API key per request); the load sends Authorization: Bearer <key>"
 		[ -z "$FLEET_TARGET" ] ||
-			echo "             $FLEET_TARGET: site C on $INSTANCES Caddy processes sharing the database, loaded together, $CONC clients split evenly"
+			echo "             $FLEET_TARGET: site C on $INSTANCES Caddy processes sharing the database, loaded together, $CONC clients split evenly; ${INSTANCES}xllm_failover: site B on the same processes, the machine's own scaling with no database"
 		if [ "$WALLET" = postgres ]; then
 			echo "postgres:    $([ -n "$PG_PID" ] && echo "postmaster pid $PG_PID; CPU of it and its backends per request (all the server did in the window)" || echo "CPU not measured (set BENCH_PG_PID to a local postmaster)")"
 		fi
