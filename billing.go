@@ -292,10 +292,10 @@ func (b *bill) attemptFailed(channel, upstreamModel, reason string) {
 // The rows are decided here; their write happens after the handler
 // returns, so that the client's answer completes (and its connection
 // takes the next request) without waiting for the store, and the store
-// can commit many settlements together (wallet.settleGather). The request
-// keeps its place in the wallet (Enter) until the write is done, so a
-// reload never closes the store under it; the reservation holds its money
-// until then, so nothing can be spent twice.
+// can commit many settlements together (wallet.settleGather). The write
+// is counted in the wallet (BeginSettle) until it is done, so a reload
+// never closes the store under it and a shutdown waits for it; the
+// reservation holds its money until then, so nothing can be spent twice.
 func (b *bill) close() {
 	// b is nil when on_store_error allow admitted the request unbilled.
 	if b == nil || b.closed || b.free {
@@ -312,9 +312,9 @@ func (b *bill) close() {
 	}
 	// The client may be gone; the settlement must still happen.
 	ctx := context.WithoutCancel(b.x.r.Context())
-	exit := b.rt.w.Enter()
+	end := b.rt.w.BeginSettle()
 	go func() {
-		defer exit()
+		defer end()
 		defer b.live()
 		b.settle(ctx, entries)
 	}()

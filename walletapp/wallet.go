@@ -32,6 +32,13 @@ const LeaseJobPrefix = "wallet_leases."
 // requests that entered it before it closes.
 const drainLimit = 10 * time.Minute
 
+// settleDrainLimit bounds how long the release of a store (a reload onto
+// another database, shutdown) waits for the settlements already decided
+// (see BeginSettle). They take milliseconds; a store that does not
+// answer for this long loses them as a crash would (their money is
+// released uncharged after lease_ttl).
+const settleDrainLimit = 10 * time.Second
+
 // ErrUnloaded is the error of a wallet whose config was unloaded before
 // the request that uses it reached the store. It is not a store outage:
 // such a request must be refused, never served unbilled.
@@ -96,7 +103,8 @@ func (w *Wallet) open() (*storeHolder, error) {
 				job:      caddykit.Jobs.Job(SweepJobPrefix+w.name, SweepEvery),
 				leaseJob: caddykit.Jobs.Job(LeaseJobPrefix+w.name, leaseRenewEvery), opened: time.Now(),
 				stop: make(chan struct{}), done: make(chan struct{}), renewed: make(chan struct{}), drained: make(chan struct{})}
-			h.exitFunc = h.exit   // made once: a method value per request allocates
+			h.exitFunc = h.exit // made once: a method value per request allocates
+			h.endSettleFunc = h.endSettle
 			h.live.noteTTL(w.ttl) // before the sweeper reads its tick
 			// Released when the store closes: a closed store's jobs
 			// are retired, never overdue (see jobs.Job.Acquire).
@@ -138,6 +146,23 @@ func (w *Wallet) Enter() (exit func()) {
 	}
 	h.enter()
 	return h.exitFunc
+}
+
+// BeginSettle counts a settlement that runs after its request's handler
+// returned: like Enter it keeps the store open, and the release of the
+// store waits for it before it returns, so that a shutdown (Caddy exits
+// right after its modules are cleaned up) does not lose charges already
+// decided. end must be called once the settlement is written or failed.
+func (w *Wallet) BeginSettle() (end func()) {
+	h, err := w.open()
+	if err != nil {
+		return func() {}
+	}
+	h.mu.Lock()
+	h.inflight++
+	h.settling++
+	h.mu.Unlock()
+	return h.endSettleFunc
 }
 
 // Authenticate finds the key a client presented.
@@ -224,10 +249,14 @@ type storeHolder struct {
 	renewed chan struct{}
 	live    liveSet
 
-	exitFunc func() // exit, for Enter
+	exitFunc      func() // exit, for Enter
+	endSettleFunc func() // endSettle, for BeginSettle
 
 	mu       sync.Mutex
-	inflight int
+	inflight int // requests in flight, settling or not
+	settling int // of which settling after their handler returned
+	// settled, when not nil, is closed when settling reaches 0.
+	settled  chan struct{}
 	draining bool
 	drained  chan struct{} // closed when draining and nothing is in flight
 }
@@ -236,6 +265,17 @@ func (h *storeHolder) enter() {
 	h.mu.Lock()
 	h.inflight++
 	h.mu.Unlock()
+}
+
+func (h *storeHolder) endSettle() {
+	h.mu.Lock()
+	h.settling--
+	if h.settling == 0 && h.settled != nil {
+		close(h.settled)
+		h.settled = nil
+	}
+	h.mu.Unlock()
+	h.exit()
 }
 
 func (h *storeHolder) exit() {
@@ -312,7 +352,23 @@ func (h *storeHolder) Destruct() error {
 	if h.inflight == 0 {
 		close(h.drained)
 	}
+	var settled chan struct{}
+	if h.settling > 0 {
+		settled = make(chan struct{})
+		h.settled = settled
+	}
 	h.mu.Unlock()
+	if settled != nil {
+		// Settlements already decided are written before this returns:
+		// at shutdown Caddy exits right after its cleanups.
+		t := time.NewTimer(settleDrainLimit)
+		select {
+		case <-settled:
+		case <-t.C:
+			h.logger.Error("releasing the wallet store with settlements still unwritten; if the process exits now they are lost (their money is released uncharged after lease_ttl)")
+		}
+		t.Stop()
+	}
 	go func() {
 		select {
 		case <-h.drained:

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 )
@@ -56,5 +57,45 @@ func TestUnloadedWalletRefuses(t *testing.T) {
 	}
 	if n, _ := stores.References(late.wallets["w"].backend.PoolKey()); n != 0 {
 		t.Fatal("a use after Cleanup reopened the store")
+	}
+}
+
+// Releasing a store (here at Cleanup, as at shutdown, after which Caddy
+// exits) waits for the settlements already decided, which run after
+// their requests' handlers returned, and not for requests still being
+// served.
+func TestReleaseWaitsForSettlements(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "w.db")
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	a := &App{Wallets: map[string]*Config{"w": {StoreRaw: []byte(fmt.Sprintf(`{"backend":"sqlite","path":%q}`, path))}}}
+	if err := a.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w, err := a.Wallet("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	serving := w.Enter() // a long stream: not waited for
+	defer serving()
+	end := w.BeginSettle()
+	cleaned := make(chan error, 1)
+	go func() { cleaned <- a.Cleanup() }()
+	select {
+	case err := <-cleaned:
+		t.Fatalf("Cleanup returned (%v) with a settlement unwritten", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	end()
+	select {
+	case err := <-cleaned:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Cleanup still waits after the settlement ended (or waits for the request being served)")
 	}
 }
