@@ -50,6 +50,8 @@ var (
 	portsPGB       = ports{19086, 19025}
 	portsSwitch    = ports{19087, 19026}
 	portsSigterm   = ports{19088, 19027}
+	// portsSigtermLoad: TestBinarySigtermChargesEveryAnswer.
+	portsSigtermLoad = ports{19095, 19034}
 )
 
 // prerequisite skips the test when something it needs is missing, except in

@@ -1,11 +1,14 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -140,4 +143,117 @@ func TestBinaryReloadSwitchesWalletStore(t *testing.T) {
 	if !charged {
 		t.Errorf("old store's ledger has no charge for the stream: %+v", rows)
 	}
+}
+
+// TestBinarySigtermChargesEveryAnswer stops caddy with SIGTERM under a
+// steady billed load. Settlements run after the handlers return and are
+// written in batches a few milliseconds apart, so the stop must write the
+// ones already decided before the process exits (that wait itself is
+// TestReleaseWaitsForSettlements in walletapp: here the server's own
+// shutdown usually gives them time). Every answer the clients got in full
+// is charged exactly once, the books balance, and the stop returned its
+// lease's spare money at once (fails when the store closes in the
+// background, as it did: the money waited for lease_ttl).
+func TestBinarySigtermChargesEveryAnswer(t *testing.T) {
+	up := fu.New(fu.OKNamed("paid").WithUsage(10, 5))
+	defer up.Close()
+	p := portsSigtermLoad
+	cfg := withWallet(globalOptionsGrace(p, "5s"), "") + site(p, fmt.Sprintf(`
+		channel paid %s
+		model gpt-paid {
+			route paid cost 1 2
+			max_output_tokens 100
+		}
+		wallet
+`, up.URL))
+	cfg = strings.Replace(cfg, "\t\tdefer\n", "\t\tdefer\n\t\tX-Request-Id {http.request.uuid}\n", 1)
+	in := newInstance(t, "sigterm-load", p, cfg)
+	secret := in.newAccount("acme", "1000")
+
+	var (
+		mu       sync.Mutex
+		answered []string // X-Request-Id of every 200 read in full
+	)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{}}
+			body := fu.ChatRequest("gpt-paid", false)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				req, _ := http.NewRequest(http.MethodPost, in.gatewayURL()+"/v1/chat/completions", bytes.NewReader(body))
+				req.Header.Set("Authorization", "Bearer "+secret)
+				req.Header.Set("Content-Type", "application/json")
+				res, err := client.Do(req)
+				if err != nil {
+					select {
+					case <-stop:
+						return
+					case <-time.After(10 * time.Millisecond): // stopping: refused connections
+						continue
+					}
+				}
+				_, rerr := io.ReadAll(res.Body)
+				res.Body.Close()
+				if rerr == nil && res.StatusCode == http.StatusOK {
+					mu.Lock()
+					answered = append(answered, res.Header.Get("X-Request-Id"))
+					mu.Unlock()
+				}
+				time.Sleep(5 * time.Millisecond) // the ledger read below takes 1,000 rows
+			}
+		}()
+	}
+	time.Sleep(700 * time.Millisecond) // a steady load
+	in.stop()
+	close(stop)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(answered) < 20 {
+		t.Fatalf("only %d answers before the stop", len(answered))
+	}
+
+	in.start()
+	charges := map[string]int{}
+	var charged wallet.Micros
+	for _, e := range in.ledger("acme") {
+		if e.Kind == wallet.KindCharge {
+			charges[e.RequestID]++
+			charged += micros(t, e.Cost)
+		}
+	}
+	lost := 0
+	for _, id := range answered {
+		switch n := charges[id]; {
+		case id == "":
+			t.Fatal("an answer without X-Request-Id")
+		case n == 0:
+			lost++
+		case n > 1:
+			t.Errorf("answer %s charged %d times", id, n)
+		}
+	}
+	if lost > 0 {
+		t.Errorf("%d of %d answers given before SIGTERM were never charged", lost, len(answered))
+	}
+	if len(charges) != len(answered) {
+		t.Errorf("%d requests charged, %d answered in full", len(charges), len(answered))
+	}
+	// A clean stop returned its lease: nothing waits for lease_ttl (30s).
+	a := in.account("acme")
+	if micros(t, a.Reserved) != 0 {
+		t.Errorf("after a clean stop money is still reserved: %+v", a)
+	}
+	if micros(t, a.Balance) != micros(t, "1000")-charged {
+		t.Errorf("balance %s, want 1000 minus the charges %s", a.Balance, charged)
+	}
+	t.Logf("%d answers before SIGTERM, every one charged once", len(answered))
 }

@@ -369,22 +369,35 @@ func (h *storeHolder) Destruct() error {
 		}
 		t.Stop()
 	}
-	go func() {
-		select {
-		case <-h.drained:
-		case <-time.After(drainLimit):
-			h.logger.Error("closing wallet store with requests still unsettled; their reservations expire and are released by the sweeper")
-		}
-		// The sweeper, which also keeps the draining requests'
-		// reservations alive, stops only once they have left.
-		close(h.stop)
-		<-h.done
-		<-h.renewed
-		if err := h.store.Close(); err != nil {
-			h.logger.Error("closing wallet store", zap.Error(err))
-		}
-		h.job.Release()
-		h.leaseJob.Release()
-	}()
+	select {
+	case <-h.drained:
+		// Nothing in flight (a shutdown, once the server has finished its
+		// requests): close now, so that the leases' spare money goes back
+		// before the process exits instead of after lease_ttl.
+		h.close()
+	default:
+		go func() {
+			select {
+			case <-h.drained:
+			case <-time.After(drainLimit):
+				h.logger.Error("closing wallet store with requests still unsettled; their reservations expire and are released by the sweeper")
+			}
+			h.close()
+		}()
+	}
 	return nil
+}
+
+// close stops the sweeper and the renewer and closes the store. The
+// sweeper, which also keeps draining requests' reservations alive, stops
+// only once they have left.
+func (h *storeHolder) close() {
+	close(h.stop)
+	<-h.done
+	<-h.renewed
+	if err := h.store.Close(); err != nil {
+		h.logger.Error("closing wallet store", zap.Error(err))
+	}
+	h.job.Release()
+	h.leaseJob.Release()
 }
