@@ -266,13 +266,15 @@ func (s *sqlStore) settleBatch(account string) {
 		if len(taken) == 0 {
 			return nil
 		}
-		s.settles.batches.Add(1)
-		s.settles.jobs.Add(int64(len(taken)))
 		return s.runSettles(t, taken)
 	}, nil, s.d.settleBatch != "")
 	if taken == nil {
 		// Refused before it ran (the store is closing): fail what waits.
 		taken = s.settles.take()
+	}
+	if err == nil && len(taken) > 0 { // counted once, however often it ran
+		s.settles.batches.Add(1)
+		s.settles.jobs.Add(int64(len(taken)))
 	}
 	for _, j := range taken {
 		if err != nil {
