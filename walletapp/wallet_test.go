@@ -12,22 +12,30 @@ import (
 	"github.com/caddyserver/caddy/v2"
 )
 
+// sqliteApp provisions an llm_wallet app with one wallet "w" on the SQLite
+// file at path, not yet started.
+func sqliteApp(t *testing.T, path string) (*App, *Wallet) {
+	t.Helper()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	a := &App{Wallets: map[string]*Config{"w": {StoreRaw: []byte(fmt.Sprintf(`{"backend":"sqlite","path":%q}`, path))}}}
+	if err := a.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w, err := a.Wallet("w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, w
+}
+
 // A wallet whose config was unloaded refuses every later use with
 // ErrUnloaded, which the handler never treats as a store outage that
 // on_store_error allow could serve through; and it does not reopen the
 // store behind the pool's back.
 func TestUnloadedWalletRefuses(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "w.db")
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	defer cancel()
-	a := &App{Wallets: map[string]*Config{"w": {StoreRaw: []byte(fmt.Sprintf(`{"backend":"sqlite","path":%q}`, path))}}}
-	if err := a.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
-	w, err := a.Wallet("")
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, w := sqliteApp(t, path)
 	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("Provision touched the disk: %v", err)
 	}
@@ -44,11 +52,7 @@ func TestUnloadedWalletRefuses(t *testing.T) {
 	}
 	exit()
 
-	late := &App{Wallets: map[string]*Config{"w": {StoreRaw: []byte(fmt.Sprintf(`{"backend":"sqlite","path":%q}`, filepath.Join(t.TempDir(), "late.db")))}}}
-	if err := late.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
-	lw, _ := late.Wallet("w")
+	late, lw := sqliteApp(t, filepath.Join(t.TempDir(), "late.db"))
 	if err := late.Cleanup(); err != nil {
 		t.Fatal(err)
 	}
@@ -65,17 +69,7 @@ func TestUnloadedWalletRefuses(t *testing.T) {
 // their requests' handlers returned, and not for requests still being
 // served.
 func TestReleaseWaitsForSettlements(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "w.db")
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	defer cancel()
-	a := &App{Wallets: map[string]*Config{"w": {StoreRaw: []byte(fmt.Sprintf(`{"backend":"sqlite","path":%q}`, path))}}}
-	if err := a.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
-	w, err := a.Wallet("")
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, w := sqliteApp(t, filepath.Join(t.TempDir(), "w.db"))
 	if err := a.Start(); err != nil {
 		t.Fatal(err)
 	}
