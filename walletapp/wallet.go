@@ -39,6 +39,10 @@ const drainLimit = 10 * time.Minute
 // released uncharged after lease_ttl).
 const settleDrainLimit = 10 * time.Second
 
+// closeWait bounds how long the release of an idle store waits for it to
+// close (returning its leases is one write).
+const closeWait = 5 * time.Second
+
 // ErrUnloaded is the error of a wallet whose config was unloaded before
 // the request that uses it reached the store. It is not a store outage:
 // such a request must be refused, never served unbilled.
@@ -373,8 +377,17 @@ func (h *storeHolder) Destruct() error {
 	case <-h.drained:
 		// Nothing in flight (a shutdown, once the server has finished its
 		// requests): close now, so that the leases' spare money goes back
-		// before the process exits instead of after lease_ttl.
-		h.close()
+		// before the process exits instead of after lease_ttl. A database
+		// that does not answer holds a reload for at most closeWait.
+		closed := make(chan struct{})
+		go func() { h.close(); close(closed) }()
+		t := time.NewTimer(closeWait)
+		select {
+		case <-closed:
+		case <-t.C:
+			h.logger.Warn("closing the wallet store is slow; finishing in the background (if the process exits first, its leases are released after lease_ttl)")
+		}
+		t.Stop()
 	default:
 		go func() {
 			select {
