@@ -271,20 +271,27 @@ func (h *storeHolder) enter() {
 	h.mu.Unlock()
 }
 
+// endSettle ends a BeginSettle. Under one lock, so that a release woken
+// by the last settlement already sees drained closed when nothing else is
+// in flight.
 func (h *storeHolder) endSettle() {
 	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.leaveLocked()
 	h.settling--
 	if h.settling == 0 && h.settled != nil {
 		close(h.settled)
 		h.settled = nil
 	}
-	h.mu.Unlock()
-	h.exit()
 }
 
 func (h *storeHolder) exit() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.leaveLocked()
+}
+
+func (h *storeHolder) leaveLocked() {
 	h.inflight--
 	if h.inflight == 0 && h.draining {
 		close(h.drained)
