@@ -88,6 +88,9 @@ func TestSweeperHeartbeatAndJobsView(t *testing.T) {
 	if !strings.Contains(string(metrics), `caddy_llm_failover_job_last_success_timestamp_seconds{job="wallet_sweep.default"}`) {
 		t.Fatal("no job_last_success metric for the sweeper")
 	}
+	if !strings.Contains(string(metrics), "\ncaddy_llm_failover_wallet_settlements_pending ") {
+		t.Fatal("no wallet_settlements_pending gauge in Caddy's registry")
+	}
 	for _, where := range [][]byte{body, metrics} {
 		if strings.Contains(string(where), "5bf66975") {
 			t.Fatal("the heartbeat URL leaked into an admin answer")

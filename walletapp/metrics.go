@@ -17,6 +17,10 @@ var (
 		Namespace: "caddy", Subsystem: "llm_failover", Name: "wallet_sweep_total",
 		Help: "Sweeper results: expired reservations released, and failed sweeps.",
 	}, []string{"result"})
+	settlementsPending = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: "caddy", Subsystem: "llm_failover", Name: "wallet_settlements_pending",
+		Help: "Settlements decided but not yet written (they are written after the answer, batched a few milliseconds apart); one that keeps growing means the store does not keep up, and each holds its reservation's money meanwhile.",
+	})
 	keepAliveTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "llm_failover", Name: "wallet_keepalive_total",
 		Help: "Batched extensions of live requests' reservations, and failed lease renewals, by result.",
@@ -24,5 +28,5 @@ var (
 )
 
 func registerMetrics(reg prometheus.Registerer) error {
-	return caddykit.Register(reg, sweepHeartbeat, sweepTotal, keepAliveTotal)
+	return caddykit.Register(reg, sweepHeartbeat, sweepTotal, keepAliveTotal, settlementsPending)
 }

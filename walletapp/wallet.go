@@ -166,6 +166,7 @@ func (w *Wallet) BeginSettle() (end func()) {
 	h.inflight++
 	h.settling++
 	h.mu.Unlock()
+	settlementsPending.Inc()
 	return h.endSettleFunc
 }
 
@@ -275,6 +276,7 @@ func (h *storeHolder) enter() {
 // by the last settlement already sees drained closed when nothing else is
 // in flight.
 func (h *storeHolder) endSettle() {
+	settlementsPending.Dec()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.leaveLocked()

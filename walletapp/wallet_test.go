@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // sqliteApp provisions an llm_wallet app with one wallet "w" on the SQLite
@@ -75,7 +76,11 @@ func TestReleaseWaitsForSettlements(t *testing.T) {
 	}
 	serving := w.Enter() // a long stream: not waited for
 	defer serving()
+	pending := testutil.ToFloat64(settlementsPending)
 	end := w.BeginSettle()
+	if got := testutil.ToFloat64(settlementsPending); got != pending+1 {
+		t.Fatalf("wallet_settlements_pending %v after BeginSettle, want %v", got, pending+1)
+	}
 	cleaned := make(chan error, 1)
 	go func() { cleaned <- a.Cleanup() }()
 	select {
@@ -84,6 +89,9 @@ func TestReleaseWaitsForSettlements(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 	end()
+	if got := testutil.ToFloat64(settlementsPending); got != pending {
+		t.Fatalf("wallet_settlements_pending %v after the settlement, want %v", got, pending)
+	}
 	select {
 	case err := <-cleaned:
 		if err != nil {
