@@ -73,15 +73,19 @@ func TestCPUTreeSecondsCountsLiveChildren(t *testing.T) {
 		child = c
 		time.Sleep(50 * time.Millisecond)
 	}
-	tree, err := cpuTreeSeconds(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The process's own reading first: its time grows while the tree is
+	// walked (the walk reads every /proc/N/stat), so read the other way
+	// round the tree's own part would be the smaller one and could hide
+	// the child's ticks (CI saw 0.44 s for a 0.46 s child).
 	st, err := readStat(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
 	selfOnly := float64(st.utime+st.stime+st.cutime+st.cstime) / 100
+	tree, err := cpuTreeSeconds(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
 	if tree-selfOnly < child-0.02 {
 		t.Errorf("the tree has %.3fs beyond the process and its reaped children, want the live child's %.3fs", tree-selfOnly, child)
 	}
