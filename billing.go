@@ -292,10 +292,11 @@ func (b *bill) attemptFailed(channel, upstreamModel, reason string) {
 // The rows are decided here; their write happens after the handler
 // returns, so that the client's answer completes (and its connection
 // takes the next request) without waiting for the store, and the store
-// can commit many settlements together (wallet.settleGather). The write
-// is counted in the wallet (BeginSettle) until it is done, so a reload
-// never closes the store under it and a shutdown waits for it; the
-// reservation holds its money until then, so nothing can be spent twice.
+// can commit many settlements together (wallet.settleGather). The wallet
+// counts the write until it is done, so a reload never closes the store
+// under it and a shutdown waits for it; the reservation holds its money
+// until then, so nothing can be spent twice. No goroutine waits for it:
+// the batch that writes it reports the outcome (settled).
 func (b *bill) close() {
 	// b is nil when on_store_error allow admitted the request unbilled.
 	if b == nil || b.closed || b.free {
@@ -310,27 +311,21 @@ func (b *bill) close() {
 			entries = append(entries, b.entry(a))
 		}
 	}
-	// The client may be gone; the settlement must still happen.
-	ctx := context.WithoutCancel(b.x.r.Context())
-	end := b.rt.w.BeginSettle()
-	go func() {
-		defer end()
-		defer b.live()
-		b.settle(ctx, entries)
-	}()
-}
-
-// settle writes a closed bill's ledger rows, and logs and counts the
-// outcome.
-func (b *bill) settle(ctx context.Context, entries []wallet.Entry) {
 	var cost wallet.Micros
 	for _, e := range entries {
 		cost += e.Cost
 	}
 	// No deadline of its own: the settlement joins the store's next batch,
-	// whose statements the store bounds (statement_timeout, busy_timeout),
-	// and the request keeps the store open until it ends.
-	charged, err := b.rt.w.Settle(ctx, b.res.ID, entries[0], entries[1:]...)
+	// whose statements the store bounds (statement_timeout, busy_timeout).
+	b.rt.w.SettleAsync(b.res.ID, entries, func(charged wallet.Micros, err error) {
+		defer b.live()
+		b.settled(cost, charged, err)
+	})
+}
+
+// settled logs and counts a closed bill's settlement; it runs on the
+// goroutine that wrote the settlement's batch, so it must not block.
+func (b *bill) settled(cost, charged wallet.Micros, err error) {
 	switch {
 	case errors.Is(err, wallet.ErrNotFound):
 		walletTotal.WithLabelValues("settle", "not_found").Inc()

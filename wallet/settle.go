@@ -13,28 +13,34 @@ import (
 
 // Settlement.
 //
-// Settle takes its reservation out of memory (at most once: a second Settle
-// finds nothing and gets ErrNotFound), computes the ledger rows, and queues
-// them. One writer op then settles every Settle queued at that moment
-// together (each Settle submits an op, and the first to run takes them
-// all, so the others find nothing to do): per account one UPDATE of the
-// lease and one of the account, and the ledger rows in one multi-row
-// INSERT on SQLite; on PostgreSQL the whole batch is one statement
-// (settleBatchPG), and so, alone, one round trip without BEGIN or COMMIT.
-// Each Settle returns once its batch committed, or fails alone with the
-// batch's error, its reservation put back so that a retry (or Sweep) can
-// still end it.
+// Settle and SettleAsync take their reservation out of memory (at most
+// once: a second settlement finds nothing and gets ErrNotFound), compute
+// the ledger rows, and queue them. One writer op then settles every
+// settlement queued at that moment together (the first to find no op
+// scheduled submits one, and it takes them all): per account one UPDATE
+// of the lease and one of the account, and the ledger rows in one
+// multi-row INSERT on SQLite; on PostgreSQL the whole batch is one
+// statement (settleBatchPG), and so, alone, one round trip without BEGIN
+// or COMMIT. Each settlement ends once its batch committed, or fails alone
+// with the batch's error, its reservation put back so that a retry (or
+// Sweep) can still end it.
 
-// settleJob is one Settle waiting for its batch.
+// settleJob is one settlement waiting for its batch.
 type settleJob struct {
+	id      string // the reservation's
+	m       *memReservation
 	account string
 	charged Micros
 	rows    []Entry
-	// Results, set by the batch that took the job, before done is closed.
+	company bool // other reservations were open when it was queued
+	// Results, set by the batch that took the job before it ends the job.
 	avail Micros // the account's available balance after the batch
 	lost  bool   // the lease was gone (swept): nothing was written
 	err   error
-	done  chan struct{}
+	// How the batch ends the job: a Settle waits for done to close; a
+	// SettleAsync's then runs on the goroutine that ran the batch.
+	done chan struct{}
+	then func()
 }
 
 // settleGather is how long after the previous settlement batch the next
@@ -127,34 +133,91 @@ func (q *settleQueue) remove(j *settleJob) bool {
 }
 
 func (s *sqlStore) Settle(ctx context.Context, reservationID string, e Entry, more ...Entry) (Micros, error) {
-	// Built only for an error: a Settle that succeeds allocates none.
-	what := func() string { return "settling reservation " + reservationID }
+	job, err := s.beginSettle(reservationID, append([]Entry{e}, more...))
+	if err != nil {
+		return 0, err
+	}
+	defer s.leases.inflight.Done()
+	job.done = make(chan struct{})
+	charged, err, low := s.endSettle(job, s.settleWrite(ctx, job))
+	if low {
+		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lateReleaseTimeout)
+		defer cancel()
+		_ = s.shrink(gctx, []string{job.account}, nil) // failing, the money stays leased until Renew or expiry
+	}
+	return charged, err
+}
+
+func (s *sqlStore) SettleAsync(reservationID string, entries []Entry, done func(charged Micros, err error)) {
+	if len(entries) == 0 {
+		done(0, fmt.Errorf("settling reservation %s: %w: no entries", reservationID, ErrInvalid))
+		return
+	}
+	job, err := s.beginSettle(reservationID, entries)
+	if err != nil {
+		done(0, err)
+		return
+	}
+	job.then = func() {
+		charged, err, low := s.endSettle(job, job.err)
+		if low {
+			// Not on this goroutine: it ends the rest of the batch.
+			go func() {
+				defer s.leases.inflight.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), lateReleaseTimeout)
+				defer cancel()
+				_ = s.shrink(ctx, []string{job.account}, nil) // failing, the money stays leased until Renew or expiry
+			}()
+		} else {
+			s.leases.inflight.Done()
+		}
+		done(charged, err)
+	}
+	s.queueSettle(job)
+}
+
+// settleWhat names a settlement in its errors; built only for an error,
+// so that a settlement that succeeds allocates none.
+func settleWhat(reservationID string) string { return "settling reservation " + reservationID }
+
+// beginSettle takes the reservation out of memory and decides its rows.
+// On success the job counts in the leases' inflight until endSettle's
+// caller marks it done.
+func (s *sqlStore) beginSettle(reservationID string, entries []Entry) (*settleJob, error) {
 	b := s.leases
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		return 0, fmt.Errorf("%s: %w", what(), errStoreClosed)
+		return nil, fmt.Errorf("%s: %w", settleWhat(reservationID), errStoreClosed)
 	}
 	m := b.res[reservationID]
 	if m == nil {
 		b.mu.Unlock()
-		return 0, fmt.Errorf("%s: %w", what(), ErrNotFound)
+		return nil, fmt.Errorf("%s: %w", settleWhat(reservationID), ErrNotFound)
 	}
 	delete(b.res, reservationID)
 	company := len(b.res) > 0 // other reservations will settle soon
 	b.inflight.Add(1)
 	b.mu.Unlock()
-	defer b.inflight.Done()
 
-	job := &settleJob{account: m.Account, done: make(chan struct{})}
-	job.rows, job.charged = settleRows(m, append([]Entry{e}, more...), s.now())
-	err := s.settleWrite(ctx, job, company)
+	job := &settleJob{id: reservationID, m: m, account: m.Account, company: company}
+	job.rows, job.charged = settleRows(m, entries, s.now())
+	return job, nil
+}
+
+// endSettle books a settled job's outcome into the leases in memory (or
+// puts its reservation back when it failed) and returns what it charged.
+// low says the account runs low, so that the caller should give other
+// instances the spare money (shrink).
+func (s *sqlStore) endSettle(job *settleJob, err error) (charged Micros, _ error, low bool) {
 	switch {
 	case err != nil:
-		err = fmt.Errorf("%s: %w", what(), err)
+		err = fmt.Errorf("%s: %w", settleWhat(job.id), err)
 	case job.lost:
-		err = fmt.Errorf("%s: %w: its lease expired and Sweep released it", what(), ErrNotFound)
+		err = fmt.Errorf("%s: %w: its lease expired and Sweep released it", settleWhat(job.id), ErrNotFound)
 	}
+	m := job.m
+	b := s.leases
 	b.mu.Lock()
 	l := b.leases[m.Account]
 	switch {
@@ -164,22 +227,16 @@ func (s *sqlStore) Settle(ctx context.Context, reservationID string, e Entry, mo
 		l.held -= m.Amount
 		l.amount, l.extended = 0, time.Time{}
 	case err != nil:
-		b.res[reservationID] = m
+		b.res[job.id] = m
 	default:
 		l.held -= m.Amount
 		l.amount -= job.charged
 	}
 	b.mu.Unlock()
 	if err != nil {
-		return 0, err
+		return 0, err, false
 	}
-	if job.avail < leaseGiveBackFactor*m.Amount {
-		// The account runs low: let other instances have the spare money.
-		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lateReleaseTimeout)
-		defer cancel()
-		_ = s.shrink(gctx, []string{m.Account}, nil) // failing, the money stays leased until Renew or expiry
-	}
-	return job.charged, nil
+	return job.charged, nil, job.avail < leaseGiveBackFactor*m.Amount
 }
 
 // settleRows turns a settlement's entries into ledger rows: charged in
@@ -229,21 +286,27 @@ func settleRows(m *memReservation, entries []Entry, now time.Time) ([]Entry, Mic
 	return rows, total
 }
 
-// settleWrite queues job and waits for the batch that commits it. The
-// first Settle to find no batch op scheduled submits one; the op takes
-// every job pending when the writer starts it. It runs whatever the
-// submitter's context (others wait on it); a Settle whose context ends
-// before its job was taken withdraws the job and returns ctx.Err().
-func (s *sqlStore) settleWrite(ctx context.Context, job *settleJob, company bool) error {
+// queueSettle queues job for a batch. The first settlement to find no
+// batch op scheduled submits one; the op takes every job pending when the
+// writer starts it, and runs whatever any settlement's context.
+func (s *sqlStore) queueSettle(job *settleJob) {
 	q := &s.settles
 	if q.add(job) {
 		go func() {
-			if company {
+			if job.company {
 				q.gather()
 			}
 			s.settleBatch(job.account)
 		}()
 	}
+}
+
+// settleWrite queues job and waits for the batch that commits it. A
+// Settle whose context ends before its job was taken withdraws the job
+// and returns ctx.Err().
+func (s *sqlStore) settleWrite(ctx context.Context, job *settleJob) error {
+	q := &s.settles
+	s.queueSettle(job)
 	select {
 	case <-job.done:
 	case <-ctx.Done():
@@ -280,7 +343,11 @@ func (s *sqlStore) settleBatch(account string) {
 		if err != nil {
 			j.err = err
 		}
-		close(j.done)
+		if j.then != nil {
+			j.then()
+		} else {
+			close(j.done)
+		}
 	}
 }
 

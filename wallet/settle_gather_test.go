@@ -2,8 +2,10 @@ package wallet
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
+	"time"
 )
 
 // While other reservations are open, a settlement waits for company, so
@@ -60,5 +62,93 @@ func TestSettleGathersWhileOthersAreOpen(t *testing.T) {
 			t.Fatalf("balance %s, want %s", a.Balance, want)
 		}
 		wantCleanAudit(t, s)
+	})
+}
+
+// SettleAsync settles like Settle without a goroutine waiting: done gets
+// the outcome exactly once, on every path, and Close waits for the
+// settlements already queued.
+func TestSettleAsync(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s Store) {
+		ctx := context.Background()
+		mustAccount(t, s, "acct", 1_000_000)
+		type outcome struct {
+			charged Micros
+			err     error
+		}
+		settle := func(id string, entries ...Entry) <-chan outcome {
+			ch := make(chan outcome, 2) // a second done would show as a second value
+			s.SettleAsync(id, entries, func(c Micros, err error) { ch <- outcome{c, err} })
+			return ch
+		}
+		once := func(ch <-chan outcome) outcome {
+			t.Helper()
+			o := <-ch
+			select {
+			case again := <-ch:
+				t.Fatalf("done called twice: %+v, then %+v", o, again)
+			case <-time.After(50 * time.Millisecond):
+			}
+			return o
+		}
+		reserve := func(id string, amount Micros) {
+			t.Helper()
+			if err := s.Reserve(ctx, Reservation{ID: id, Account: "acct", Amount: amount}); err != nil {
+				t.Fatal(err)
+			}
+		}
+
+		reserve("r1", 1000)
+		if o := once(settle("r1", Entry{Cost: 300}, Entry{Cost: 900, Note: "continuation"})); o.err != nil || o.charged != 1000 {
+			t.Fatalf("settling r1: %+v, want 1000 charged (capped at the reservation)", o)
+		}
+		if o := once(settle("r1", Entry{Cost: 1})); !errors.Is(o.err, ErrNotFound) {
+			t.Fatalf("settling r1 again: %+v, want ErrNotFound", o)
+		}
+		reserve("r2", 1000)
+		if o := once(settle("r2")); !errors.Is(o.err, ErrInvalid) {
+			t.Fatalf("settling with no entries: %+v, want ErrInvalid", o)
+		}
+		// Still reserved: a Settle ends it.
+		if c, err := s.Settle(ctx, "r2", Entry{Cost: 5}); err != nil || c != 5 {
+			t.Fatalf("settling r2 after the refused SettleAsync: %v, %v", c, err)
+		}
+		rows, err := s.Usage(ctx, "acct", 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var charges int
+		var charged Micros
+		for _, r := range rows {
+			if r.Kind == KindCharge {
+				charges++
+				charged += r.Cost
+			}
+		}
+		if charges != 3 || charged != 1005 {
+			t.Fatalf("ledger after the settlements: %+v, want 3 charges of 1005 in all", rows)
+		}
+		wantCleanAudit(t, s)
+
+		// Queued beside an open reservation (so the batch waits for
+		// company), then Close: the settlement is written before Close
+		// returns, and the open one is released.
+		reserve("r3", 1000)
+		reserve("open", 1000)
+		pending := settle("r3", Entry{Cost: 7})
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case o := <-pending:
+			if o.err != nil || o.charged != 7 {
+				t.Fatalf("the settlement queued before Close: %+v", o)
+			}
+		default:
+			t.Fatal("Close returned before the settlement queued before it ended")
+		}
+		if o := once(settle("open", Entry{Cost: 1})); !errors.Is(o.err, errStoreClosed) {
+			t.Fatalf("settling after Close: %+v, want the store closed", o)
+		}
 	})
 }

@@ -128,6 +128,13 @@ type Store interface {
 	// settlement abandoned because the client hung up leaves the
 	// reservation to expire, and Sweep releases it uncharged.
 	Settle(ctx context.Context, reservationID string, e Entry, more ...Entry) (charged Micros, err error)
+	// SettleAsync is Settle without waiting, for a caller that needs only
+	// the outcome: it returns at once (entries must not be empty), and
+	// done gets what Settle would have returned once the settlement's
+	// batch committed or failed, on the goroutine that ran the batch, so
+	// it must not block. It needs no context: the settlement is written
+	// whatever happens to the request. Close waits for it.
+	SettleAsync(reservationID string, entries []Entry, done func(charged Micros, err error))
 	// RecordAttempt writes a KindFailedAttempt row with zero cost.
 	RecordAttempt(ctx context.Context, e Entry) error
 	// RecordAttemptAsync is RecordAttempt in the background: it returns at

@@ -67,7 +67,9 @@ func TestHolderRenewsLeases(t *testing.T) {
 	if err := w.Reserve(bg, wallet.Reservation{ID: "r1", Account: "acme", Amount: 1_000}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.Settle(bg, "r1", wallet.Entry{Cost: 10}, wallet.Entry{Cost: 20, Note: "continuation"}); err != nil {
+	settled := make(chan error, 1)
+	w.SettleAsync("r1", []wallet.Entry{{Cost: 10}, {Cost: 20, Note: "continuation"}}, func(_ wallet.Micros, err error) { settled <- err })
+	if err := <-settled; err != nil {
 		t.Fatal(err)
 	}
 	acct, _ := st.Account(bg, "acme")

@@ -34,7 +34,7 @@ const drainLimit = 10 * time.Minute
 
 // settleDrainLimit bounds how long the release of a store (a reload onto
 // another database, shutdown) waits for the settlements already decided
-// (see BeginSettle). They take milliseconds; a store that does not
+// (see SettleAsync). They take milliseconds; a store that does not
 // answer for this long loses them as a crash would (their money is
 // released uncharged after lease_ttl).
 const settleDrainLimit = 10 * time.Second
@@ -152,22 +152,36 @@ func (w *Wallet) Enter() (exit func()) {
 	return h.exitFunc
 }
 
-// BeginSettle counts a settlement that runs after its request's handler
-// returned: like Enter it keeps the store open, and the release of the
-// store waits for it before it returns, so that a shutdown (Caddy exits
-// right after its modules are cleaned up) does not lose charges already
-// decided. end must be called once the settlement is written or failed.
-func (w *Wallet) BeginSettle() (end func()) {
+// SettleAsync charges a reservation's usage and releases the rest, one
+// ledger row per entry (see wallet.Store.SettleAsync), for a request whose
+// handler has returned: done gets the outcome, and must not block. Like
+// Enter it keeps the store open until done has returned, and the release
+// of the store waits for it, so that a shutdown (Caddy exits right after
+// its modules are cleaned up) does not lose charges already decided.
+func (w *Wallet) SettleAsync(reservationID string, entries []wallet.Entry, done func(charged wallet.Micros, err error)) {
+	h, end, err := w.beginSettle()
+	if err != nil {
+		done(0, err)
+		return
+	}
+	h.store.SettleAsync(reservationID, entries, func(charged wallet.Micros, err error) {
+		defer end()
+		done(charged, err)
+	})
+}
+
+// beginSettle counts a settlement until end is called.
+func (w *Wallet) beginSettle() (h *storeHolder, end func(), _ error) {
 	h, err := w.open()
 	if err != nil {
-		return func() {}
+		return nil, nil, err
 	}
 	h.mu.Lock()
 	h.inflight++
 	h.settling++
 	h.mu.Unlock()
 	settlementsPending.Inc()
-	return h.endSettleFunc
+	return h, h.endSettleFunc, nil
 }
 
 // Authenticate finds the key a client presented.
@@ -186,16 +200,6 @@ func (w *Wallet) Reserve(ctx context.Context, r wallet.Reservation) error {
 		return err
 	}
 	return st.Reserve(ctx, r)
-}
-
-// Settle charges a reservation's usage and releases the rest: e and then
-// each of more is one ledger row (see wallet.Store).
-func (w *Wallet) Settle(ctx context.Context, reservationID string, e wallet.Entry, more ...wallet.Entry) (wallet.Micros, error) {
-	st, err := w.Store()
-	if err != nil {
-		return 0, err
-	}
-	return st.Settle(ctx, reservationID, e, more...)
 }
 
 // RecordAttemptAsync writes a zero-charge row for a failed upstream
@@ -255,7 +259,7 @@ type storeHolder struct {
 	live    liveSet
 
 	exitFunc      func() // exit, for Enter
-	endSettleFunc func() // endSettle, for BeginSettle
+	endSettleFunc func() // endSettle, for beginSettle
 
 	mu       sync.Mutex
 	inflight int // requests in flight, settling or not
@@ -272,7 +276,7 @@ func (h *storeHolder) enter() {
 	h.mu.Unlock()
 }
 
-// endSettle ends a BeginSettle. Under one lock, so that a release woken
+// endSettle ends a beginSettle. Under one lock, so that a release woken
 // by the last settlement already sees drained closed when nothing else is
 // in flight.
 func (h *storeHolder) endSettle() {

@@ -77,9 +77,12 @@ func TestReleaseWaitsForSettlements(t *testing.T) {
 	serving := w.Enter() // a long stream: not waited for
 	defer serving()
 	pending := testutil.ToFloat64(settlementsPending)
-	end := w.BeginSettle()
+	_, end, err := w.beginSettle() // as SettleAsync does until the batch is written
+	if err != nil {
+		t.Fatal(err)
+	}
 	if got := testutil.ToFloat64(settlementsPending); got != pending+1 {
-		t.Fatalf("wallet_settlements_pending %v after BeginSettle, want %v", got, pending+1)
+		t.Fatalf("wallet_settlements_pending %v after beginSettle, want %v", got, pending+1)
 	}
 	cleaned := make(chan error, 1)
 	go func() { cleaned <- a.Cleanup() }()
