@@ -56,7 +56,7 @@ func brkAdmin(t *testing.T, method, path string) (int, []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	res, err := adminClient.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +12,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -34,6 +37,36 @@ var (
 	gatewayURL = fmt.Sprintf("http://localhost:%d", httpPort)
 	adminURL   = fmt.Sprintf("http://localhost:%d", adminPort)
 )
+
+// adminClient is for requests to Caddy's admin endpoint. After a config
+// load Caddy shuts the previous admin server down in the background
+// (caddy.replaceLocalAdminServer) while the new one already serves on the
+// same listener, so a connection the old server accepted just before is
+// closed unanswered and its request fails with EOF (a flake seen in
+// TestBreakerAdminAPI). Nothing was served on it: adminRetry sends the
+// request once more, on a fresh connection.
+var adminClient = &http.Client{Timeout: 30 * time.Second, Transport: adminRetry{http.DefaultTransport}}
+
+type adminRetry struct{ base http.RoundTripper }
+
+func (a adminRetry) RoundTrip(req *http.Request) (*http.Response, error) {
+	res, err := a.base.RoundTrip(req)
+	if err == nil || !(errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
+		return res, err
+	}
+	again := req.Clone(req.Context())
+	if req.Body != nil {
+		if req.GetBody == nil {
+			return nil, err
+		}
+		body, gerr := req.GetBody()
+		if gerr != nil {
+			return nil, err
+		}
+		again.Body = body
+	}
+	return a.base.RoundTrip(again)
+}
 
 func TestMain(m *testing.M) {
 	// caddytest writes autosave.json and storage under the XDG dirs.
@@ -260,5 +293,55 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 			t.Fatalf("timed out after %s waiting for %s", d, what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// adminRetry sends a request once more when its connection was closed
+// unanswered, as the old admin server does after a config load, and
+// only once.
+func TestAdminRetryAfterAnUnansweredClose(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var closeFirst atomic.Int32
+	closeFirst.Store(1)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if closeFirst.Add(-1) >= 0 {
+				buf := make([]byte, 4096)
+				_, _ = c.Read(buf) // the request arrives, is never answered
+				c.Close()
+				continue
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 4096)
+				_, _ = c.Read(buf)
+				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+			}()
+		}
+	}()
+	url := "http://" + ln.Addr().String() + "/reset"
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"x":1}`))
+	res, err := adminClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST after one unanswered close: %v", err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 200 {
+		t.Fatalf("status %d", res.StatusCode)
+	}
+	// Closed twice: the second failure is the caller's.
+	closeFirst.Store(2)
+	req, _ = http.NewRequest(http.MethodPost, url, strings.NewReader(`{"x":1}`))
+	if res, err := adminClient.Do(req); err == nil {
+		res.Body.Close()
+		t.Fatal("a request closed unanswered twice succeeded: adminRetry retries more than once")
 	}
 }

@@ -78,7 +78,7 @@ func getBody(t *testing.T, url string, hdr ...string) (*http.Response, []byte) {
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
-	res, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	res, err := adminClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -98,7 +98,7 @@ func walletCall(t *testing.T, method, path string, in, out any) int {
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	res, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	res, err := adminClient.Do(req)
 	if err != nil {
 		t.Fatalf("admin %s %s: %v", method, path, err)
 	}
