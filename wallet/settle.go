@@ -147,7 +147,7 @@ func (s *sqlStore) Settle(ctx context.Context, reservationID string, e Entry, mo
 	}
 	defer s.leases.inflight.Done()
 	job.done = make(chan struct{})
-	charged, err, low := s.endSettle(job, s.settleWrite(ctx, job))
+	charged, low, err := s.endSettle(job, s.settleWrite(ctx, job))
 	if low {
 		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lateReleaseTimeout)
 		defer cancel()
@@ -167,7 +167,7 @@ func (s *sqlStore) SettleAsync(reservationID string, entries []Entry, done func(
 		return
 	}
 	job.then = func() {
-		charged, err, low := s.endSettle(job, job.err)
+		charged, low, err := s.endSettle(job, job.err)
 		if low {
 			// Not on this goroutine: it ends the rest of the batch.
 			go func() {
@@ -217,7 +217,7 @@ func (s *sqlStore) beginSettle(reservationID string, entries []Entry) (*settleJo
 // puts its reservation back when it failed) and returns what it charged.
 // low says the account runs low, so that the caller should give other
 // instances the spare money (shrink).
-func (s *sqlStore) endSettle(job *settleJob, err error) (charged Micros, _ error, low bool) {
+func (s *sqlStore) endSettle(job *settleJob, err error) (charged Micros, low bool, _ error) {
 	switch {
 	case err != nil:
 		err = fmt.Errorf("%s: %w", settleWhat(job.id), err)
@@ -242,9 +242,9 @@ func (s *sqlStore) endSettle(job *settleJob, err error) (charged Micros, _ error
 	}
 	b.mu.Unlock()
 	if err != nil {
-		return 0, err, false
+		return 0, false, err
 	}
-	return job.charged, nil, job.avail < leaseGiveBackFactor*m.Amount
+	return job.charged, job.avail < leaseGiveBackFactor*m.Amount, nil
 }
 
 // settleRows turns a settlement's entries into ledger rows: charged in
