@@ -100,6 +100,13 @@ type lease struct {
 	kmax        int64
 	grantedAt   time.Time
 	grow        *growCall // in flight, or nil
+	// settling counts the account's settlements decided but not yet
+	// booked, whose reservations are still held, and booked those booked
+	// so far; settled, when not nil, is closed when settling falls to 0
+	// (a Reserve refused meanwhile waits for it).
+	settling int
+	booked   uint64
+	settled  chan struct{}
 }
 
 func (l *lease) spare() Micros { return l.amount - l.held }
@@ -147,6 +154,48 @@ func (b *leaseBook) usable(l *lease, now time.Time) bool {
 var errDuplicateReservation = errors.New("duplicate reservation ID")
 
 func (s *sqlStore) Reserve(ctx context.Context, r Reservation) error {
+	var booked uint64
+	err := s.reserve(ctx, r, &booked)
+	if errors.Is(err, ErrInsufficientFunds) && s.waitSettled(ctx, r.Account, booked) {
+		// The money was held by answers already given, whose settlements
+		// (written up to settleGather later) have now released what they
+		// did not spend: a client whose balance covers this request is
+		// not refused for the reservation of its previous one.
+		err = s.reserve(ctx, r, &booked)
+	}
+	return err
+}
+
+// waitSettled waits until the account's settlements pending now are
+// booked into its lease, hurrying their batch. It reports whether a
+// Reserve refused for want of money is worth trying again: some were
+// pending, or were booked since that Reserve began (booked, the lease's
+// count then), and ctx has not ended.
+func (s *sqlStore) waitSettled(ctx context.Context, account string, booked uint64) bool {
+	b := s.leases
+	b.mu.Lock()
+	l := b.leases[account]
+	if l == nil || l.settling == 0 {
+		b.mu.Unlock()
+		return l != nil && l.booked != booked
+	}
+	if l.settled == nil {
+		l.settled = make(chan struct{})
+	}
+	settled := l.settled
+	b.mu.Unlock()
+	s.settles.hurry()
+	select {
+	case <-settled:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// reserve is Reserve's one try; it sets *booked to the lease's count of
+// booked settlements when it first looks at the lease.
+func (s *sqlStore) reserve(ctx context.Context, r Reservation, booked *uint64) error {
 	if err := validID("reservation", r.ID); err != nil {
 		return fmt.Errorf("reserving: %w", err)
 	}
@@ -158,6 +207,7 @@ func (s *sqlStore) Reserve(ctx context.Context, r Reservation) error {
 	what := func() string { return fmt.Sprintf("reserving %s for account %q", r.Amount, r.Account) }
 	b := s.leases
 	var waited *growCall // the last grow this Reserve waited for
+	looked := false      // *booked is set
 	for {
 		now := s.now()
 		b.mu.Lock()
@@ -173,6 +223,9 @@ func (s *sqlStore) Reserve(ctx context.Context, r Reservation) error {
 		if l == nil {
 			l = &lease{kmax: leaseKmaxStart}
 			b.leases[r.Account] = l
+		}
+		if !looked {
+			*booked, looked = l.booked, true
 		}
 		l.lastReserve = now
 		if !l.extended.IsZero() && b.usable(l, now) && l.spare() >= r.Amount {

@@ -94,8 +94,21 @@ func (q *settleQueue) add(j *settleJob) (schedule bool) {
 	return schedule
 }
 
-// gather waits until settleGather after the previous batch, or until a
-// whole INSERT's worth of settlements is pending.
+// hurry wakes a batch waiting for company: a Reserve was refused for
+// want of money that pending settlements hold.
+func (q *settleQueue) hurry() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.full != nil {
+		select {
+		case q.full <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// gather waits until settleGather after the previous batch, until a
+// whole INSERT's worth of settlements is pending, or until hurried.
 func (q *settleQueue) gather() {
 	q.mu.Lock()
 	if q.full == nil {
@@ -205,6 +218,7 @@ func (s *sqlStore) beginSettle(reservationID string, entries []Entry) (*settleJo
 	}
 	delete(b.res, reservationID)
 	company := len(b.res) > 0 // other reservations will settle soon
+	b.leases[m.Account].settling++
 	b.inflight.Add(1)
 	b.mu.Unlock()
 
@@ -228,6 +242,11 @@ func (s *sqlStore) endSettle(job *settleJob, err error) (charged Micros, low boo
 	b := s.leases
 	b.mu.Lock()
 	l := b.leases[m.Account]
+	l.booked++
+	if l.settling--; l.settling == 0 && l.settled != nil {
+		close(l.settled)
+		l.settled = nil
+	}
 	switch {
 	case job.lost:
 		// The database no longer holds this lease: nothing may be served

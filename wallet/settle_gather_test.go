@@ -152,3 +152,70 @@ func TestSettleAsync(t *testing.T) {
 		}
 	})
 }
+
+// A Reserve refused for want of money that settlements not yet written
+// still hold (the previous answers' reservations) waits for them, hurrying
+// their batch, and tries again: a client whose balance covers the request
+// is not refused for the reservation of its previous one. Money that is
+// really missing is still refused.
+func TestReserveWaitsForPendingSettlements(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s Store) {
+		ctx := context.Background()
+		mustAccount(t, s, "low", 1000)
+		mustAccount(t, s, "busy", 1_000_000)
+		// Another request in flight: settlements gather for company.
+		if err := s.Reserve(ctx, Reservation{ID: "other", Account: "busy", Amount: 10}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Reserve(ctx, Reservation{ID: "r1", Account: "low", Amount: 800}); err != nil {
+			t.Fatal(err)
+		}
+		// The next batch may start only in 10 s, unless hurried.
+		q := &s.(*sqlStore).settles
+		q.mu.Lock()
+		q.last = time.Now().Add(10 * time.Second)
+		q.mu.Unlock()
+		settled := make(chan error, 1)
+		s.SettleAsync("r1", []Entry{{Cost: 10}}, func(_ Micros, err error) { settled <- err })
+
+		start := time.Now()
+		if err := s.Reserve(ctx, Reservation{ID: "r2", Account: "low", Amount: 800}); err != nil {
+			t.Fatalf("r2 (800 of the 990 left) refused while r1's settlement was pending: %v", err)
+		}
+		if err := <-settled; err != nil {
+			t.Fatal(err)
+		}
+		if waited := time.Since(start); waited > 5*time.Second {
+			t.Fatalf("r2 waited %s: the refused Reserve did not hurry the settlement's batch", waited)
+		}
+		// 990 - 800 = 190 available: 300 is refused, after r2's own
+		// settlement is booked as well.
+		q.mu.Lock()
+		q.last = time.Now().Add(10 * time.Second)
+		q.mu.Unlock()
+		s.SettleAsync("r2", []Entry{{Cost: 500}}, func(_ Micros, err error) { settled <- err })
+		if err := s.Reserve(ctx, Reservation{ID: "r3", Account: "low", Amount: 600}); !errors.Is(err, ErrInsufficientFunds) {
+			t.Fatalf("r3 (600 of the 490 left): %v, want ErrInsufficientFunds", err)
+		}
+		if err := <-settled; err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Reserve(ctx, Reservation{ID: "r4", Account: "low", Amount: 490}); err != nil {
+			t.Fatalf("r4 (all of the 490 left): %v", err)
+		}
+		if _, err := s.Settle(ctx, "r4", Entry{Cost: 0}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Settle(ctx, "other", Entry{Cost: 0}); err != nil {
+			t.Fatal(err)
+		}
+		a, err := s.Account(ctx, "low")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Balance != 490 {
+			t.Fatalf("balance %s, want 490", a.Balance)
+		}
+		wantCleanAudit(t, s)
+	})
+}
