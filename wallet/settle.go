@@ -99,11 +99,13 @@ func (q *settleQueue) add(j *settleJob) (schedule bool) {
 func (q *settleQueue) hurry() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.full != nil {
-		select {
-		case q.full <- struct{}{}:
-		default:
-		}
+	if q.full == nil {
+		// Before the first gather: it finds the wake-up waiting.
+		q.full = make(chan struct{}, 1)
+	}
+	select {
+	case q.full <- struct{}{}:
+	default:
 	}
 }
 
