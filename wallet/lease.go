@@ -107,6 +107,12 @@ type lease struct {
 	settling int
 	booked   uint64
 	settled  chan struct{}
+	// shrinks counts the shrinks writing money taken from this lease
+	// back to the account; shrunk, when not nil, is closed when it falls
+	// to 0. Until then that money is in neither place a grow can see, so
+	// a Reserve that must grow waits for them.
+	shrinks int
+	shrunk  chan struct{}
 }
 
 func (l *lease) spare() Micros { return l.amount - l.held }
@@ -244,6 +250,21 @@ func (s *sqlStore) reserve(ctx context.Context, r Reservation, booked *uint64) e
 			// needs (or found no account).
 			b.mu.Unlock()
 			return waited.err
+		}
+		if l.shrinks > 0 {
+			// Spare money of this lease is on its way back to the
+			// account: grow once it is there.
+			if l.shrunk == nil {
+				l.shrunk = make(chan struct{})
+			}
+			shrunk := l.shrunk
+			b.mu.Unlock()
+			select {
+			case <-shrunk:
+			case <-ctx.Done():
+				return fmt.Errorf("%s: %w", what(), ctx.Err())
+			}
+			continue
 		}
 		if g := l.grow; g != nil {
 			// Another Reserve is growing the lease: wait, then look again.
@@ -399,6 +420,7 @@ func (s *sqlStore) shrink(ctx context.Context, accounts []string, keep func(l *l
 		}
 		if sp := l.spare(); sp > 0 {
 			l.amount -= sp
+			l.shrinks++
 			gb = append(gb, giveBack{a, sp})
 		}
 	}
@@ -406,6 +428,20 @@ func (s *sqlStore) shrink(ctx context.Context, accounts []string, keep func(l *l
 	if len(gb) == 0 {
 		return nil
 	}
+	defer func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		for _, g := range gb {
+			// Renew forgets no lease with a shrink writing, so l is the
+			// lease the money came from.
+			if l := b.leases[g.account]; l != nil {
+				if l.shrinks--; l.shrinks == 0 && l.shrunk != nil {
+					close(l.shrunk)
+					l.shrunk = nil
+				}
+			}
+		}
+	}()
 	// One order on every instance: see writer.go on deadlocks.
 	sort.Slice(gb, func(i, j int) bool { return gb[i].account < gb[j].account })
 	err := s.w.do(ctx, fmt.Sprintf("returning spare lease money of %d account(s)", len(gb)), gb[0].account, func(t *stx) error {
@@ -440,8 +476,6 @@ func (s *sqlStore) shrink(ctx context.Context, accounts []string, keep func(l *l
 		b.mu.Lock()
 		for _, g := range gb {
 			if l := b.leases[g.account]; l != nil {
-				// (Forgotten meanwhile by Renew, the money stays in the
-				// row until it expires and Sweep releases it.)
 				l.amount += g.spare
 			}
 		}
@@ -461,7 +495,7 @@ func (s *sqlStore) Renew(ctx context.Context) error {
 	b.mu.Lock()
 	extend := false
 	for a, l := range b.leases {
-		if l.amount == 0 && l.held == 0 && l.grow == nil && now.Sub(l.lastReserve) >= leaseIdleAfter {
+		if l.amount == 0 && l.held == 0 && l.grow == nil && l.shrinks == 0 && now.Sub(l.lastReserve) >= leaseIdleAfter {
 			// Forget an empty, idle lease, so that the map holds only the
 			// accounts in use (its row, if any, is deleted at Close).
 			delete(b.leases, a)
