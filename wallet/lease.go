@@ -117,6 +117,38 @@ type lease struct {
 
 func (l *lease) spare() Micros { return l.amount - l.held }
 
+// shrinking returns a channel closed once no shrink of l is writing, or
+// nil when none is. The caller holds the book's lock.
+func (l *lease) shrinking() <-chan struct{} {
+	if l.shrinks == 0 {
+		return nil
+	}
+	if l.shrunk == nil {
+		l.shrunk = make(chan struct{})
+	}
+	return l.shrunk
+}
+
+// waitShrunk waits until no shrink of the account's lease is writing.
+func (s *sqlStore) waitShrunk(ctx context.Context, account string) error {
+	b := s.leases
+	b.mu.Lock()
+	var shrunk <-chan struct{}
+	if l := b.leases[account]; l != nil {
+		shrunk = l.shrinking()
+	}
+	b.mu.Unlock()
+	if shrunk == nil {
+		return nil
+	}
+	select {
+	case <-shrunk:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // growCall is one grow in flight, which Reserves that do not fit wait for.
 type growCall struct {
 	done chan struct{}
@@ -251,13 +283,9 @@ func (s *sqlStore) reserve(ctx context.Context, r Reservation, booked *uint64) e
 			b.mu.Unlock()
 			return waited.err
 		}
-		if l.shrinks > 0 {
+		if shrunk := l.shrinking(); shrunk != nil {
 			// Spare money of this lease is on its way back to the
 			// account: grow once it is there.
-			if l.shrunk == nil {
-				l.shrunk = make(chan struct{})
-			}
-			shrunk := l.shrunk
 			b.mu.Unlock()
 			select {
 			case <-shrunk:

@@ -219,3 +219,39 @@ func TestReserveWaitsForPendingSettlements(t *testing.T) {
 		wantCleanAudit(t, s)
 	})
 }
+
+// A negative credit (a correction) likewise waits for the account's
+// settlements not yet written, whose reservations hold money it may take.
+func TestNegativeCreditWaitsForPendingSettlements(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s Store) {
+		ctx := context.Background()
+		mustAccount(t, s, "low", 1000)
+		mustAccount(t, s, "busy", 1_000_000)
+		if err := s.Reserve(ctx, Reservation{ID: "other", Account: "busy", Amount: 10}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Reserve(ctx, Reservation{ID: "r1", Account: "low", Amount: 800}); err != nil {
+			t.Fatal(err)
+		}
+		q := &s.(*sqlStore).settles
+		q.mu.Lock()
+		q.last = time.Now().Add(10 * time.Second)
+		q.mu.Unlock()
+		settled := make(chan error, 1)
+		s.SettleAsync("r1", []Entry{{Cost: 10}}, func(_ Micros, err error) { settled <- err })
+		a, err := s.Credit(ctx, "low", -900, "correction")
+		if err != nil {
+			t.Fatalf("taking 900 of the 990 left while r1's settlement was pending: %v", err)
+		}
+		if err := <-settled; err != nil {
+			t.Fatal(err)
+		}
+		if a.Balance != 90 {
+			t.Fatalf("balance %s after the correction, want 90", a.Balance)
+		}
+		if _, err := s.Settle(ctx, "other", Entry{Cost: 0}); err != nil {
+			t.Fatal(err)
+		}
+		wantCleanAudit(t, s)
+	})
+}

@@ -399,8 +399,16 @@ func (s *sqlStore) Credit(ctx context.Context, account string, amount Micros, no
 	if amount < 0 {
 		// This instance's lease counts as reserved: give its spare money
 		// back first. Other instances' leases still count (they shrink
-		// when idle, within about a second).
+		// when idle, within about a second). Settlements not yet written
+		// hold money of the lease too: they release what they did not
+		// spend first.
+		_ = s.waitSettled(ctx, account, 0)
 		if err := s.shrink(ctx, []string{account}, nil); err != nil {
+			return Account{}, fmt.Errorf("%s: %w", what, err)
+		}
+		// And a shrink started elsewhere (a settlement that left the
+		// account low) may still be writing the spare money back.
+		if err := s.waitShrunk(ctx, account); err != nil {
 			return Account{}, fmt.Errorf("%s: %w", what, err)
 		}
 	}

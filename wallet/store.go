@@ -167,7 +167,8 @@ type Store interface {
 	// Credit adds amount to the balance with a KindCredit row. A negative
 	// amount is a correction and fails with ErrInsufficientFunds if it would
 	// take more than the available balance; zero is rejected. This Store
-	// returns its spare lease money first, but other instances' leases
+	// waits for the account's settlements not yet written and returns its
+	// spare lease money first, but other instances' leases
 	// count as reserved until they go idle (about a second).
 	Credit(ctx context.Context, account string, amount Micros, note string) (Account, error)
 	Account(ctx context.Context, id string) (Account, error)
