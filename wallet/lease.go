@@ -117,6 +117,19 @@ type lease struct {
 
 func (l *lease) spare() Micros { return l.amount - l.held }
 
+// settlements returns a channel closed once every settlement of l's
+// account decided now is booked, or nil when none is pending. The caller
+// holds the book's lock.
+func (l *lease) settlements() <-chan struct{} {
+	if l.settling == 0 {
+		return nil
+	}
+	if l.settled == nil {
+		l.settled = make(chan struct{})
+	}
+	return l.settled
+}
+
 // shrinking returns a channel closed once no shrink of l is writing, or
 // nil when none is. The caller holds the book's lock.
 func (l *lease) shrinking() <-chan struct{} {
@@ -212,16 +225,15 @@ func (s *sqlStore) Reserve(ctx context.Context, r Reservation) error {
 func (s *sqlStore) waitSettled(ctx context.Context, account string, booked uint64) bool {
 	b := s.leases
 	b.mu.Lock()
-	l := b.leases[account]
-	if l == nil || l.settling == 0 {
-		b.mu.Unlock()
-		return l != nil && l.booked != booked
+	var settled <-chan struct{}
+	again := false
+	if l := b.leases[account]; l != nil {
+		settled, again = l.settlements(), l.booked != booked
 	}
-	if l.settled == nil {
-		l.settled = make(chan struct{})
-	}
-	settled := l.settled
 	b.mu.Unlock()
+	if settled == nil {
+		return again
+	}
 	s.settles.hurry()
 	select {
 	case <-settled:

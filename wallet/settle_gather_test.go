@@ -180,7 +180,12 @@ func TestReserveWaitsForPendingSettlements(t *testing.T) {
 
 		start := time.Now()
 		if err := s.Reserve(ctx, Reservation{ID: "r2", Account: "low", Amount: 800}); err != nil {
-			t.Fatalf("r2 (800 of the 990 left) refused while r1's settlement was pending: %v", err)
+			lb := s.(*sqlStore).leases
+			lb.mu.Lock()
+			l := *lb.leases["low"]
+			lb.mu.Unlock()
+			a, _ := s.Account(ctx, "low")
+			t.Fatalf("r2 (800 of the 990 left) refused while r1's settlement was pending: %v (lease %+v, account %+v)", err, l, a)
 		}
 		if err := <-settled; err != nil {
 			t.Fatal(err)
