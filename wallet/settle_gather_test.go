@@ -153,6 +153,31 @@ func TestSettleAsync(t *testing.T) {
 	})
 }
 
+// pendingSettlement leaves account "low" (balance 1000) with r1's
+// settlement (800 reserved, 10 spent) queued and unwritten: another
+// request is in flight (account "busy"), so the batch waits for company,
+// and the next may start only in 10 s unless hurried. settled gets r1's
+// outcome.
+func pendingSettlement(t *testing.T, s Store) (q *settleQueue, settled chan error) {
+	t.Helper()
+	ctx := context.Background()
+	mustAccount(t, s, "low", 1000)
+	mustAccount(t, s, "busy", 1_000_000)
+	if err := s.Reserve(ctx, Reservation{ID: "other", Account: "busy", Amount: 10}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Reserve(ctx, Reservation{ID: "r1", Account: "low", Amount: 800}); err != nil {
+		t.Fatal(err)
+	}
+	q = &s.(*sqlStore).settles
+	q.mu.Lock()
+	q.last = time.Now().Add(10 * time.Second)
+	q.mu.Unlock()
+	settled = make(chan error, 1)
+	s.SettleAsync("r1", []Entry{{Cost: 10}}, func(_ Micros, err error) { settled <- err })
+	return q, settled
+}
+
 // A Reserve refused for want of money that settlements not yet written
 // still hold (the previous answers' reservations) waits for them, hurrying
 // their batch, and tries again: a client whose balance covers the request
@@ -161,22 +186,7 @@ func TestSettleAsync(t *testing.T) {
 func TestReserveWaitsForPendingSettlements(t *testing.T) {
 	forEachStore(t, func(t *testing.T, s Store) {
 		ctx := context.Background()
-		mustAccount(t, s, "low", 1000)
-		mustAccount(t, s, "busy", 1_000_000)
-		// Another request in flight: settlements gather for company.
-		if err := s.Reserve(ctx, Reservation{ID: "other", Account: "busy", Amount: 10}); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Reserve(ctx, Reservation{ID: "r1", Account: "low", Amount: 800}); err != nil {
-			t.Fatal(err)
-		}
-		// The next batch may start only in 10 s, unless hurried.
-		q := &s.(*sqlStore).settles
-		q.mu.Lock()
-		q.last = time.Now().Add(10 * time.Second)
-		q.mu.Unlock()
-		settled := make(chan error, 1)
-		s.SettleAsync("r1", []Entry{{Cost: 10}}, func(_ Micros, err error) { settled <- err })
+		q, settled := pendingSettlement(t, s)
 
 		start := time.Now()
 		if err := s.Reserve(ctx, Reservation{ID: "r2", Account: "low", Amount: 800}); err != nil {
@@ -230,20 +240,7 @@ func TestReserveWaitsForPendingSettlements(t *testing.T) {
 func TestNegativeCreditWaitsForPendingSettlements(t *testing.T) {
 	forEachStore(t, func(t *testing.T, s Store) {
 		ctx := context.Background()
-		mustAccount(t, s, "low", 1000)
-		mustAccount(t, s, "busy", 1_000_000)
-		if err := s.Reserve(ctx, Reservation{ID: "other", Account: "busy", Amount: 10}); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Reserve(ctx, Reservation{ID: "r1", Account: "low", Amount: 800}); err != nil {
-			t.Fatal(err)
-		}
-		q := &s.(*sqlStore).settles
-		q.mu.Lock()
-		q.last = time.Now().Add(10 * time.Second)
-		q.mu.Unlock()
-		settled := make(chan error, 1)
-		s.SettleAsync("r1", []Entry{{Cost: 10}}, func(_ Micros, err error) { settled <- err })
+		_, settled := pendingSettlement(t, s)
 		a, err := s.Credit(ctx, "low", -900, "correction")
 		if err != nil {
 			t.Fatalf("taking 900 of the 990 left while r1's settlement was pending: %v", err)
