@@ -101,45 +101,44 @@ type lease struct {
 	grantedAt   time.Time
 	grow        *growCall // in flight, or nil
 	// settling counts the account's settlements decided but not yet
-	// booked, whose reservations are still held, and booked those booked
-	// so far; settled, when not nil, is closed when settling falls to 0
-	// (a Reserve refused meanwhile waits for it).
-	settling int
+	// booked, whose reservations are still held (a Reserve refused
+	// meanwhile waits for them), and booked those booked so far.
+	settling inFlight
 	booked   uint64
-	settled  chan struct{}
-	// shrinks counts the shrinks writing money taken from this lease
-	// back to the account; shrunk, when not nil, is closed when it falls
-	// to 0. Until then that money is in neither place a grow can see, so
-	// a Reserve that must grow waits for them.
-	shrinks int
-	shrunk  chan struct{}
+	// shrinking counts the shrinks writing money taken from this lease
+	// back to the account. Until they end that money is in neither place
+	// a grow can see, so a Reserve that must grow waits for them.
+	shrinking inFlight
 }
 
 func (l *lease) spare() Micros { return l.amount - l.held }
 
-// settlements returns a channel closed once every settlement of l's
-// account decided now is booked, or nil when none is pending. The caller
-// holds the book's lock.
-func (l *lease) settlements() <-chan struct{} {
-	if l.settling == 0 {
-		return nil
-	}
-	if l.settled == nil {
-		l.settled = make(chan struct{})
-	}
-	return l.settled
+// inFlight counts work in flight that others may wait for; the lease
+// book's lock guards it.
+type inFlight struct {
+	n    int
+	none chan struct{} // made by the first wait, closed when n falls to 0
 }
 
-// shrinking returns a channel closed once no shrink of l is writing, or
-// nil when none is. The caller holds the book's lock.
-func (l *lease) shrinking() <-chan struct{} {
-	if l.shrinks == 0 {
+func (f *inFlight) start() { f.n++ }
+
+func (f *inFlight) end() {
+	if f.n--; f.n == 0 && f.none != nil {
+		close(f.none)
+		f.none = nil
+	}
+}
+
+// wait returns a channel closed once none is in flight, or nil when none
+// is now.
+func (f *inFlight) wait() <-chan struct{} {
+	if f.n == 0 {
 		return nil
 	}
-	if l.shrunk == nil {
-		l.shrunk = make(chan struct{})
+	if f.none == nil {
+		f.none = make(chan struct{})
 	}
-	return l.shrunk
+	return f.none
 }
 
 // waitShrunk waits until no shrink of the account's lease is writing.
@@ -148,7 +147,7 @@ func (s *sqlStore) waitShrunk(ctx context.Context, account string) error {
 	b.mu.Lock()
 	var shrunk <-chan struct{}
 	if l := b.leases[account]; l != nil {
-		shrunk = l.shrinking()
+		shrunk = l.shrinking.wait()
 	}
 	b.mu.Unlock()
 	if shrunk == nil {
@@ -228,7 +227,7 @@ func (s *sqlStore) waitSettled(ctx context.Context, account string, booked uint6
 	var settled <-chan struct{}
 	again := false
 	if l := b.leases[account]; l != nil {
-		settled, again = l.settlements(), l.booked != booked
+		settled, again = l.settling.wait(), l.booked != booked
 	}
 	b.mu.Unlock()
 	if settled == nil {
@@ -295,7 +294,7 @@ func (s *sqlStore) reserve(ctx context.Context, r Reservation, booked *uint64) e
 			b.mu.Unlock()
 			return waited.err
 		}
-		if shrunk := l.shrinking(); shrunk != nil {
+		if shrunk := l.shrinking.wait(); shrunk != nil {
 			// Spare money of this lease is on its way back to the
 			// account: grow once it is there.
 			b.mu.Unlock()
@@ -460,7 +459,7 @@ func (s *sqlStore) shrink(ctx context.Context, accounts []string, keep func(l *l
 		}
 		if sp := l.spare(); sp > 0 {
 			l.amount -= sp
-			l.shrinks++
+			l.shrinking.start()
 			gb = append(gb, giveBack{a, sp})
 		}
 	}
@@ -475,10 +474,7 @@ func (s *sqlStore) shrink(ctx context.Context, accounts []string, keep func(l *l
 			// Renew forgets no lease with a shrink writing, so l is the
 			// lease the money came from.
 			if l := b.leases[g.account]; l != nil {
-				if l.shrinks--; l.shrinks == 0 && l.shrunk != nil {
-					close(l.shrunk)
-					l.shrunk = nil
-				}
+				l.shrinking.end()
 			}
 		}
 	}()
@@ -535,7 +531,7 @@ func (s *sqlStore) Renew(ctx context.Context) error {
 	b.mu.Lock()
 	extend := false
 	for a, l := range b.leases {
-		if l.amount == 0 && l.held == 0 && l.grow == nil && l.shrinks == 0 && now.Sub(l.lastReserve) >= leaseIdleAfter {
+		if l.amount == 0 && l.held == 0 && l.grow == nil && l.shrinking.n == 0 && now.Sub(l.lastReserve) >= leaseIdleAfter {
 			// Forget an empty, idle lease, so that the map holds only the
 			// accounts in use (its row, if any, is deleted at Close).
 			delete(b.leases, a)

@@ -220,7 +220,7 @@ func (s *sqlStore) beginSettle(reservationID string, entries []Entry) (*settleJo
 	}
 	delete(b.res, reservationID)
 	company := len(b.res) > 0 // other reservations will settle soon
-	b.leases[m.Account].settling++
+	b.leases[m.Account].settling.start()
 	b.inflight.Add(1)
 	b.mu.Unlock()
 
@@ -245,10 +245,7 @@ func (s *sqlStore) endSettle(job *settleJob, err error) (charged Micros, low boo
 	b.mu.Lock()
 	l := b.leases[m.Account]
 	l.booked++
-	if l.settling--; l.settling == 0 && l.settled != nil {
-		close(l.settled)
-		l.settled = nil
-	}
+	l.settling.end()
 	switch {
 	case job.lost:
 		// The database no longer holds this lease: nothing may be served

@@ -19,7 +19,7 @@ var (
 	}, []string{"result"})
 	settlementsPending = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: "caddy", Subsystem: "llm_failover", Name: "wallet_settlements_pending",
-		Help: "Settlements decided but not yet written (they are written after the answer, batched a few milliseconds apart); one that keeps growing means the store does not keep up, and each holds its reservation's money meanwhile.",
+		Help: "Settlements decided but not yet written (they are written after the answer, batched up to 20 ms apart); one that keeps growing means the store does not keep up, and each holds its reservation's money meanwhile.",
 	})
 	keepAliveTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "llm_failover", Name: "wallet_keepalive_total",

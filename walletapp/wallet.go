@@ -378,13 +378,9 @@ func (h *storeHolder) Destruct() error {
 	if settled != nil {
 		// Settlements already decided are written before this returns:
 		// at shutdown Caddy exits right after its cleanups.
-		t := time.NewTimer(settleDrainLimit)
-		select {
-		case <-settled:
-		case <-t.C:
+		if !waitAtMost(settled, settleDrainLimit) {
 			h.logger.Error("releasing the wallet store with settlements still unwritten; if the process exits now they are lost (their money is released uncharged after lease_ttl)")
 		}
-		t.Stop()
 	}
 	select {
 	case <-h.drained:
@@ -394,13 +390,9 @@ func (h *storeHolder) Destruct() error {
 		// that does not answer holds a reload for at most closeWait.
 		closed := make(chan struct{})
 		go func() { h.close(); close(closed) }()
-		t := time.NewTimer(closeWait)
-		select {
-		case <-closed:
-		case <-t.C:
+		if !waitAtMost(closed, closeWait) {
 			h.logger.Warn("closing the wallet store is slow; finishing in the background (if the process exits first, its leases are released after lease_ttl)")
 		}
-		t.Stop()
 	default:
 		go func() {
 			select {
@@ -412,6 +404,19 @@ func (h *storeHolder) Destruct() error {
 		}()
 	}
 	return nil
+}
+
+// waitAtMost waits until ch is closed or d has passed, and reports
+// whether ch was closed.
+func waitAtMost(ch <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // close stops the sweeper and the renewer and closes the store. The
