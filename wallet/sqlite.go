@@ -118,6 +118,10 @@ func OpenSQLite(path string, opts ...Options) (Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("opening SQLite wallet %s: %w", path, err)
 	}
+	if err := rewriteKindCheck(ctx, db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("opening SQLite wallet %s: migrating the ledger's kind CHECK: %w", path, err)
+	}
 	if err := s.start(ctx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("opening SQLite wallet %s: %w", path, err)

@@ -15,7 +15,7 @@ import (
 
 // sqliteApp provisions an llm_wallet app with one wallet "w" on the SQLite
 // file at path, not yet started.
-func sqliteApp(t *testing.T, path string) (*App, *Wallet) {
+func sqliteApp(t testing.TB, path string) (*App, *Wallet) {
 	t.Helper()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)

@@ -1,0 +1,94 @@
+package walletapp
+
+import (
+	"context"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/llmfailover/caddy-llm-failover/wallet"
+)
+
+// BenchmarkRequestPath is the wallet's share of one gateway request, as
+// the handler spends it: enter, authenticate the client's key, reserve,
+// keep alive, settle after the answer (SettleAsync) and exit. Each client
+// waits for its settlement before its next request, so ns/op includes
+// the batch writer and nothing queues without bound; with 256 clients
+// the batches are full (128 settlements), as in bench/run.sh's gateway at
+// a few thousand requests/s. Run it on one core, as bench/run.sh runs
+// Caddy:
+//
+//	go test -run '^$' -bench RequestPath -benchmem -cpu 1 ./walletapp/
+func BenchmarkRequestPath(b *testing.B) {
+	a, w := sqliteApp(b, filepath.Join(b.TempDir(), "w.db"))
+	if err := a.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = a.Cleanup() })
+	st, err := w.Store()
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := st.CreateAccount(ctx, "bench"); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := st.Credit(ctx, "bench", 1<<60, "bench"); err != nil {
+		b.Fatal(err)
+	}
+	secret, _, err := st.CreateKey(ctx, "bench", "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	price := wallet.Price{Input: 3_000_000, Output: 15_000_000}
+	amount, _ := wallet.MaxCost(wallet.Estimate{BodyBytes: 200, MaxOutput: 1000}, price)
+	b.SetParallelism(256)
+	cpu0 := processCPU(b)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		settled := make(chan error, 1)
+		for pb.Next() {
+			exit := w.Enter()
+			actx, cancel := w.AdmissionContext(ctx)
+			k, err := w.Authenticate(actx, secret)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			id := uuid.NewString()
+			r := wallet.Reservation{ID: id, Account: k.Account, KeyID: k.ID, Model: "m", RequestID: id,
+				Amount: amount, ExpiresAt: time.Now().Add(w.ReservationTTL())}
+			if err := w.Reserve(actx, r); err != nil {
+				b.Error(err)
+				return
+			}
+			cancel()
+			live := w.KeepAlive(id)
+			e := wallet.Entry{Account: k.Account, KeyID: k.ID, Model: "m", UpstreamModel: "m", Channel: "c",
+				RequestID: id, TokensIn: 50, TokensOut: 20, Cost: price.Cost(50, 20)}
+			w.SettleAsync(id, []wallet.Entry{e}, func(_ wallet.Micros, err error) {
+				live()
+				settled <- err
+			})
+			exit()
+			if err := <-settled; err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64((processCPU(b)-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+}
+
+// processCPU is the CPU time this process has used: unlike ns/op, it
+// leaves out the time a busy machine gave other processes.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
