@@ -24,7 +24,7 @@ type authCache struct {
 	max int
 
 	mu sync.RWMutex
-	m  map[string]authEntry
+	m  map[keyHash]authEntry
 	// gen changes on every invalidation, so that a lookup that read the
 	// database before a revocation committed cannot store its stale answer
 	// after the revocation cleared the cache.
@@ -37,12 +37,12 @@ type authEntry struct {
 }
 
 func newAuthCache(ttl time.Duration, max int) *authCache {
-	return &authCache{ttl: ttl, max: max, m: map[string]authEntry{}}
+	return &authCache{ttl: ttl, max: max, m: map[keyHash]authEntry{}}
 }
 
 // get returns the cached key for hash if it has not expired at now, and the
 // generation to pass to put after a miss.
-func (c *authCache) get(hash string, now time.Time) (Key, bool, uint64) {
+func (c *authCache) get(hash keyHash, now time.Time) (Key, bool, uint64) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	e, ok := c.m[hash]
@@ -52,7 +52,7 @@ func (c *authCache) get(hash string, now time.Time) (Key, bool, uint64) {
 	return Key{}, false, c.gen
 }
 
-func (c *authCache) put(hash string, k Key, now time.Time, gen uint64) {
+func (c *authCache) put(hash keyHash, k Key, now time.Time, gen uint64) {
 	if c.ttl <= 0 || c.max <= 0 {
 		return
 	}

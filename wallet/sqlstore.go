@@ -69,10 +69,12 @@ type sqlStore struct {
 	// they serve (see lease.go); settles the Settles waiting for a batch.
 	leases  *leaseBook
 	settles settleQueue
-	// inserts caches the multi-row ledger INSERTs, by row count.
+	// inserts caches the multi-row ledger INSERTs, by row count, and the
+	// slice of their arguments (see insertRows).
 	inserts struct {
 		mu     sync.Mutex
 		byRows map[int]*sql.Stmt
+		args   []any
 	}
 }
 
@@ -524,7 +526,7 @@ func (s *sqlStore) CreateKey(ctx context.Context, account, label string) (string
 			return err
 		}
 		_, err := t.tx.ExecContext(t.ctx, s.q(`INSERT INTO api_keys (id, account_id, hash, prefix, label, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
-			k.ID, k.Account, hashKey(plaintext), k.Prefix, k.Label, toDB(k.CreatedAt))
+			k.ID, k.Account, hashKey(plaintext).String(), k.Prefix, k.Label, toDB(k.CreatedAt))
 		return err
 	})
 	if err != nil {
@@ -617,7 +619,7 @@ func (s *sqlStore) Authenticate(ctx context.Context, plaintext string) (Key, err
 		return k, nil
 	}
 	var err error
-	k, err = scanKey(s.st.authenticate.QueryRowContext(ctx, hash))
+	k, err = scanKey(s.st.authenticate.QueryRowContext(ctx, hash.String()))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Key{}, fmt.Errorf("authenticating: %w", ErrUnknownKey)
 	}

@@ -509,26 +509,26 @@ func TestAuthCacheBounded(t *testing.T) {
 	c := newAuthCache(time.Second, 3)
 	now := time.Now()
 	for i := 0; i < 10; i++ {
-		_, _, gen := c.get(fmt.Sprint(i), now)
-		c.put(fmt.Sprint(i), Key{ID: fmt.Sprint(i)}, now, gen)
+		_, _, gen := c.get(hashKey(fmt.Sprint(i)), now)
+		c.put(hashKey(fmt.Sprint(i)), Key{ID: fmt.Sprint(i)}, now, gen)
 		if len(c.m) > 3 {
 			t.Fatalf("%d entries, max 3", len(c.m))
 		}
 	}
-	if k, ok, _ := c.get("9", now); !ok || k.ID != "9" {
+	if k, ok, _ := c.get(hashKey("9"), now); !ok || k.ID != "9" {
 		t.Errorf("newest entry missing: %+v %v", k, ok)
 	}
 	// A lookup that began before an invalidation must not store its answer.
-	_, _, gen := c.get("x", now)
+	_, _, gen := c.get(hashKey("x"), now)
 	c.invalidate()
-	c.put("x", Key{ID: "x"}, now, gen)
-	if _, ok, _ := c.get("x", now); ok || len(c.m) != 0 {
+	c.put(hashKey("x"), Key{ID: "x"}, now, gen)
+	if _, ok, _ := c.get(hashKey("x"), now); ok || len(c.m) != 0 {
 		t.Error("stale lookup stored after invalidation")
 	}
 	// Expired entries are misses.
-	_, _, gen = c.get("y", now)
-	c.put("y", Key{ID: "y"}, now, gen)
-	if _, ok, _ := c.get("y", now.Add(time.Second)); ok {
+	_, _, gen = c.get(hashKey("y"), now)
+	c.put(hashKey("y"), Key{ID: "y"}, now, gen)
+	if _, ok, _ := c.get(hashKey("y"), now.Add(time.Second)); ok {
 		t.Error("expired entry served")
 	}
 }
