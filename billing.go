@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/llmfailover/caddy-llm-failover/provider"
@@ -39,19 +40,35 @@ type walletRuntime struct {
 	allow   bool
 	account string
 	logger  *zap.Logger
+	// reservedOK and settledOK are the every-request series of
+	// wallet_operations_total, looked up once.
+	reservedOK, settledOK prometheus.Counter
 }
 
 func (c *WalletConfig) provision(ctx caddy.Context, logger *zap.Logger) (*walletRuntime, error) {
 	// check has vetted OnStoreError.
-	rt := &walletRuntime{account: c.Account, allow: c.OnStoreError == "allow", logger: logger}
 	app, err := ctx.App("llm_wallet")
 	if err != nil {
 		return nil, err
 	}
-	if rt.w, err = app.(*walletapp.App).Wallet(c.Name); err != nil {
+	w, err := app.(*walletapp.App).Wallet(c.Name)
+	if err != nil {
 		return nil, err
 	}
-	return rt, nil
+	return newWalletRuntime(w, logger, c.Account, c.OnStoreError == "allow"), nil
+}
+
+func newWalletRuntime(w *walletapp.Wallet, logger *zap.Logger, account string, allow bool) *walletRuntime {
+	return &walletRuntime{w: w, account: account, allow: allow, logger: logger,
+		reservedOK: walletTotal.WithLabelValues("reserve", "ok"), settledOK: walletTotal.WithLabelValues("settle", "ok")}
+}
+
+// useWallet makes the handler's requests prepaid, billed through rt.
+func (h *Handler) useWallet(rt *walletRuntime) {
+	h.wallet = rt
+	for name, pm := range h.models {
+		pm.charged = walletCharged.WithLabelValues(name)
+	}
 }
 
 // bill is one request's reservation, from admission to settlement.
@@ -148,7 +165,7 @@ func (rt *walletRuntime) admit(x *exchange, resumable bool) (*bill, *provider.Er
 	case err != nil:
 		return rt.storeError(x, "reserve", err)
 	}
-	walletTotal.WithLabelValues("reserve", "ok").Inc()
+	rt.reservedOK.Inc()
 	// While the request runs, its reservation is kept from expiring; only
 	// a crashed instance's reservations are left for the sweeper.
 	b.live = rt.w.KeepAlive(b.res.ID)
@@ -338,8 +355,8 @@ func (b *bill) settled(cost, charged wallet.Micros, err error) {
 			zap.String("request_id", b.res.RequestID), zap.String("account", b.res.Account), zap.Error(err))
 		return
 	}
-	walletTotal.WithLabelValues("settle", "ok").Inc()
-	walletCharged.WithLabelValues(b.res.Model).Add(float64(charged))
+	b.rt.settledOK.Inc()
+	b.x.model.charged.Add(float64(charged))
 	if charged < cost {
 		b.rt.logger.Warn("usage exceeded the reservation; charged the reserved amount",
 			zap.String("request_id", b.res.RequestID), zap.String("reserved", b.res.Amount.String()), zap.String("usage_cost", cost.String()))

@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/llmfailover/caddy-llm-failover/breaker"
@@ -317,6 +318,9 @@ type model struct {
 	// resumable: per client API, whether stream_resume can continue a
 	// broken stream (resume.go); computed once in Provision.
 	resumable [provider.NumAPIs]bool
+	// charged is the model's series of wallet_charged_micros_total (with a
+	// wallet), looked up once rather than on every settlement.
+	charged prometheus.Counter
 }
 
 // CaddyModule returns the Caddy module information.
@@ -474,7 +478,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if err != nil {
 			return fmt.Errorf("wallet: %w", err)
 		}
-		h.wallet = w
+		h.useWallet(w)
 	}
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return err

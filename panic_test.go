@@ -50,7 +50,7 @@ func TestWalletPanicReleasesReservation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.wallet = &walletRuntime{w: wal, logger: h.logger}
+	h.useWallet(newWalletRuntime(wal, h.logger, "", false))
 	st, err := wal.Store()
 	if err != nil {
 		t.Fatal(err)
