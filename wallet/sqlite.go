@@ -48,7 +48,8 @@ var sqliteSchema = []string{
 		created_at INTEGER NOT NULL
 	) STRICT`,
 	`CREATE INDEX IF NOT EXISTS reservations_expiry ON reservations (expires_at)`,
-	// AUTOINCREMENT so IDs are never reused: Usage pages by ID.
+	// AUTOINCREMENT so IDs are never reused: Usage pages by ID. The kind
+	// CHECK is stored rewritten as ORed equalities (rewriteKindCheck).
 	`CREATE TABLE IF NOT EXISTS ledger (
 		id INTEGER PRIMARY KEY AUTOINCREMENT,
 		kind TEXT NOT NULL CHECK (kind IN ('charge', 'release', 'failed_attempt', 'credit', 'expired')),
