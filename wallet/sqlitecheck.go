@@ -3,6 +3,7 @@ package wallet
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strings"
@@ -45,9 +46,14 @@ func rewriteKindCheck(ctx context.Context, db *sql.DB) (err error) {
 	defer func() {
 		// RESET turns writable_schema off and reloads the schema: this
 		// connection would otherwise keep the old one, since the bump below
-		// moved its cached schema_version along with the file's.
-		if _, resetErr := conn.ExecContext(ctx, `PRAGMA writable_schema = RESET`); resetErr != nil && err == nil {
-			err = fmt.Errorf("resetting writable_schema: %w", resetErr)
+		// moved its cached schema_version along with the file's. It runs
+		// even when ctx has ended; a connection it fails on is discarded
+		// rather than returned to the pool with writable_schema on.
+		if _, resetErr := conn.ExecContext(context.WithoutCancel(ctx), `PRAGMA writable_schema = RESET`); resetErr != nil {
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+			if err == nil {
+				err = fmt.Errorf("resetting writable_schema: %w", resetErr)
+			}
 		}
 	}()
 	tx, err := conn.BeginTx(ctx, nil)
