@@ -20,12 +20,21 @@
 // shared machine.
 //
 //	go run ./bench/report results.jsonl
+//
+// Several files are pooled, in the order given (runs of the same command,
+// so that run j of each target is one repetition). -min-core-share F
+// drops every repetition in which some run's gateway had less than F of
+// its core, which on a shared machine measures the neighbour:
+//
+//	go run ./bench/report -min-core-share 0.9 bench/results/A.jsonl bench/results/B.jsonl
 package main
 
 import (
 	"bufio"
 	"encoding/json"
+	"flag"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"sort"
@@ -72,22 +81,21 @@ type comparison struct {
 	title      string // after the mode in the table's title
 }
 
-func main() {
-	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: report results.jsonl")
-		os.Exit(2)
-	}
-	f, err := os.Open(os.Args[1])
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "report:", err)
-		os.Exit(1)
-	}
-	defer f.Close()
-	runs := map[string]map[string][]result{} // mode -> target -> runs in order
-	var modes []string
-	targets := map[string][]string{} // mode -> targets in order of first run
-	fleets := map[string][]*fleet{}  // mode -> fleet runs in order of first run
-	sc := bufio.NewScanner(f)
+// dataset is every run read, by mode and target, in the order they ran.
+type dataset struct {
+	runs    map[string]map[string][]result // mode -> target -> runs in order
+	modes   []string
+	targets map[string][]string // mode -> targets in order of first run
+	fleets  map[string][]*fleet // mode -> fleet runs in order of first run
+}
+
+func newDataset() *dataset {
+	return &dataset{runs: map[string]map[string][]result{}, targets: map[string][]string{}, fleets: map[string][]*fleet{}}
+}
+
+// read adds the JSON lines of r; name is for errors.
+func (d *dataset) read(r io.Reader, name string) error {
+	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
 		if line == "" {
@@ -95,44 +103,134 @@ func main() {
 		}
 		var r result
 		if err := json.Unmarshal([]byte(line), &r); err != nil {
-			fmt.Fprintln(os.Stderr, "report: bad line:", err)
-			os.Exit(1)
+			return fmt.Errorf("%s: bad line: %w", name, err)
 		}
 		mode, target, _ := strings.Cut(r.Label, " ")
 		if r.CPUPerReq > 0 {
 			r.capacity = 1e6 / r.CPUPerReq
 		}
-		if runs[mode] == nil {
-			runs[mode] = map[string][]result{}
-			modes = append(modes, mode)
+		if d.runs[mode] == nil {
+			d.runs[mode] = map[string][]result{}
+			d.modes = append(d.modes, mode)
 		}
 		if of, n, i, ok := fleetPart(target); ok {
-			fleets[mode] = addFleetPart(fleets[mode], of, n, i, r)
+			d.fleets[mode] = addFleetPart(d.fleets[mode], of, n, i, r)
 			continue
 		}
-		if runs[mode][target] == nil {
-			targets[mode] = append(targets[mode], target)
+		if d.runs[mode][target] == nil {
+			d.targets[mode] = append(d.targets[mode], target)
 		}
-		runs[mode][target] = append(runs[mode][target], r)
+		d.runs[mode][target] = append(d.runs[mode][target], r)
+	}
+	return sc.Err()
+}
+
+// keepWholeCores drops, per mode, every repetition in which some run had
+// less than share of a core (CPUShare; runs without the figure are kept):
+// run j of every target and fleet instance goes together, so that the
+// pairs stay pairs. It returns, per mode, the repetitions kept and read.
+// On a shared machine a run whose gateway was starved measures the
+// neighbour, not the gateway.
+func (d *dataset) keepWholeCores(share float64) map[string][2]int {
+	out := map[string][2]int{}
+	for _, mode := range d.modes {
+		// Every run list of the mode: the targets', then the fleet
+		// instances', written back in the same order below.
+		var lists [][]result
+		for _, t := range d.targets[mode] {
+			lists = append(lists, d.runs[mode][t])
+		}
+		for _, f := range d.fleets[mode] {
+			lists = append(lists, f.parts...)
+		}
+		reps := 0
+		for _, l := range lists {
+			reps = max(reps, len(l))
+		}
+		keep := make([]bool, reps)
+		kept := 0
+		for j := range keep {
+			keep[j] = true
+			for _, l := range lists {
+				if j < len(l) && l[j].CPUShare > 0 && l[j].CPUShare < share {
+					keep[j] = false
+				}
+			}
+			if keep[j] {
+				kept++
+			}
+		}
+		for k, l := range lists {
+			var in []result
+			for j, r := range l {
+				if keep[j] {
+					in = append(in, r)
+				}
+			}
+			lists[k] = in
+		}
+		for _, t := range d.targets[mode] {
+			d.runs[mode][t], lists = lists[0], lists[1:]
+		}
+		for _, f := range d.fleets[mode] {
+			for i := range f.parts {
+				f.parts[i], lists = lists[0], lists[1:]
+			}
+		}
+		out[mode] = [2]int{kept, reps}
+	}
+	return out
+}
+
+func main() {
+	share := flag.Float64("min-core-share", 0, "drop every repetition in which a run's gateway had less than this share of its core (e.g. 0.9)")
+	flag.Usage = func() {
+		fmt.Fprintln(os.Stderr, "usage: report [-min-core-share F] results.jsonl [more.jsonl ...]")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	if flag.NArg() == 0 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	d := newDataset()
+	for _, name := range flag.Args() {
+		f, err := os.Open(name)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "report:", err)
+			os.Exit(1)
+		}
+		err = d.read(f, name)
+		f.Close()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "report:", err)
+			os.Exit(1)
+		}
 	}
 
 	w := bufio.NewWriter(os.Stdout)
 	defer w.Flush()
+	if *share > 0 {
+		kept := d.keepWholeCores(*share)
+		for _, mode := range d.modes {
+			fmt.Fprintf(w, "%s: kept %d of %d repetitions, those in which every run had at least %.2f of its core\n", mode, kept[mode][0], kept[mode][1], *share)
+		}
+	}
 	ok := true
-	for _, mode := range modes {
+	for _, mode := range d.modes {
 		cmps := []comparison{{base: base, test: test, head: "llmf vs rp"}}
-		for _, t := range targets[mode] {
+		for _, t := range d.targets[mode] {
 			if opt, found := strings.CutPrefix(t, optPrefix); found {
 				cmps = append(cmps, comparison{base: test, test: t, head: "on vs off", title: opt + " on vs off"})
 			}
 		}
 		for _, c := range cmps {
-			if !table(w, mode, c, runs[mode][c.base], runs[mode][c.test]) {
+			if !table(w, mode, c, d.runs[mode][c.base], d.runs[mode][c.test]) {
 				ok = false
 			}
 		}
-		for _, f := range fleets[mode] {
-			if !fleetTable(w, mode, f, runs[mode][f.of]) {
+		for _, f := range d.fleets[mode] {
+			if !fleetTable(w, mode, f, d.runs[mode][f.of]) {
 				ok = false
 			}
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -88,5 +89,56 @@ func TestFleetTogether(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the table has no %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// -min-core-share drops whole repetitions, pooled over files: run j of
+// every target (and fleet instance) goes when any of them was starved,
+// so that what is left still pairs run j with run j.
+func TestKeepWholeCores(t *testing.T) {
+	line := func(label string, rps, share float64) string {
+		return fmt.Sprintf(`{"label":%q,"requests":100,"rps":%v,"server_cpu_us_per_request":100,"server_cpu_core_share":%v}`, label, rps, share) + "\n"
+	}
+	first := line("json llm_failover", 1, 0.95) + line("json llm_failover+wallet", 1, 0.97) +
+		line("json llm_failover", 2, 0.95) + line("json llm_failover+wallet", 2, 0.5) // starved: both go
+	second := line("json llm_failover", 3, 0.4) + line("json llm_failover+wallet", 3, 0.99) + // starved: both go
+		line("json llm_failover", 4, 0.91) + line("json llm_failover+wallet", 4, 0.92) +
+		line("json 2xllm_failover/1", 5, 0.95) + line("json 2xllm_failover/2", 5, 0.95) +
+		line("json 2xllm_failover/1", 6, 0.95) + line("json 2xllm_failover/2", 6, 0.2) + // starved: repetition 2 goes anyway
+		line("json 2xllm_failover/1", 7, 0.95) + line("json 2xllm_failover/2", 7, 0.95) +
+		line("json 2xllm_failover/1", 8, 0.95) + line("json 2xllm_failover/2", 8, 0.95)
+	d := newDataset()
+	if err := d.read(strings.NewReader(first), "first"); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.read(strings.NewReader(second), "second"); err != nil {
+		t.Fatal(err)
+	}
+	kept := d.keepWholeCores(0.9)
+	if kept["json"] != [2]int{2, 4} {
+		t.Errorf("kept %v of json, want 2 of 4", kept["json"])
+	}
+	rps := func(rs []result) []float64 { return pick(rs, func(r result) float64 { return r.RPS }) }
+	for _, target := range []string{"llm_failover", "llm_failover+wallet"} {
+		if got := rps(d.runs["json"][target]); fmt.Sprint(got) != "[1 4]" {
+			t.Errorf("%s kept runs of %v requests/s, want [1 4]", target, got)
+		}
+	}
+	// The fleet runs of a repetition go with its single runs, and
+	// starve it too.
+	f := d.fleets["json"][0]
+	for i, part := range f.parts {
+		if got := rps(part); fmt.Sprint(got) != "[5 8]" {
+			t.Errorf("fleet instance %d kept %v, want [5 8]", i+1, got)
+		}
+	}
+	// Without the fleet's starved run the second repetition would still go
+	// (the wallet's), so check that a fleet alone drops one too.
+	d = newDataset()
+	if err := d.read(strings.NewReader(line("json llm_failover", 1, 0.95)+line("json 2xllm_failover/1", 2, 0.95)+line("json 2xllm_failover/2", 2, 0.3)), "fleet"); err != nil {
+		t.Fatal(err)
+	}
+	if kept := d.keepWholeCores(0.9); kept["json"] != [2]int{0, 1} || len(d.runs["json"]["llm_failover"]) != 0 {
+		t.Errorf("a starved fleet instance kept its repetition: %v, %v", kept["json"], d.runs["json"]["llm_failover"])
 	}
 }
