@@ -423,11 +423,15 @@ func (s *sqlStore) runSettles(t *stx, jobs []*settleJob) error {
 	return nil
 }
 
-// ledgerColumns are the ledger's columns every insert names.
-const ledgerColumns = `kind, account_id, key_id, model, upstream_model, channel, request_id, tokens_in, tokens_out, cost, note, created_at`
+// ledgerColumns are the ledger's columns every insert names, and
+// ledgerArgs their count: the arguments of one row.
+const (
+	ledgerColumns = `kind, account_id, key_id, model, upstream_model, channel, request_id, tokens_in, tokens_out, cost, note, created_at`
+	ledgerArgs    = 12
+)
 
-// maxInsertRows bounds the rows of one multi-row INSERT (12 placeholders
-// each, far below SQLite's limit).
+// maxInsertRows bounds the rows of one multi-row INSERT (ledgerArgs
+// placeholders each, far below SQLite's limit).
 const maxInsertRows = 128
 
 // insertRows writes the ledger rows of the jobs whose account was
@@ -446,7 +450,7 @@ func (s *sqlStore) insertRows(t *stx, jobs []*settleJob, avail map[string]Micros
 		if len(args) == 0 {
 			return nil
 		}
-		n := len(args) / 12
+		n := len(args) / ledgerArgs
 		st, err := s.insertStmt(t.ctx, n)
 		if err != nil {
 			return err
@@ -464,7 +468,7 @@ func (s *sqlStore) insertRows(t *stx, jobs []*settleJob, avail map[string]Micros
 		}
 		for _, e := range j.rows {
 			args = append(args, e.Kind, e.Account, e.KeyID, e.Model, e.UpstreamModel, e.Channel, e.RequestID, e.TokensIn, e.TokensOut, int64(e.Cost), e.Note, toDB(e.Time))
-			if len(args) == 12*maxInsertRows {
+			if len(args) == ledgerArgs*maxInsertRows {
 				if err := flush(); err != nil {
 					return err
 				}
@@ -480,7 +484,7 @@ func (s *sqlStore) insertStmt(ctx context.Context, n int) (*sql.Stmt, error) {
 	if st := s.inserts.byRows[n]; st != nil {
 		return st, nil
 	}
-	row := "(?" + strings.Repeat(", ?", 11) + ")"
+	row := "(?" + strings.Repeat(", ?", ledgerArgs-1) + ")"
 	st, err := s.db.PrepareContext(ctx, s.q(`INSERT INTO ledger (`+ledgerColumns+`) VALUES `+row+strings.Repeat(", "+row, n-1)))
 	if err != nil {
 		return nil, fmt.Errorf("preparing a %d-row ledger insert: %w", n, err)

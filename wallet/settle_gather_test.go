@@ -257,3 +257,85 @@ func TestNegativeCreditWaitsForPendingSettlements(t *testing.T) {
 		wantCleanAudit(t, s)
 	})
 }
+
+// One batch of more settlements than one INSERT holds (three INSERTs on
+// SQLite: 128, 128 and the rest), over two accounts, with two-row
+// settlements among them: every row lands once, each account is charged
+// its own, and the audit is clean. Such a batch forms when settlements
+// queue while the writer is busy, as here behind an op that waits. On
+// SQLite only: it has one writer to hold, and it alone splits a batch
+// into INSERTs (PostgreSQL's batch is one statement, see settleBatchPG).
+func TestSettleBatchBeyondOneInsert(t *testing.T) {
+	s := openSQLiteT(t)
+	ctx := context.Background()
+	mustAccount(t, s, "a", 1_000_000_000)
+	mustAccount(t, s, "b", 1_000_000_000)
+	const n = 2*maxInsertRows + 44
+	ids, accounts := make([]string, n), make([]string, n)
+	rows, settlements := map[string]int{}, map[string]int{}
+	for i := range n {
+		ids[i], accounts[i] = testReservationID(), []string{"a", "b"}[min(i%3, 1)]
+		if err := s.Reserve(ctx, Reservation{ID: ids[i], Account: accounts[i], Amount: 100}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sq := s.(*sqlStore)
+	started, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce, once sync.Once
+	defer releaseOnce.Do(func() { close(release) }) // a failure must not hold Close
+	go sq.w.do(ctx, "holding the writer", "", func(*stx) error {
+		once.Do(func() { close(started) })
+		<-release
+		return nil
+	}, nil, false)
+	<-started
+	batches := sq.settles.batches.Load()
+	done := make(chan error, n)
+	for i, id := range ids {
+		entries := []Entry{{Cost: 10}}
+		if accounts[i] == "b" {
+			entries = []Entry{{Cost: 7}, {Cost: 3, Note: "continuation"}}
+		}
+		rows[accounts[i]] += len(entries)
+		settlements[accounts[i]]++ // each costs 10
+		s.SettleAsync(id, entries, func(_ Micros, err error) { done <- err })
+	}
+	sq.settles.mu.Lock()
+	pending := len(sq.settles.pending)
+	sq.settles.mu.Unlock()
+	if pending != n {
+		t.Fatalf("%d settlements pending behind the busy writer, want %d", pending, n)
+	}
+	releaseOnce.Do(func() { close(release) })
+	for range n {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := sq.settles.batches.Load() - batches; got != 1 {
+		t.Errorf("%d batches, want 1", got)
+	}
+	for account, want := range rows {
+		usage, err := s.Usage(ctx, account, 0, MaxUsageLimit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		for _, e := range usage {
+			if e.Kind == KindCharge {
+				got++
+			}
+		}
+		if got != want {
+			t.Errorf("account %s: %d charge rows, want %d", account, got, want)
+		}
+		a, err := s.Account(ctx, account)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if charged, want := 1_000_000_000-a.Balance, Micros(10*settlements[account]); charged != want {
+			t.Errorf("account %s charged %s, want %s", account, charged, want)
+		}
+	}
+	wantCleanAudit(t, s)
+}

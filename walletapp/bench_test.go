@@ -30,17 +30,8 @@ func BenchmarkRequestPath(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = a.Cleanup() })
-	st, err := w.Store()
-	if err != nil {
-		b.Fatal(err)
-	}
+	st := fundedAccount(b, w, "bench", 1<<60)
 	ctx := context.Background()
-	if _, err := st.CreateAccount(ctx, "bench"); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := st.Credit(ctx, "bench", 1<<60, "bench"); err != nil {
-		b.Fatal(err)
-	}
 	secret, _, err := st.CreateKey(ctx, "bench", "")
 	if err != nil {
 		b.Fatal(err)

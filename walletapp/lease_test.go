@@ -53,17 +53,8 @@ func TestHolderRenewsLeases(t *testing.T) {
 	}
 	defer a.Cleanup()
 	w, _ := a.Wallet("w")
-	st, err := w.Store()
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := fundedAccount(t, w, "acme", 1_000_000_000)
 	bg := context.Background()
-	if _, err := st.CreateAccount(bg, "acme"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.Credit(bg, "acme", 1_000_000_000, "t"); err != nil {
-		t.Fatal(err)
-	}
 	if err := w.Reserve(bg, wallet.Reservation{ID: "r1", Account: "acme", Amount: 1_000}); err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/llmfailover/caddy-llm-failover/wallet"
 )
 
 // sqliteApp provisions an llm_wallet app with one wallet "w" on the SQLite
@@ -28,6 +30,23 @@ func sqliteApp(t testing.TB, path string) (*App, *Wallet) {
 		t.Fatal(err)
 	}
 	return a, w
+}
+
+// fundedAccount creates account id with balance on w's store, which it
+// returns.
+func fundedAccount(tb testing.TB, w *Wallet, id string, balance wallet.Micros) wallet.Store {
+	tb.Helper()
+	st, err := w.Store()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := st.CreateAccount(context.Background(), id); err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := st.Credit(context.Background(), id, balance, "test"); err != nil {
+		tb.Fatal(err)
+	}
+	return st
 }
 
 // A wallet whose config was unloaded refuses every later use with
