@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"math/bits"
 	"sort"
 	"strings"
 	"sync"
@@ -431,13 +432,25 @@ const (
 )
 
 // maxInsertRows bounds the rows of one multi-row INSERT (ledgerArgs
-// placeholders each, far below SQLite's limit).
-const maxInsertRows = 128
+// placeholders each, far below SQLite's limit), insertSizes the row
+// counts of the INSERTs (1, 2, 4 ... maxInsertRows; see insertRows).
+const (
+	maxInsertRows = 128
+	insertSizes   = 8
+)
 
 // insertRows writes the ledger rows of the jobs whose account was
-// charged (a key of avail), 128 rows to a multi-row INSERT prepared once per
-// row count. The arguments' slice is the store's, reused from batch to
-// batch: at a 128-row INSERT it was a 24 KB allocation a batch.
+// charged (a key of avail), in job order, by multi-row INSERTs of a power
+// of two rows each: 128 at a time, then the rest in falling powers of two
+// (a 300-row batch is 128, 128, 32, 8 and 4). SQLite keeps a prepared
+// statement's program per connection, about 180 KB for 128 rows: one
+// statement per row count from 1 to 128 grew the process by 11.6 MB for
+// each connection that prepared them (the store's and the writer's), and
+// each new count cost the writer a prepare of up to a millisecond. The
+// eight counts take 0.7 MB, for at most eight statements a batch (a
+// measurement: bench/README.md). The arguments' slice is the store's,
+// reused from batch to batch: at a 128-row INSERT it was a 24 KB
+// allocation a batch.
 func (s *sqlStore) insertRows(t *stx, jobs []*settleJob, avail map[string]Micros) error {
 	s.inserts.mu.Lock()
 	defer s.inserts.mu.Unlock()
@@ -446,20 +459,16 @@ func (s *sqlStore) insertRows(t *stx, jobs []*settleJob, avail map[string]Micros
 		clear(args) // keep no row's strings alive
 		s.inserts.args = args[:0]
 	}()
-	flush := func() error {
-		if len(args) == 0 {
-			return nil
-		}
-		n := len(args) / ledgerArgs
+	// write inserts rows, the arguments of a power of two rows.
+	write := func(rows []any) error {
+		n := len(rows) / ledgerArgs
 		st, err := s.insertStmt(t.ctx, n)
 		if err != nil {
 			return err
 		}
-		if _, err := t.exec(st, args...); err != nil {
+		if _, err := t.exec(st, rows...); err != nil {
 			return fmt.Errorf("writing %d ledger rows: %w", n, err)
 		}
-		clear(args)
-		args = args[:0]
 		return nil
 	}
 	for _, j := range jobs {
@@ -469,19 +478,32 @@ func (s *sqlStore) insertRows(t *stx, jobs []*settleJob, avail map[string]Micros
 		for _, e := range j.rows {
 			args = append(args, e.Kind, e.Account, e.KeyID, e.Model, e.UpstreamModel, e.Channel, e.RequestID, e.TokensIn, e.TokensOut, int64(e.Cost), e.Note, toDB(e.Time))
 			if len(args) == ledgerArgs*maxInsertRows {
-				if err := flush(); err != nil {
+				if err := write(args); err != nil {
 					return err
 				}
+				clear(args)
+				args = args[:0]
 			}
 		}
 	}
-	return flush()
+	for rest := args; len(rest) > 0; {
+		n := 1 << (bits.Len(uint(len(rest)/ledgerArgs)) - 1) // the largest power of two in what is left
+		if err := write(rest[:n*ledgerArgs]); err != nil {
+			return err
+		}
+		rest = rest[n*ledgerArgs:]
+	}
+	return nil
 }
 
-// insertStmt returns the prepared INSERT of n ledger rows; inserts.mu is
-// held.
+// insertStmt returns the prepared INSERT of n ledger rows, n a power of
+// two up to maxInsertRows; inserts.mu is held.
 func (s *sqlStore) insertStmt(ctx context.Context, n int) (*sql.Stmt, error) {
-	if st := s.inserts.byRows[n]; st != nil {
+	i := bits.TrailingZeros(uint(n))
+	if n != 1<<i || i >= insertSizes {
+		return nil, fmt.Errorf("a %d-row ledger insert: %w: not a power of two up to %d", n, ErrInvalid, maxInsertRows)
+	}
+	if st := s.inserts.byRows[i]; st != nil {
 		return st, nil
 	}
 	row := "(?" + strings.Repeat(", ?", ledgerArgs-1) + ")"
@@ -489,10 +511,7 @@ func (s *sqlStore) insertStmt(ctx context.Context, n int) (*sql.Stmt, error) {
 	if err != nil {
 		return nil, fmt.Errorf("preparing a %d-row ledger insert: %w", n, err)
 	}
-	if s.inserts.byRows == nil {
-		s.inserts.byRows = map[int]*sql.Stmt{}
-	}
-	s.inserts.byRows[n] = st
+	s.inserts.byRows[i] = st
 	return st, nil
 }
 

@@ -3,6 +3,7 @@ package wallet
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -292,9 +293,9 @@ func TestSettleBatchBeyondOneInsert(t *testing.T) {
 	batches := sq.settles.batches.Load()
 	done := make(chan error, n)
 	for i, id := range ids {
-		entries := []Entry{{Cost: 10}}
+		entries := []Entry{{Cost: 10, RequestID: id}}
 		if accounts[i] == "b" {
-			entries = []Entry{{Cost: 7}, {Cost: 3, Note: "continuation"}}
+			entries = []Entry{{Cost: 7, RequestID: id}, {Cost: 3, Note: "continuation", RequestID: id}}
 		}
 		rows[accounts[i]] += len(entries)
 		settlements[accounts[i]]++ // each costs 10
@@ -315,19 +316,48 @@ func TestSettleBatchBeyondOneInsert(t *testing.T) {
 	if got := sq.settles.batches.Load() - batches; got != 1 {
 		t.Errorf("%d batches, want 1", got)
 	}
+	// 100 rows of a and 400 of b: 128, 128, 128, then 64, 32, 16 and 4.
+	var sizes []int
+	for i, st := range sq.inserts.byRows {
+		if st != nil {
+			sizes = append(sizes, 1<<i)
+		}
+	}
+	if want := []int{4, 16, 32, 64, 128}; !slices.Equal(sizes, want) {
+		t.Errorf("prepared INSERTs of %v rows, want %v", sizes, want)
+	}
+	sq.inserts.mu.Lock()
+	for _, n := range []int{3, 256} {
+		if _, err := sq.insertStmt(ctx, n); !errors.Is(err, ErrInvalid) {
+			t.Errorf("a %d-row INSERT: %v, want ErrInvalid", n, err)
+		}
+	}
+	sq.inserts.mu.Unlock()
 	for account, want := range rows {
 		usage, err := s.Usage(ctx, account, 0, MaxUsageLimit)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := 0
-		for _, e := range usage {
+		var got []string // request IDs of the charge rows, oldest first
+		for _, e := range slices.Backward(usage) {
 			if e.Kind == KindCharge {
-				got++
+				got = append(got, e.RequestID)
 			}
 		}
-		if got != want {
-			t.Errorf("account %s: %d charge rows, want %d", account, got, want)
+		if len(got) != want {
+			t.Errorf("account %s: %d charge rows, want %d", account, len(got), want)
+		}
+		var order []string // the rows in the order they were settled
+		for i, id := range ids {
+			if accounts[i] == account {
+				order = append(order, id)
+				if account == "b" {
+					order = append(order, id)
+				}
+			}
+		}
+		if !slices.Equal(got, order) {
+			t.Errorf("account %s: the ledger does not hold the rows in the order they were settled", account)
 		}
 		a, err := s.Account(ctx, account)
 		if err != nil {

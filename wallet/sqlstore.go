@@ -69,11 +69,11 @@ type sqlStore struct {
 	// they serve (see lease.go); settles the Settles waiting for a batch.
 	leases  *leaseBook
 	settles settleQueue
-	// inserts caches the multi-row ledger INSERTs, by row count, and the
-	// slice of their arguments (see insertRows).
+	// inserts caches the multi-row ledger INSERTs, byRows[i] of 1<<i
+	// rows, and the slice of their arguments (see insertRows).
 	inserts struct {
 		mu     sync.Mutex
-		byRows map[int]*sql.Stmt
+		byRows [insertSizes]*sql.Stmt
 		args   []any
 	}
 }
@@ -698,9 +698,11 @@ func (s *sqlStore) closeDB() error {
 		s.st.close()
 	}
 	s.inserts.mu.Lock()
-	for n, st := range s.inserts.byRows {
-		_ = st.Close()
-		delete(s.inserts.byRows, n)
+	for i, st := range s.inserts.byRows {
+		if st != nil {
+			_ = st.Close()
+			s.inserts.byRows[i] = nil
+		}
 	}
 	s.inserts.mu.Unlock()
 	err := s.db.Close()
