@@ -242,6 +242,14 @@ func (s *sqlStore) waitSettled(ctx context.Context, account string, booked uint6
 	}
 }
 
+// reserving names a Reserve of amount for account in errors. It is built
+// only when an error happens, since the usual Reserve costs less than
+// formatting it; and it is not a closure over the Reservation, which the
+// grow goroutine's use of it moved to the heap on every Reserve.
+func reserving(amount Micros, account string) string {
+	return fmt.Sprintf("reserving %s for account %q", amount, account)
+}
+
 // reserve is Reserve's one try; it sets *booked to the lease's count of
 // booked settlements when it first looks at the lease.
 func (s *sqlStore) reserve(ctx context.Context, r Reservation, booked *uint64) error {
@@ -251,9 +259,6 @@ func (s *sqlStore) reserve(ctx context.Context, r Reservation, booked *uint64) e
 	if r.Amount < 0 {
 		return fmt.Errorf("reserving %s: %w: negative amount %s", r.ID, ErrInvalid, r.Amount)
 	}
-	// what names the call in errors; built only when one happens, since
-	// the usual Reserve costs less than formatting it.
-	what := func() string { return fmt.Sprintf("reserving %s for account %q", r.Amount, r.Account) }
 	b := s.leases
 	var waited *growCall // the last grow this Reserve waited for
 	looked := false      // *booked is set
@@ -262,11 +267,11 @@ func (s *sqlStore) reserve(ctx context.Context, r Reservation, booked *uint64) e
 		b.mu.Lock()
 		if b.closed {
 			b.mu.Unlock()
-			return fmt.Errorf("%s: %w", what(), errStoreClosed)
+			return fmt.Errorf("%s: %w", reserving(r.Amount, r.Account), errStoreClosed)
 		}
 		if _, dup := b.res[r.ID]; dup {
 			b.mu.Unlock()
-			return fmt.Errorf("%s: %w %s", what(), errDuplicateReservation, r.ID)
+			return fmt.Errorf("%s: %w %s", reserving(r.Amount, r.Account), errDuplicateReservation, r.ID)
 		}
 		l := b.leases[r.Account]
 		if l == nil {
@@ -301,7 +306,7 @@ func (s *sqlStore) reserve(ctx context.Context, r Reservation, booked *uint64) e
 			select {
 			case <-shrunk:
 			case <-ctx.Done():
-				return fmt.Errorf("%s: %w", what(), ctx.Err())
+				return fmt.Errorf("%s: %w", reserving(r.Amount, r.Account), ctx.Err())
 			}
 			continue
 		}
@@ -311,7 +316,7 @@ func (s *sqlStore) reserve(ctx context.Context, r Reservation, booked *uint64) e
 			select {
 			case <-g.done:
 			case <-ctx.Done():
-				return fmt.Errorf("%s: %w", what(), ctx.Err())
+				return fmt.Errorf("%s: %w", reserving(r.Amount, r.Account), ctx.Err())
 			}
 			waited = g
 			continue
@@ -332,7 +337,7 @@ func (s *sqlStore) reserve(ctx context.Context, r Reservation, booked *uint64) e
 		// takes stays in the lease, whence Renew returns it when idle.
 		go func() {
 			defer b.inflight.Done()
-			grant, err := s.grow(ctx, what(), r.Account, need, r.Amount, kmax)
+			grant, err := s.grow(ctx, reserving(r.Amount, r.Account), r.Account, need, r.Amount, kmax)
 			b.mu.Lock()
 			defer b.mu.Unlock()
 			l.grow = nil
@@ -347,7 +352,7 @@ func (s *sqlStore) reserve(ctx context.Context, r Reservation, booked *uint64) e
 		select {
 		case <-g.done:
 		case <-ctx.Done():
-			return fmt.Errorf("%s: %w", what(), ctx.Err())
+			return fmt.Errorf("%s: %w", reserving(r.Amount, r.Account), ctx.Err())
 		}
 		if g.err != nil {
 			return g.err // wrapped with what by the writer
