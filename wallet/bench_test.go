@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // benchReserveSettle measures one request's wallet round trip: a Reserve
@@ -104,4 +106,48 @@ func BenchmarkAuthenticate(b *testing.B) {
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
 		})
 	}
+}
+
+// BenchmarkLedgerInsert is the SQLite writer's cost of a ledger row in
+// each form of insertRows: 128-row INSERTs of rows that share their
+// columns but the request's (shared form) and of rows that differ in
+// channel (each-row form), one transaction each. cpu-ns/row is the
+// process's CPU time per row:
+//
+//	go test -run '^$' -bench LedgerInsert -cpu 1 ./wallet/
+func BenchmarkLedgerInsert(b *testing.B) {
+	for _, form := range []string{"each-row", "shared"} {
+		b.Run(form, func(b *testing.B) {
+			s := openSQLiteT(b).(*sqlStore)
+			mustAccount(b, s, "bench", 1<<60)
+			jobs := make([]*settleJob, maxInsertRows)
+			now := time.Now()
+			for i := range jobs {
+				e := Entry{Kind: KindCharge, Account: "bench", KeyID: "key_4bXk2vQ9", Model: "gpt-4o-mini", UpstreamModel: "gpt-4o-mini",
+					Channel: "openai", RequestID: "0b6a2c5e-4f7e-4a8e-9d8f-3a2b1c0d9e8f", TokensIn: 50, TokensOut: 20, Cost: 450, Time: now}
+				if form == "each-row" {
+					e.Channel = fmt.Sprint("channel-", i)
+				}
+				jobs[i] = &settleJob{account: "bench", rows: []Entry{e}}
+			}
+			avail := map[string]Micros{"bench": 1}
+			ctx := context.Background()
+			cpu0 := cpuTime(b)
+			for b.Loop() {
+				if err := s.write(ctx, "inserting ledger rows", "bench", func(t *stx) error { return s.insertRows(t, jobs, avail) }); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64((cpuTime(b)-cpu0).Nanoseconds())/float64(b.N*maxInsertRows), "cpu-ns/row")
+		})
+	}
+}
+
+// cpuTime is the CPU time this process has used.
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"math/bits"
 	"sort"
 	"strings"
 	"sync"
@@ -422,97 +421,6 @@ func (s *sqlStore) runSettles(t *stx, jobs []*settleJob) error {
 		j.avail, j.lost = av, !ok
 	}
 	return nil
-}
-
-// ledgerColumns are the ledger's columns every insert names, and
-// ledgerArgs their count: the arguments of one row.
-const (
-	ledgerColumns = `kind, account_id, key_id, model, upstream_model, channel, request_id, tokens_in, tokens_out, cost, note, created_at`
-	ledgerArgs    = 12
-)
-
-// maxInsertRows bounds the rows of one multi-row INSERT (ledgerArgs
-// placeholders each, far below SQLite's limit), insertSizes the row
-// counts of the INSERTs (1, 2, 4 ... maxInsertRows; see insertRows).
-const (
-	maxInsertRows = 128
-	insertSizes   = 8
-)
-
-// insertRows writes the ledger rows of the jobs whose account was
-// charged (a key of avail), in job order, by multi-row INSERTs of a power
-// of two rows each: 128 at a time, then the rest in falling powers of two
-// (a 300-row batch is 128, 128, 32, 8 and 4). SQLite keeps a prepared
-// statement's program per connection, about 180 KB for 128 rows: one
-// statement per row count from 1 to 128 grew the process by 11.6 MB for
-// each connection that prepared them (the store's and the writer's), and
-// each new count cost the writer a prepare of up to a millisecond. The
-// eight counts take 0.7 MB, for at most eight statements a batch (a
-// measurement: bench/README.md). The arguments' slice is the store's,
-// reused from batch to batch: at a 128-row INSERT it was a 24 KB
-// allocation a batch.
-func (s *sqlStore) insertRows(t *stx, jobs []*settleJob, avail map[string]Micros) error {
-	s.inserts.mu.Lock()
-	defer s.inserts.mu.Unlock()
-	args := s.inserts.args[:0]
-	defer func() {
-		clear(args) // keep no row's strings alive
-		s.inserts.args = args[:0]
-	}()
-	// write inserts rows, the arguments of a power of two rows.
-	write := func(rows []any) error {
-		n := len(rows) / ledgerArgs
-		st, err := s.insertStmt(t.ctx, n)
-		if err != nil {
-			return err
-		}
-		if _, err := t.exec(st, rows...); err != nil {
-			return fmt.Errorf("writing %d ledger rows: %w", n, err)
-		}
-		return nil
-	}
-	for _, j := range jobs {
-		if _, ok := avail[j.account]; !ok {
-			continue // lost: its lease was swept
-		}
-		for _, e := range j.rows {
-			args = append(args, e.Kind, e.Account, e.KeyID, e.Model, e.UpstreamModel, e.Channel, e.RequestID, e.TokensIn, e.TokensOut, int64(e.Cost), e.Note, toDB(e.Time))
-			if len(args) == ledgerArgs*maxInsertRows {
-				if err := write(args); err != nil {
-					return err
-				}
-				clear(args)
-				args = args[:0]
-			}
-		}
-	}
-	for rest := args; len(rest) > 0; {
-		n := 1 << (bits.Len(uint(len(rest)/ledgerArgs)) - 1) // the largest power of two in what is left
-		if err := write(rest[:n*ledgerArgs]); err != nil {
-			return err
-		}
-		rest = rest[n*ledgerArgs:]
-	}
-	return nil
-}
-
-// insertStmt returns the prepared INSERT of n ledger rows, n a power of
-// two up to maxInsertRows; inserts.mu is held.
-func (s *sqlStore) insertStmt(ctx context.Context, n int) (*sql.Stmt, error) {
-	i := bits.TrailingZeros(uint(n))
-	if n != 1<<i || i >= insertSizes {
-		return nil, fmt.Errorf("a %d-row ledger insert: %w: not a power of two up to %d", n, ErrInvalid, maxInsertRows)
-	}
-	if st := s.inserts.byRows[i]; st != nil {
-		return st, nil
-	}
-	row := "(?" + strings.Repeat(", ?", ledgerArgs-1) + ")"
-	st, err := s.db.PrepareContext(ctx, s.q(`INSERT INTO ledger (`+ledgerColumns+`) VALUES `+row+strings.Repeat(", "+row, n-1)))
-	if err != nil {
-		return nil, fmt.Errorf("preparing a %d-row ledger insert: %w", n, err)
-	}
-	s.inserts.byRows[i] = st
-	return st, nil
 }
 
 // runSettlesInOne is the batch as one PostgreSQL statement (settleBatchPG).

@@ -281,15 +281,7 @@ func TestSettleBatchBeyondOneInsert(t *testing.T) {
 		}
 	}
 	sq := s.(*sqlStore)
-	started, release := make(chan struct{}), make(chan struct{})
-	var releaseOnce, once sync.Once
-	defer releaseOnce.Do(func() { close(release) }) // a failure must not hold Close
-	go sq.w.do(ctx, "holding the writer", "", func(*stx) error {
-		once.Do(func() { close(started) })
-		<-release
-		return nil
-	}, nil, false)
-	<-started
+	release := holdWriter(t, sq)
 	batches := sq.settles.batches.Load()
 	done := make(chan error, n)
 	for i, id := range ids {
@@ -307,7 +299,7 @@ func TestSettleBatchBeyondOneInsert(t *testing.T) {
 	if pending != n {
 		t.Fatalf("%d settlements pending behind the busy writer, want %d", pending, n)
 	}
-	releaseOnce.Do(func() { close(release) })
+	release()
 	for range n {
 		if err := <-done; err != nil {
 			t.Fatal(err)
@@ -316,19 +308,23 @@ func TestSettleBatchBeyondOneInsert(t *testing.T) {
 	if got := sq.settles.batches.Load() - batches; got != 1 {
 		t.Errorf("%d batches, want 1", got)
 	}
-	// 100 rows of a and 400 of b: 128, 128, 128, then 64, 32, 16 and 4.
-	var sizes []int
-	for i, st := range sq.inserts.byRows {
-		if st != nil {
-			sizes = append(sizes, 1<<i)
+	// a's 100 rows share their columns: 64 and 32 in the shared form, the
+	// last 4 with b's 400 (two unalike rows a settlement) in the each-row
+	// form, 128, 128, 128, 16 and 4.
+	for form, want := range map[int][]int{sharedForm: {32, 64}, eachRowForm: {4, 16, 128}} {
+		var sizes []int
+		for i, st := range sq.inserts.byRows[form] {
+			if st != nil {
+				sizes = append(sizes, 1<<i)
+			}
 		}
-	}
-	if want := []int{4, 16, 32, 64, 128}; !slices.Equal(sizes, want) {
-		t.Errorf("prepared INSERTs of %v rows, want %v", sizes, want)
+		if !slices.Equal(sizes, want) {
+			t.Errorf("prepared INSERTs of form %d: %v rows, want %v", form, sizes, want)
+		}
 	}
 	sq.inserts.mu.Lock()
 	for _, n := range []int{3, 256} {
-		if _, err := sq.insertStmt(ctx, n); !errors.Is(err, ErrInvalid) {
+		if _, err := sq.insertStmt(ctx, eachRowForm, n); !errors.Is(err, ErrInvalid) {
 			t.Errorf("a %d-row INSERT: %v, want ErrInvalid", n, err)
 		}
 	}

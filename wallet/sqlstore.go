@@ -69,11 +69,11 @@ type sqlStore struct {
 	// they serve (see lease.go); settles the Settles waiting for a batch.
 	leases  *leaseBook
 	settles settleQueue
-	// inserts caches the multi-row ledger INSERTs, byRows[i] of 1<<i
-	// rows, and the slice of their arguments (see insertRows).
+	// inserts caches the multi-row ledger INSERTs, byRows[form][i] of
+	// 1<<i rows, and the slice of their arguments (see insertRows).
 	inserts struct {
 		mu     sync.Mutex
-		byRows [insertSizes]*sql.Stmt
+		byRows [insertForms][insertSizes]*sql.Stmt
 		args   []any
 	}
 }
@@ -698,10 +698,12 @@ func (s *sqlStore) closeDB() error {
 		s.st.close()
 	}
 	s.inserts.mu.Lock()
-	for i, st := range s.inserts.byRows {
-		if st != nil {
-			_ = st.Close()
-			s.inserts.byRows[i] = nil
+	for f := range s.inserts.byRows {
+		for i, st := range s.inserts.byRows[f] {
+			if st != nil {
+				_ = st.Close()
+				s.inserts.byRows[f][i] = nil
+			}
 		}
 	}
 	s.inserts.mu.Unlock()
