@@ -18,12 +18,12 @@ import (
 // the ledger rows, and queue them. One writer op then settles every
 // settlement queued at that moment together (the first to find no op
 // scheduled submits one, and it takes them all): per account one UPDATE
-// of the lease and one of the account, and the ledger rows in one
-// multi-row INSERT on SQLite; on PostgreSQL the whole batch is one
-// statement (settleBatchPG), and so, alone, one round trip without BEGIN
-// or COMMIT. Each settlement ends once its batch committed, or fails alone
-// with the batch's error, its reservation put back so that a retry (or
-// Sweep) can still end it.
+// of the lease and one of the account, and the ledger rows in a few
+// multi-row INSERTs on SQLite (ledgerinsert.go); on PostgreSQL the whole
+// batch is one statement (settleBatchPG), and so, alone, one round trip
+// without BEGIN or COMMIT. Each settlement ends once its batch committed,
+// or fails alone with the batch's error, its reservation put back so that
+// a retry (or Sweep) can still end it.
 
 // settleJob is one settlement waiting for its batch.
 type settleJob struct {
