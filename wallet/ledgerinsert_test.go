@@ -31,7 +31,7 @@ func TestLedgerInsertForms(t *testing.T) {
 		}
 		all = append(all, settlement{Reservation{ID: id, Account: account, KeyID: key, Model: "m", Amount: 1000}, entries})
 	}
-	for i := range 21 { // 16 shared, 5 each-row
+	for i := range 150 { // 128 and 16 shared, 6 each-row
 		add("x", "kx", Entry{Model: "m", UpstreamModel: "m-2025", Channel: "c1", TokensIn: int64(10 + i), TokensOut: int64(i), Cost: Micros(100 + i)})
 	}
 	for i := range 3 { // too few for the shared form
@@ -65,14 +65,14 @@ func TestLedgerInsertForms(t *testing.T) {
 	if got := sq.settles.batches.Load() - batches; got != 1 {
 		t.Fatalf("%d batches, want 1", got)
 	}
-	shared := 0
-	for _, st := range sq.inserts.byRows[sharedForm] {
+	var shared []int // the row counts of the shared-form INSERTs prepared
+	for i, st := range sq.inserts.byRows[sharedForm] {
 		if st != nil {
-			shared++
+			shared = append(shared, 1<<i)
 		}
 	}
-	if shared != 2 { // x's 16 charges and 8 of its releases
-		t.Errorf("%d shared-form INSERTs prepared, want 2 (16 and 8 rows)", shared)
+	if want := []int{8, 16, 128}; !slices.Equal(shared, want) { // x's charges, 8 of its releases
+		t.Errorf("shared-form INSERTs of %v rows prepared, want %v", shared, want)
 	}
 
 	got := map[string][]Entry{} // by request, oldest first
