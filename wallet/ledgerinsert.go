@@ -34,7 +34,10 @@ const (
 // placeholders each, far below SQLite's limit), insertSizes the row
 // counts of the INSERTs (1, 2, 4 ... maxInsertRows; see insertRows).
 // minSharedRows is the fewest rows written with their shared columns
-// bound once: below it the extra statement costs more than it saves.
+// bound once: an INSERT of its own costs about 5.5 µs (in a scratch
+// benchmark, 13.1 µs a row in 1-row INSERTs against 7.6 in 128-row ones)
+// and a row in the shared form saves about 2.5, so a smaller group gains
+// little or loses.
 const (
 	maxInsertRows = 128
 	insertSizes   = 8
