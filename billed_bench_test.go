@@ -2,17 +2,15 @@ package llmfailover
 
 import (
 	"bytes"
-	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/llmfailover/caddy-llm-failover/internal/cputime"
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
-	"github.com/llmfailover/caddy-llm-failover/wallet"
 )
 
 // BenchmarkBilledRequest is what the wallet adds to a whole gateway
@@ -49,7 +47,8 @@ func BenchmarkBilledRequest(b *testing.B) {
 				`+directive, up.URL)
 			hdr := http.Header{"Content-Type": {"application/json"}}
 			if c.wallet {
-				hdr.Set("Authorization", "Bearer "+benchAccount(b))
+				secret, _ := newWalletAccount(b, "bench", "1000000000")
+				hdr.Set("Authorization", "Bearer "+secret)
 			}
 			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 30 * time.Second}
 			b.Cleanup(client.CloseIdleConnections)
@@ -67,7 +66,7 @@ func BenchmarkBilledRequest(b *testing.B) {
 				_, err = io.Copy(io.Discard, res.Body)
 				res.Body.Close()
 				if err == nil && res.StatusCode != http.StatusOK {
-					return &statusError{res.StatusCode}
+					return fmt.Errorf("status %d", res.StatusCode)
 				}
 				return err
 			}
@@ -77,7 +76,7 @@ func BenchmarkBilledRequest(b *testing.B) {
 				}
 			}
 			b.SetParallelism(32)
-			cpu0 := benchCPU(b)
+			cpu0 := cputime.Process()
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
@@ -88,53 +87,7 @@ func BenchmarkBilledRequest(b *testing.B) {
 				}
 			})
 			b.StopTimer()
-			b.ReportMetric(float64((benchCPU(b)-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+			b.ReportMetric(float64((cputime.Process()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
 		})
 	}
-}
-
-type statusError struct{ status int }
-
-func (e *statusError) Error() string { return http.StatusText(e.status) }
-
-// benchAccount creates a funded account with a key through the admin API
-// and returns the key.
-func benchAccount(b *testing.B) string {
-	b.Helper()
-	call := func(path string, in any, out any) {
-		raw, _ := json.Marshal(in)
-		res, err := adminClient.Post(adminURL+"/llm_wallet/"+path, "application/json", bytes.NewReader(raw))
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer res.Body.Close()
-		got, _ := io.ReadAll(res.Body)
-		if res.StatusCode/100 != 2 {
-			b.Fatalf("admin %s: %d %s", path, res.StatusCode, got)
-		}
-		if out != nil {
-			if err := json.Unmarshal(got, out); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
-	call("accounts", map[string]string{"id": "bench"}, nil)
-	call("accounts/bench/credit", map[string]string{"amount": "1000000000"}, nil)
-	var k struct {
-		Key string `json:"key"`
-	}
-	call("accounts/bench/keys", map[string]string{"label": "bench"}, &k)
-	if !strings.HasPrefix(k.Key, wallet.KeyPrefix) {
-		b.Fatalf("create key answered %q", k.Key)
-	}
-	return k.Key
-}
-
-// benchCPU is the CPU time this process has used.
-func benchCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

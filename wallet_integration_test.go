@@ -81,7 +81,7 @@ func storeOption(store string) string {
 
 // walletCall calls the wallet admin API and decodes the answer into out
 // (when non-nil and the status is 2xx). It returns the status.
-func walletCall(t *testing.T, method, path string, in, out any) int {
+func walletCall(t testing.TB, method, path string, in, out any) int {
 	t.Helper()
 	var rd io.Reader
 	if in != nil {
@@ -112,7 +112,7 @@ func walletCall(t *testing.T, method, path string, in, out any) int {
 	return res.StatusCode
 }
 
-func mustWalletCall(t *testing.T, method, path string, in, out any) {
+func mustWalletCall(t testing.TB, method, path string, in, out any) {
 	t.Helper()
 	if st := walletCall(t, method, path, in, out); st/100 != 2 {
 		t.Fatalf("admin %s %s: status %d", method, path, st)
@@ -121,7 +121,7 @@ func mustWalletCall(t *testing.T, method, path string, in, out any) {
 
 // newWalletAccount creates an account, credits it and creates a key,
 // returning the key's secret and ID.
-func newWalletAccount(t *testing.T, id, credit string) (secret, keyID string) {
+func newWalletAccount(t testing.TB, id, credit string) (secret, keyID string) {
 	t.Helper()
 	mustWalletCall(t, http.MethodPost, "accounts", map[string]string{"id": id}, nil)
 	if credit != "" {

@@ -4,9 +4,10 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/cputime"
 )
 
 // benchReserveSettle measures one request's wallet round trip: a Reserve
@@ -132,22 +133,13 @@ func BenchmarkLedgerInsert(b *testing.B) {
 			}
 			avail := map[string]Micros{"bench": 1}
 			ctx := context.Background()
-			cpu0 := cpuTime(b)
+			cpu0 := cputime.Process()
 			for b.Loop() {
 				if err := s.write(ctx, "inserting ledger rows", "bench", func(t *stx) error { return s.insertRows(t, jobs, avail) }); err != nil {
 					b.Fatal(err)
 				}
 			}
-			b.ReportMetric(float64((cpuTime(b)-cpu0).Nanoseconds())/float64(b.N*maxInsertRows), "cpu-ns/row")
+			b.ReportMetric(float64((cputime.Process()-cpu0).Nanoseconds())/float64(b.N*maxInsertRows), "cpu-ns/row")
 		})
 	}
-}
-
-// cpuTime is the CPU time this process has used.
-func cpuTime(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -120,7 +120,7 @@ func (s *sqlStore) insertRows(t *stx, jobs []*settleJob, avail map[string]Micros
 	for _, g := range groups {
 		rows := g.rows
 		for len(rows) >= minSharedRows {
-			n := min(maxInsertRows, 1<<(bits.Len(uint(len(rows)))-1))
+			n := chunkRows(len(rows))
 			if err := s.insertChunk(t, sharedForm, &g.cols, rows[:n]); err != nil {
 				return err
 			}
@@ -129,13 +129,19 @@ func (s *sqlStore) insertRows(t *stx, jobs []*settleJob, avail map[string]Micros
 		each = append(each, rows...)
 	}
 	for len(each) > 0 {
-		n := min(maxInsertRows, 1<<(bits.Len(uint(len(each)))-1))
+		n := chunkRows(len(each))
 		if err := s.insertChunk(t, eachRowForm, nil, each[:n]); err != nil {
 			return err
 		}
 		each = each[n:]
 	}
 	return nil
+}
+
+// chunkRows is how many of left rows the next INSERT takes: the largest
+// power of two up to left and maxInsertRows.
+func chunkRows(left int) int {
+	return min(maxInsertRows, 1<<(bits.Len(uint(left))-1))
 }
 
 // insertChunk writes rows, a power of two of them, in form (with cols

@@ -3,12 +3,12 @@ package walletapp
 import (
 	"context"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/llmfailover/caddy-llm-failover/internal/cputime"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
 )
 
@@ -39,7 +39,7 @@ func BenchmarkRequestPath(b *testing.B) {
 	price := wallet.Price{Input: 3_000_000, Output: 15_000_000}
 	amount, _ := wallet.MaxCost(wallet.Estimate{BodyBytes: 200, MaxOutput: 1000}, price)
 	b.SetParallelism(256)
-	cpu0 := processCPU(b)
+	cpu0 := cputime.Process()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		settled := make(chan error, 1)
@@ -73,14 +73,5 @@ func BenchmarkRequestPath(b *testing.B) {
 			}
 		}
 	})
-	b.ReportMetric(float64((processCPU(b)-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
-}
-
-// processCPU is the CPU time this process has used.
-func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	b.ReportMetric(float64((cputime.Process()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
 }
