@@ -65,14 +65,8 @@ func TestLedgerInsertForms(t *testing.T) {
 	if got := sq.settles.batches.Load() - batches; got != 1 {
 		t.Fatalf("%d batches, want 1", got)
 	}
-	var shared []int // the row counts of the shared-form INSERTs prepared
-	for i, st := range sq.inserts.byRows[sharedForm] {
-		if st != nil {
-			shared = append(shared, 1<<i)
-		}
-	}
-	if want := []int{8, 16, 128}; !slices.Equal(shared, want) { // x's charges, 8 of its releases
-		t.Errorf("shared-form INSERTs of %v rows prepared, want %v", shared, want)
+	if got, want := preparedInserts(sq, sharedForm), []int{8, 16, 128}; !slices.Equal(got, want) { // x's charges, 8 of its releases
+		t.Errorf("shared-form INSERTs of %v rows prepared, want %v", got, want)
 	}
 
 	got := map[string][]Entry{} // by request, oldest first
@@ -109,4 +103,15 @@ func TestLedgerInsertForms(t *testing.T) {
 		}
 	}
 	wantCleanAudit(t, s)
+}
+
+// preparedInserts is the row counts of sq's prepared INSERTs of form.
+func preparedInserts(sq *sqlStore, form int) []int {
+	var sizes []int
+	for i, st := range sq.inserts.byRows[form] {
+		if st != nil {
+			sizes = append(sizes, 1<<i)
+		}
+	}
+	return sizes
 }

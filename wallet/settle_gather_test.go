@@ -312,14 +312,8 @@ func TestSettleBatchBeyondOneInsert(t *testing.T) {
 	// last 4 with b's 400 (two unalike rows a settlement) in the each-row
 	// form, 128, 128, 128, 16 and 4.
 	for form, want := range map[int][]int{sharedForm: {32, 64}, eachRowForm: {4, 16, 128}} {
-		var sizes []int
-		for i, st := range sq.inserts.byRows[form] {
-			if st != nil {
-				sizes = append(sizes, 1<<i)
-			}
-		}
-		if !slices.Equal(sizes, want) {
-			t.Errorf("prepared INSERTs of form %d: %v rows, want %v", form, sizes, want)
+		if got := preparedInserts(sq, form); !slices.Equal(got, want) {
+			t.Errorf("prepared INSERTs of form %d: %v rows, want %v", form, got, want)
 		}
 	}
 	sq.inserts.mu.Lock()
