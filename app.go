@@ -25,7 +25,7 @@ func init() {
 //	llm_failover.channel_state  a breaker changed state (also the clock-driven
 //	                            open → half_open): channel, base_url (redacted),
 //	                            from, to, reason (the attempt outcome that caused
-//	                            it, cooldown_elapsed, probe_succeeded or reset)
+//	                            it, cooldown_elapsed, last_resort_succeeded, probe_failed or reset)
 //	llm_failover.attempt        one upstream attempt ended: model, channel,
 //	                            attempt (1-based), outcome (ok or the failure
 //	                            reason), upstream_status (0 when none), duration_ms

@@ -19,6 +19,7 @@ import (
 
 	"github.com/llmfailover/caddy-llm-failover/breaker"
 	"github.com/llmfailover/caddy-llm-failover/chain"
+	"github.com/llmfailover/caddy-llm-failover/history"
 	"github.com/llmfailover/caddy-llm-failover/provider"
 	"github.com/llmfailover/caddy-llm-failover/streamgate"
 )
@@ -30,29 +31,61 @@ var (
 	errFirstByte     = errors.New("no response byte within first_byte_timeout")
 )
 
-// Failure reasons, as they appear in logs and metrics.
+// reason names what became of an attempt, in logs, metrics, the
+// decision journal, the history and the runbooks (docs/runbooks/<reason>.md):
+// a failure's cause, or one of the outcomes that are not failures.
+type reason string
+
+// Failure reasons.
 const (
-	reasonStatus        = "status"
-	reasonDial          = "dial_error"
-	reasonNetwork       = "network_error"
-	reasonHeaderTimeout = "header_timeout"
-	reasonBudget        = "budget_exhausted"
-	reasonFirstByte     = "first_byte_timeout"
-	reasonErrorFrame    = "stream_error_frame"
-	reasonClosedEarly   = "stream_closed_early"
-	reasonGateTimeout   = "stream_gate_timeout"
-	reasonErrorBody     = "error_body"
-	reasonBadBody       = "malformed_body"
-	reasonTooLarge      = "response_too_large"
-	reasonLineTooLarge  = "stream_line_too_large"
-	reasonRedirect      = "redirect"
-	reasonContentType   = "unexpected_content_type"
-	reasonOverloaded    = "gateway_overloaded"
+	reasonStatus        reason = "status"
+	reasonDial          reason = "dial_error"
+	reasonNetwork       reason = "network_error"
+	reasonHeaderTimeout reason = "header_timeout"
+	reasonBudget        reason = "budget_exhausted"
+	reasonFirstByte     reason = "first_byte_timeout"
+	reasonErrorFrame    reason = "stream_error_frame"
+	reasonClosedEarly   reason = "stream_closed_early"
+	reasonGateTimeout   reason = "stream_gate_timeout"
+	reasonErrorBody     reason = "error_body"
+	reasonBadBody       reason = "malformed_body"
+	reasonTooLarge      reason = "response_too_large"
+	reasonLineTooLarge  reason = "stream_line_too_large"
+	reasonRedirect      reason = "redirect"
+	reasonContentType   reason = "unexpected_content_type"
+	reasonOverloaded    reason = "gateway_overloaded"
+	// A committed stream the upstream cut, or left silent.
+	reasonTruncated reason = "truncated"
+	reasonStalled   reason = "stalled"
 )
 
-// failure is one retryable failure of one attempt.
+// Outcomes that are not failures of the channel.
+const (
+	outcomeOK          reason = "ok"
+	outcomeClientGone  reason = "client_gone"
+	outcomeRateLimited reason = "rate_limited"
+	// reasonResumed journals a broken stream continued on another channel.
+	reasonResumed reason = "resumed"
+	// reasonProbeFailed opens a channel whose synthetic check failed.
+	reasonProbeFailed reason = "probe_failed"
+	// reasonNoWorkingChannel is a model incident: every channel was open.
+	reasonNoWorkingChannel reason = history.NoWorkingChannel
+)
+
+// reasons lists every reason but outcomeOK: each is shown to operators
+// somewhere (a log line, a metric label, the journal, the status page)
+// and has a runbook, docs/runbooks/<reason>.md.
+var reasons = []reason{
+	reasonStatus, reasonDial, reasonNetwork, reasonHeaderTimeout, reasonBudget, reasonFirstByte,
+	reasonErrorFrame, reasonClosedEarly, reasonGateTimeout, reasonErrorBody, reasonBadBody,
+	reasonTooLarge, reasonLineTooLarge, reasonRedirect, reasonContentType, reasonOverloaded,
+	reasonTruncated, reasonStalled,
+	outcomeClientGone, outcomeRateLimited, reasonResumed, reasonProbeFailed, reasonNoWorkingChannel,
+}
+
+// failure is one failure of one attempt.
 type failure struct {
-	reason  string
+	reason  reason
 	status  int    // upstream status; 0 when no response arrived
 	message string // the upstream's own error message, when it sent one
 	// detail is what went wrong locally (a dial error, a timeout). It names
@@ -77,10 +110,28 @@ func (f *failure) String() string {
 	if f.status != 0 {
 		return fmt.Sprintf("%s %d", f.reason, f.status)
 	}
-	return f.reason
+	return string(f.reason)
 }
 
-// exchange is one client request on its way through the chain.
+// mode is what an exchange is doing, which decides how its attempts are
+// admitted, retried and recorded.
+type mode uint8
+
+const (
+	// modeChain: a client request walking its model's chain.
+	modeChain mode = iota
+	// modeLastResort: every channel was open; the request is the one
+	// last-resort trial of the channel whose cooldown ends first.
+	modeLastResort
+	// modeContinue: a committed stream broke and is being continued on
+	// another channel (stream_resume).
+	modeContinue
+	// modeSynthetic: a synthetic check (probe.go), recorded apart from
+	// real traffic and judged by its own rules.
+	modeSynthetic
+)
+
+// exchange is one request on its way through the chain.
 type exchange struct {
 	w        http.ResponseWriter
 	r        *http.Request
@@ -89,14 +140,11 @@ type exchange struct {
 	req      provider.Request
 	body     []byte
 	model    *model
+	mode     mode
 	start    time.Time
 	deadline time.Time
 	attempts int
 	bill     *bill
-	probe    bool // every channel was open; this request probes one
-	// synthetic marks a synthetic check (probe.go): it is recorded apart
-	// from real traffic.
-	synthetic bool
 	// meter counts the current attempt's usage (the bill's meter when a
 	// wallet bills the request).
 	meter *provider.Meter
@@ -108,6 +156,13 @@ type exchange struct {
 	resume *resumeState
 }
 
+// newExchange starts an exchange for r, answered through w.
+func newExchange(w http.ResponseWriter, r *http.Request, api provider.API, m mode) *exchange {
+	x := &exchange{w: w, r: r, api: api, mode: m, start: time.Now()}
+	x.repl, _ = r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	return x
+}
+
 // releaseHeld gives back the bytes of the attempt's buffered answers.
 func (x *exchange) releaseHeld() {
 	for _, hr := range x.held {
@@ -116,13 +171,37 @@ func (x *exchange) releaseHeld() {
 	x.held = x.held[:0]
 }
 
+// verdict is what became of one attempt.
+type verdict uint8
+
+const (
+	// retry: it failed before anything reached the client; the next
+	// candidate may answer.
+	retry verdict = iota
+	// served: the client has the channel's answer.
+	served
+	// passed: the client has an error answer every channel would give (a
+	// non-retryable 4xx), passed through.
+	passed
+	// broken: the client has part of an answer the upstream then cut,
+	// left silent or ended with an error event: too late to fail over.
+	broken
+	// clientGone: the client left; it says nothing about the channel.
+	clientGone
+)
+
 // attemptResult says what became of one attempt.
 type attemptResult struct {
-	done       bool     // the client has its answer (or is gone); stop
-	fail       *failure // retryable failure; try the next candidate
-	clientGone bool
-	passed     int // status of a non-2xx answer passed to the client untouched
+	verdict verdict
+	fail    *failure // retry and broken: what went wrong
+	status  int      // passed: the status the client got
 }
+
+// done reports whether the exchange is over: the client has an answer,
+// or is gone.
+func (r attemptResult) done() bool { return r.verdict != retry }
+
+func retryWith(f *failure) attemptResult { return attemptResult{verdict: retry, fail: f} }
 
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 	if h.wallet != nil {
@@ -130,8 +209,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 		// never closes the store under this request.
 		defer h.wallet.w.Enter()()
 	}
-	x := &exchange{w: w, r: r, api: provider.APIFromPath(r.URL.Path), start: time.Now()}
-	x.repl, _ = r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	x := newExchange(w, r, provider.APIFromPath(r.URL.Path), modeChain)
 
 	if h.refusePath(x) {
 		return nil
@@ -184,82 +262,35 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 	// slice to the Health interface would allocate on every request.
 	plan := x.model.byAPI[x.api].Plan((*health)(&h.channels), x.start, &scratch)
 	candidates := plan.Candidates
-	var probe breaker.Ticket
+	var lastResort *breaker.Ticket
 	if len(candidates) == 0 {
 		// Every channel is open or parked. At most one request per
-		// channel per cooldown probes; every other is refused at once.
-		var route *chain.Route
-		if route, probe = h.admitProbe(plan.Probes, x.start); route == nil {
-			return h.refuseUnavailable(x, plan.Skipped, plan.RetryAt, len(plan.Probes) == 0)
+		// channel per cooldown is their last resort; every other is
+		// refused at once.
+		route, ticket := h.admitLastResort(plan.LastResorts, x.start)
+		if route == nil {
+			return h.refuseUnavailable(x, plan.Skipped, plan.RetryAt, len(plan.LastResorts) == 0)
 		}
-		x.probe = true
+		x.mode, lastResort = modeLastResort, &ticket
 		candidates = []*chain.Route{route}
-		h.logger.Warn("every channel is open; probing the one whose cooldown ends first",
+		h.logger.Warn("every channel is open; trying the one whose cooldown ends first",
 			zap.String("model", x.req.Model), zap.String("channel", route.Name))
 	}
 	for _, r := range plan.Skipped {
-		if !x.probe || r != candidates[0] {
+		if x.mode != modeLastResort || r != candidates[0] {
 			h.skipped(x, r)
 		}
 	}
 
-	x.deadline = x.start.Add(time.Duration(h.Deadline))
-	var last *failure
-	var retryAfter time.Duration
-	for i, route := range candidates {
-		if r.Context().Err() != nil {
-			break
+	end := h.walk(x, candidates, lastResort, x.start.Add(time.Duration(h.Deadline)))
+	if end.answered {
+		if x.resume.pending() {
+			h.resume(x, end.rest)
 		}
-		remaining := time.Until(x.deadline)
-		if remaining <= 0 {
-			break
-		}
-		ticket, ok := probe, x.probe
-		if !x.probe {
-			// A half-open channel admits a bounded number of trials;
-			// when they are taken the request moves on at once.
-			if ticket, ok = h.channels[route.Channel].state.breaker.Admit(time.Now()); !ok {
-				h.skipped(x, route)
-				continue
-			}
-		}
-		// An equal share of what is left, so that a silent channel cannot
-		// take the time its backups need.
-		budget := remaining / time.Duration(len(candidates)-i)
-		x.attempts++
-		x.setVar("http.llm_failover.attempts", strconv.Itoa(x.attempts))
-		res := h.tryRoute(x, route, ticket, budget)
-		if res.done {
-			if x.resume != nil && x.resume.continuing {
-				h.resume(x, candidates[i+1:])
-			}
-			return nil
-		}
-		last = res.fail
-		if res.fail.retryAfter > 0 && (retryAfter == 0 || res.fail.retryAfter < retryAfter) {
-			retryAfter = res.fail.retryAfter
-		}
-		next := ""
-		if i+1 < len(candidates) {
-			next = candidates[i+1].Name
-		}
-		h.logger.Warn("failover",
-			zap.String("model", x.req.Model),
-			zap.String("channel", route.Name),
-			zap.String("upstream_model", upstreamModel(route, x.req.Model)),
-			zap.Int("attempt", x.attempts),
-			zap.String("reason", res.fail.reason),
-			zap.Int("upstream_status", res.fail.status),
-			zap.String("upstream_message", res.fail.message),
-			zap.String("detail", res.fail.detail),
-			zap.Duration("elapsed", time.Since(x.start)),
-			zap.Duration("remaining_budget", time.Until(x.deadline)),
-			zap.String("next_channel", next))
-		h.app.decided(x, route.Name, res.fail, next)
+		return nil
 	}
-
 	if r.Context().Err() != nil {
-		requestsTotal.WithLabelValues(x.req.Model, "client_gone").Inc()
+		requestsTotal.WithLabelValues(x.req.Model, string(outcomeClientGone)).Inc()
 		h.logger.Info("client went away before an answer was committed",
 			zap.String("model", x.req.Model), zap.Int("attempts", x.attempts), zap.Duration("elapsed", time.Since(x.start)))
 		return nil
@@ -269,19 +300,19 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) error {
 		return h.refuseUnavailable(x, nil, time.Now(), false)
 	}
 	requestsTotal.WithLabelValues(x.req.Model, "exhausted").Inc()
-	e := exhausted(x, last)
+	e := exhausted(x, end.last)
 	h.logger.Error("all channels failed",
 		zap.String("model", x.req.Model), zap.Int("attempts", x.attempts),
 		zap.Int("status", e.Status), zap.Duration("elapsed", time.Since(x.start)))
-	setRetryAfter(w.Header(), retryAfter)
+	setRetryAfter(w.Header(), end.retryAfter)
 	return h.refuse(x, e)
 }
 
-// admitProbe lets one of the open channels, soonest to recover first, be
-// probed, if its breaker allows a probe now.
-func (h *Handler) admitProbe(probes []*chain.Route, now time.Time) (*chain.Route, breaker.Ticket) {
-	for _, r := range probes {
-		if t, ok := h.channels[r.Channel].state.breaker.AdmitProbe(now); ok {
+// admitLastResort lets one of the open channels, soonest to recover
+// first, take a last-resort request, if its breaker allows one now.
+func (h *Handler) admitLastResort(routes []*chain.Route, now time.Time) (*chain.Route, breaker.Ticket) {
+	for _, r := range routes {
+		if t, ok := h.channels[r.Channel].state.breaker.AdmitLastResort(now); ok {
 			return r, t
 		}
 	}
@@ -318,23 +349,6 @@ func (h *Handler) skipped(x *exchange, r *chain.Route) {
 	}
 }
 
-// try sends one attempt and records its outcome. The ticket's trial slot
-// is freed however the attempt ends, panics included: a leaked slot would
-// keep a recovering channel refused for good.
-func (h *Handler) try(x *exchange, route *chain.Route, ticket breaker.Ticket, budget time.Duration) attemptResult {
-	defer ticket.Done()
-	if ticket.HalfOpened {
-		h.app.stateChanged(h.logger, h.channels[route.Channel].state,
-			breaker.Transition{From: breaker.Open, To: breaker.HalfOpen}, "cooldown_elapsed")
-	}
-	began := time.Now()
-	res := h.attempt(x, route, budget)
-	x.releaseHeld()
-	h.scrubFailure(res.fail)
-	h.record(x, route, res, time.Since(began))
-	return res
-}
-
 // exhausted builds the error a client gets when no channel answered.
 func exhausted(x *exchange, last *failure) provider.Error {
 	e := provider.Error{Status: http.StatusBadGateway}
@@ -364,7 +378,7 @@ func exhausted(x *exchange, last *failure) provider.Error {
 func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration) attemptResult {
 	ch := h.channels[route.Channel]
 	if f := h.overloaded(); f != nil {
-		return attemptResult{fail: f}
+		return retryWith(f)
 	}
 	ctx, cancel := context.WithCancelCause(x.r.Context())
 	defer cancel(nil)
@@ -380,7 +394,7 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 	}
 
 	body, req := x.body, x.req
-	if x.resume != nil && x.resume.continuing {
+	if x.mode == modeContinue {
 		body, req = x.resume.body, x.resume.req
 	}
 	if x.bill != nil {
@@ -394,11 +408,11 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 	out, err := ch.adapter.NewRequest(ctx, provider.Call{
 		API: x.api, Base: ch.base, Client: x.r, Body: body, Request: req,
 		UpstreamModel: route.UpstreamModel, Header: ch.headers, PassHeader: ch.extras.Request,
-		Continuation: x.resume != nil && x.resume.continuing,
+		Continuation: x.mode == modeContinue,
 	})
 	if err != nil {
 		headerTimer.Stop()
-		return attemptResult{fail: &failure{reason: reasonNetwork, detail: "building the upstream request: " + err.Error()}}
+		return retryWith(&failure{reason: reasonNetwork, detail: "building the upstream request: " + err.Error()})
 	}
 	res, err := ch.rt.RoundTrip(out)
 	headerTimer.Stop()
@@ -408,13 +422,13 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 	defer res.Body.Close()
 
 	if res.StatusCode < len(h.retry) && h.retry[res.StatusCode] {
-		return attemptResult{fail: statusFailure(x.api, res)}
+		return retryWith(statusFailure(x.api, res))
 	}
-	if x.resume != nil && x.resume.continuing && (res.StatusCode != http.StatusOK || !ch.adapter.IsStream(res.Header)) {
+	if x.mode == modeContinue && (res.StatusCode != http.StatusOK || !ch.adapter.IsStream(res.Header)) {
 		// A continuation joins a stream the client already has: anything
 		// but a stream (a refused prefill's 400) is this channel's failure,
 		// never the client's answer.
-		return attemptResult{fail: statusFailure(x.api, res)}
+		return retryWith(statusFailure(x.api, res))
 	}
 	src := ch.adapter.ResponseBody(res)
 	if route.UpstreamModel != "" && route.UpstreamModel != x.req.Model {
@@ -441,13 +455,11 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 	case res.StatusCode >= 300 && res.StatusCode < 400:
 		// No LLM API redirects; a channel that does is misconfigured or
 		// compromised, and its Location must not steer the client.
-		return attemptResult{fail: &failure{reason: reasonRedirect, status: res.StatusCode}}
+		return retryWith(&failure{reason: reasonRedirect, status: res.StatusCode})
 	case res.StatusCode < 200 || res.StatusCode >= 300:
 		// Not retryable and not a success: every channel would say the
 		// same, so the client gets this answer, secrets masked.
-		out := h.relayError(ctx, x, ch, res, src, commit)
-		out.passed = res.StatusCode
-		return out
+		return h.relayError(ctx, x, ch, res, src, commit)
 	case ch.adapter.IsStream(res.Header):
 		return h.relayStream(ctx, cancel, x, ch, res, src, commit)
 	case provider.IsLineStream(ch.adapter, res.Header):
@@ -455,13 +467,13 @@ func (h *Handler) attempt(x *exchange, route *chain.Route, budget time.Duration)
 		idle := newIdleReader(src, time.Duration(h.StreamIdleTimeout), cancel)
 		defer idle.stop()
 		h.passThrough(x, ch, res, idle)
-		return attemptResult{done: true}
+		return attemptResult{verdict: served}
 	case ch.adapter.IsJSON(res.Header):
 		return h.relayJSON(ctx, x, ch, res, src, commit)
 	default:
 		// A CDN's HTML page or a captive portal, not an API answer.
-		return attemptResult{fail: &failure{reason: reasonContentType, status: res.StatusCode,
-			detail: "content type " + strconv.Quote(res.Header.Get("Content-Type"))}}
+		return retryWith(&failure{reason: reasonContentType, status: res.StatusCode,
+			detail: "content type " + strconv.Quote(res.Header.Get("Content-Type"))})
 	}
 }
 
@@ -475,7 +487,11 @@ func (h *Handler) relayError(ctx context.Context, x *exchange, ch *channel, res 
 	}
 	body = []byte(h.secrets.String(string(body)))
 	commit()
-	return h.writeAnswer(x, ch, res, body)
+	out := h.writeAnswer(x, ch, res, body)
+	if out.verdict == served {
+		out = attemptResult{verdict: passed, status: res.StatusCode}
+	}
+	return out
 }
 
 // relayStream holds an SSE answer in the stream gate until it shows
@@ -486,12 +502,12 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 	opts := x.api.GateOptions()
 	release, over := h.holdFrames(streamgate.DefaultMaxHeld)
 	if over != nil {
-		return attemptResult{fail: over}
+		return retryWith(over)
 	}
 	defer release()
 	var d streamgate.Downstream = &downstream{w: client, res: res, onCommit: func() { release(); commit() },
 		copyHeader: func(dst, src http.Header) { h.copyResponseHeader(ch, dst, src) }}
-	continuing := x.resume != nil && x.resume.continuing
+	continuing := x.mode == modeContinue
 	if continuing {
 		d = &spliced{w: client, seam: seamComment(x.resume.from, ch.name), splice: x.resume.splice, onCommit: func() { release(); commit() }}
 	}
@@ -505,17 +521,26 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 	}
 	d = h.watchForResume(x, &opts, d)
 	out := streamgate.Relay(src, cancel, d, opts)
-	if x.r.Context().Err() != nil && out.Outcome != streamgate.Complete {
-		return attemptResult{done: true, clientGone: true}
-	}
+	// How the stream ended decides whose doing it was, before whether the
+	// client is still there: a client that hangs up right after an
+	// upstream cut must not turn the cut into its own departure.
 	switch out.Outcome {
 	case streamgate.Complete:
-		return attemptResult{done: true}
+		return attemptResult{verdict: served}
 	case streamgate.ClientGone:
-		return attemptResult{done: true, clientGone: true}
+		return attemptResult{verdict: clientGone}
 	case streamgate.Truncated, streamgate.Stalled:
+		if out.Outcome == streamgate.Truncated && cancelledByClient(x, out.Err) {
+			// The read failed because the client left and took the
+			// upstream request with it.
+			return attemptResult{verdict: clientGone}
+		}
+		f := &failure{reason: reasonTruncated}
+		if out.Outcome == streamgate.Stalled {
+			f.reason = reasonStalled
+		}
 		if !continuing && h.broke(x, ch, out) {
-			return attemptResult{done: true, fail: &failure{reason: out.Outcome.String()}}
+			return attemptResult{verdict: broken, fail: f}
 		}
 		if out.Deferred != nil {
 			// Nothing will continue it: end it as without stream_resume.
@@ -526,7 +551,7 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		h.logger.Warn("committed stream ended abnormally; error event sent to the client",
 			zap.String("model", x.req.Model), zap.String("channel", ch.name),
 			zap.String("outcome", out.Outcome.String()), zap.Int64("bytes_sent", out.BytesSent), zap.String("error", h.secrets.String(errString(out.Err))))
-		return attemptResult{done: true, fail: &failure{reason: out.Outcome.String()}}
+		return attemptResult{verdict: broken, fail: f}
 	case streamgate.UpstreamError:
 		f := &failure{reason: reasonErrorFrame, status: 0, message: x.api.UpstreamMessage(out.ErrorData)}
 		if out.Committed {
@@ -534,7 +559,7 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 			// already has: it cannot fail over, only count against the
 			// channel.
 			if !continuing && h.broke(x, ch, out) {
-				return attemptResult{done: true, fail: f}
+				return attemptResult{verdict: broken, fail: f}
 			}
 			if out.Deferred != nil {
 				// Held back for a resume that will not happen: forward it.
@@ -542,25 +567,35 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 					_ = client.Flush()
 				}
 			}
-			return attemptResult{done: true, fail: f}
+			return attemptResult{verdict: broken, fail: f}
 		}
 		if status := x.api.ErrorFrameRefusal(out.ErrorData); status != 0 && !continuing {
 			// The upstream refused the request itself: every channel would.
 			_ = h.refuse(x, provider.Error{Status: status, Message: f.message})
-			return attemptResult{done: true}
+			return attemptResult{verdict: passed, status: status}
 		}
-		return attemptResult{fail: f}
+		return retryWith(f)
 	case streamgate.GateTimeout:
-		return attemptResult{fail: &failure{reason: reasonGateTimeout, timeout: true}}
+		return retryWith(&failure{reason: reasonGateTimeout, timeout: true})
 	case streamgate.Oversized:
-		return attemptResult{fail: &failure{reason: reasonLineTooLarge,
-			detail: fmt.Sprintf("a line over %d bytes before any content", streamgate.DefaultMaxHeld)}}
+		return retryWith(&failure{reason: reasonLineTooLarge,
+			detail: fmt.Sprintf("a line over %d bytes before any content", streamgate.DefaultMaxHeld)})
 	default: // ClosedEarly
-		if f := causeFailure(ctx); f != nil {
-			return attemptResult{fail: f}
+		if x.r.Context().Err() != nil {
+			return attemptResult{verdict: clientGone}
 		}
-		return attemptResult{fail: &failure{reason: reasonClosedEarly}}
+		if f := causeFailure(ctx); f != nil {
+			return retryWith(f)
+		}
+		return retryWith(&failure{reason: reasonClosedEarly})
 	}
+}
+
+// cancelledByClient reports whether a read failed because the client left:
+// its request's context ended, and the error is that cancellation rather
+// than anything the upstream did.
+func cancelledByClient(x *exchange, err error) bool {
+	return x.r.Context().Err() != nil && errors.Is(err, context.Canceled)
 }
 
 // relayJSON reads a whole non-streaming answer before committing it, so a
@@ -573,9 +608,9 @@ func (h *Handler) relayJSON(ctx context.Context, x *exchange, ch *channel, res *
 	}
 	switch err := x.api.CheckBody(body); {
 	case errors.Is(err, provider.ErrErrorBody):
-		return attemptResult{fail: &failure{reason: reasonErrorBody, status: res.StatusCode, message: x.api.UpstreamMessage(body)}}
+		return retryWith(&failure{reason: reasonErrorBody, status: res.StatusCode, message: x.api.UpstreamMessage(body)})
 	case err != nil:
-		return attemptResult{fail: &failure{reason: reasonBadBody, status: res.StatusCode, detail: err.Error()}}
+		return retryWith(&failure{reason: reasonBadBody, status: res.StatusCode, detail: err.Error()})
 	}
 	x.meter.Body(body)
 	commit()
@@ -592,16 +627,16 @@ func (h *Handler) readAnswer(ctx context.Context, x *exchange, res *http.Respons
 	body, err := io.ReadAll(io.LimitReader(held, h.MaxResponseBody+1))
 	switch {
 	case errors.Is(err, errHeldBytes):
-		return nil, &attemptResult{fail: &failure{reason: reasonOverloaded, status: http.StatusServiceUnavailable, message: err.Error()}}
+		return nil, &attemptResult{verdict: retry, fail: &failure{reason: reasonOverloaded, status: http.StatusServiceUnavailable, message: err.Error()}}
 	case err != nil && x.r.Context().Err() != nil:
-		return nil, &attemptResult{done: true, clientGone: true}
+		return nil, &attemptResult{verdict: clientGone}
 	case err != nil:
 		if f := causeFailure(ctx); f != nil {
-			return nil, &attemptResult{fail: f}
+			return nil, &attemptResult{verdict: retry, fail: f}
 		}
-		return nil, &attemptResult{fail: &failure{reason: reasonBadBody, status: res.StatusCode, detail: "reading body: " + err.Error()}}
+		return nil, &attemptResult{verdict: retry, fail: &failure{reason: reasonBadBody, status: res.StatusCode, detail: "reading body: " + err.Error()}}
 	case int64(len(body)) > h.MaxResponseBody:
-		return nil, &attemptResult{fail: &failure{reason: reasonTooLarge, status: res.StatusCode}}
+		return nil, &attemptResult{verdict: retry, fail: &failure{reason: reasonTooLarge, status: res.StatusCode}}
 	}
 	return body, nil
 }
@@ -613,12 +648,12 @@ func (h *Handler) writeAnswer(x *exchange, ch *channel, res *http.Response, body
 	hdr.Set("Content-Length", strconv.Itoa(len(body)))
 	x.w.WriteHeader(res.StatusCode)
 	if _, err := x.w.Write(body); err != nil {
-		return attemptResult{done: true, clientGone: true}
+		return attemptResult{verdict: clientGone}
 	}
 	// Not flushed: the handler returns at once (a billed answer's
 	// settlement is written after it, see bill.close), and the server
 	// sends headers and body in one write.
-	return attemptResult{done: true}
+	return attemptResult{verdict: served}
 }
 
 // passThrough copies an answer the gateway does not inspect, flushing as
@@ -646,86 +681,23 @@ func (h *Handler) passThrough(x *exchange, ch *channel, res *http.Response, src 
 	}
 }
 
-// record feeds an attempt's outcome to the breaker, the metrics and the
-// events. Only failures the channel caused count against it.
-func (h *Handler) record(x *exchange, route *chain.Route, res attemptResult, took time.Duration) {
-	ch := h.channels[route.Channel]
-	now := time.Now()
-	outcome := "ok"
-	status := 0
-	reason := "" // what caused a state change, when it is not the outcome
-	var tr breaker.Transition
-	switch {
-	case res.fail == nil && res.clientGone:
-		outcome = "client_gone" // never the channel's fault
-	case res.fail == nil:
-		tr = ch.state.breaker.RecordSuccess(now)
-		if x.probe {
-			// The channel proved itself while every channel was open:
-			// close it now rather than at the end of its cooldown.
-			if reset := ch.state.breaker.Reset(now); reset.Changed() {
-				tr = breaker.Transition{From: tr.From, To: reset.To}
-				reason = "probe_succeeded"
-			}
-		}
-	case res.fail.status == http.StatusTooManyRequests && res.fail.retryAfter > 0:
-		// A rate limit is not an outage: park the channel for as long as
-		// it asked, without counting a failure.
-		outcome, status = "rate_limited", res.fail.status
-		var until time.Time
-		until, tr = ch.state.breaker.Park(now, res.fail.retryAfter)
-		if tr.Changed() {
-			h.logger.Info("channel parked by Retry-After", zap.String("channel", ch.name), zap.Time("until", until))
-		}
-	case !res.fail.channelFault():
-		outcome, status = res.fail.reason, res.fail.status
-	default:
-		outcome, status = res.fail.reason, res.fail.status
-		tr = ch.state.breaker.RecordFailure(now)
-	}
-	if x.bill != nil && res.fail != nil && !res.done {
-		x.bill.attemptFailed(ch.name, upstreamModel(route, x.req.Model), res.fail.reason)
-	}
-	if res.done && !res.clientGone && !x.synthetic && !x.resume.sending() {
-		requestsTotal.WithLabelValues(x.req.Model, "served").Inc()
-	}
-	attemptsTotal.WithLabelValues(x.req.Model, ch.name, outcome).Inc()
-	attemptDuration.WithLabelValues(ch.name).Observe(took.Seconds())
-	h.app.attempted(x.req.Model, upstreamModel(route, x.req.Model), ch.name, x.attempts, outcome, status, took)
-	var ttft time.Duration
-	if !x.committedAt.IsZero() {
-		ttft = x.committedAt.Sub(now.Add(-took))
-	}
-	if !x.synthetic {
-		// Probes keep a history of their own (probe.go).
-		ch.state.touch(now)
-		h.app.recordHistory(x.req.Model, ch.name, res, outcome, status, ttft, outputTokens(x.meter))
-	}
-	if tr.Changed() {
-		if reason == "" {
-			reason = outcome
-		}
-		h.app.stateChanged(h.logger, ch.state, tr, reason)
-	}
-}
-
 // transportFailure classifies an error from RoundTrip.
 func (x *exchange) transportFailure(ctx context.Context, err error) attemptResult {
 	if x.r.Context().Err() != nil {
-		return attemptResult{done: true, clientGone: true}
+		return attemptResult{verdict: clientGone}
 	}
 	if f := causeFailure(ctx); f != nil {
-		return attemptResult{fail: f}
+		return retryWith(f)
 	}
 	var dial reverseproxy.DialError
 	if errors.As(err, &dial) {
-		return attemptResult{fail: &failure{reason: reasonDial, detail: err.Error()}}
+		return retryWith(&failure{reason: reasonDial, detail: err.Error()})
 	}
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
-		return attemptResult{fail: &failure{reason: reasonHeaderTimeout, detail: err.Error(), timeout: true}}
+		return retryWith(&failure{reason: reasonHeaderTimeout, detail: err.Error(), timeout: true})
 	}
-	return attemptResult{fail: &failure{reason: reasonNetwork, detail: err.Error()}}
+	return retryWith(&failure{reason: reasonNetwork, detail: err.Error()})
 }
 
 // causeFailure reports the failure behind one of the attempt's own timers.

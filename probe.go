@@ -308,14 +308,19 @@ func (p *prober) round(ctx context.Context) (summary jobs.Summary, err error) {
 			for i := range m.chain.Routes {
 				route := &m.chain.Routes[i]
 				key := probeKey{h, name, route.Channel}
-				ticket, ok := p.due(h, m, key, now)
-				if !ok {
+				if !p.due(h, m, key, now) {
 					continue
 				}
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					result := h.probeChannel(ctx, name, m, route, ticket)
+					result, sent := h.probeChannel(ctx, name, m, route)
+					if !sent {
+						return // the trial slots are taken by clients
+					}
+					p.mu.Lock()
+					p.last[key] = now
+					p.mu.Unlock()
 					mu.Lock()
 					counts[result]++
 					mu.Unlock()
@@ -328,73 +333,63 @@ func (p *prober) round(ctx context.Context) (summary jobs.Summary, err error) {
 		counts[probePassed], counts[probeFailed], counts[probeLimited], counts[probeConfigError])), nil
 }
 
-// due decides whether the model's channel is probed now and, if so, takes
-// its breaker ticket: a half-open channel's trial slot, so that no client
-// request is sent to it while the probe tells whether it recovered.
-func (p *prober) due(h *Handler, m *model, key probeKey, now time.Time) (breaker.Ticket, bool) {
+// due decides whether the model's channel is probed now: its interval
+// has passed since its last probe, its breaker says nobody else is
+// telling about its health, a probe can be written for it and its daily
+// budget is not spent. The probe's walk then admits it like any request:
+// a half-open channel's trial slot, so that no client request is sent to
+// it while the probe tells whether it recovered.
+func (p *prober) due(h *Handler, m *model, key probeKey, now time.Time) bool {
 	ch := h.channels[key.channel]
 	interval := m.probe.interval
 	p.mu.Lock()
 	last := p.last[key]
 	p.mu.Unlock()
 	if now.Sub(last) < interval {
-		return breaker.Ticket{}, false
+		return false
 	}
-	b := ch.state.breaker
-	switch b.State(now) {
+	switch ch.state.breaker.State(now) {
 	case breaker.Open, breaker.Parked:
 		// Nobody may be sent; the probe comes once the cooldown ends.
-		return breaker.Ticket{}, false
+		return false
 	case breaker.Closed:
 		if now.Sub(ch.state.lastTraffic()) < interval {
-			return breaker.Ticket{}, false // real traffic tells already
+			return false // real traffic tells already
 		}
 	}
 	if _, ok := provider.ProbeAPI(ch.adapter); !ok {
-		return breaker.Ticket{}, false
+		return false
 	}
-	if probes.overBudget(ch.name, m.probe.budget, now, func(spent wallet.Micros) {
+	return !probes.overBudget(ch.name, m.probe.budget, now, func(spent wallet.Micros) {
 		h.logger.Warn("daily probe budget spent; no more probes of this channel today",
 			zap.String("channel", ch.name), zap.String("spent", spent.String()), zap.String("budget", m.probe.budget.String()))
-	}) {
-		return breaker.Ticket{}, false
-	}
-	ticket, ok := b.Admit(now)
-	if !ok {
-		return breaker.Ticket{}, false // the trial slots are taken by clients
-	}
-	p.mu.Lock()
-	p.last[key] = now
-	p.mu.Unlock()
-	return ticket, true
+	})
 }
 
-// probeChannel sends one synthetic check through the same attempt path
-// as client traffic (adapter, timers, stream gate, breaker, metrics) and
-// reports its result. The answer goes to a ResponseWriter that keeps only
-// its status.
-func (h *Handler) probeChannel(ctx context.Context, modelName string, m *model, route *chain.Route, ticket breaker.Ticket) string {
-	defer ticket.Done()
+// probeChannel sends one synthetic check through the same walk as client
+// traffic (admission, adapter, timers, stream gate, breaker, metrics) and
+// reports its result; ok is false when the channel's breaker admitted
+// nothing (its trial slots are taken by clients). The answer goes to a
+// ResponseWriter that keeps only its status.
+func (h *Handler) probeChannel(ctx context.Context, modelName string, m *model, route *chain.Route) (result string, ok bool) {
 	ch := h.channels[route.Channel]
 	api, _ := provider.ProbeAPI(ch.adapter)
 	path, hdr, body, err := provider.ProbeRequest(api, modelName, m.probe.prompt, m.probe.maxTokens)
 	if err != nil {
 		h.logger.Error("building a probe", zap.String("channel", ch.name), zap.Error(err))
-		return probeConfigError
+		return probeConfigError, true
 	}
 	r, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://probe.invalid"+path, bytes.NewReader(body))
 	if err != nil {
-		return probeConfigError
+		return probeConfigError, true
 	}
 	r.Header = hdr
-	w := &probeWriter{header: http.Header{}}
-	x := &exchange{w: w, r: r, api: api, body: body, model: m, start: time.Now(), synthetic: true, attempts: 1}
+	x := newExchange(&probeWriter{header: http.Header{}}, r, api, modeSynthetic)
+	x.model = m
 	x.body, _ = api.AskUsage(body, provider.Request{}) // the probe pays for what it used
 	if x.req, err = api.ParseRequest(x.body); err != nil {
-		return probeConfigError
+		return probeConfigError, true
 	}
-	budget := min(time.Duration(h.Deadline), m.probe.interval)
-	x.deadline = x.start.Add(budget)
 	if h.wallet != nil {
 		// The operator's system account pays for probes.
 		rt := *h.wallet
@@ -404,28 +399,17 @@ func (h *Handler) probeChannel(ctx context.Context, modelName string, m *model, 
 		if refusal != nil {
 			h.logger.Warn("probe account refused; probe not sent", zap.String("channel", ch.name),
 				zap.String("account", h.ProbeAccount), zap.String("reason", refusal.Message))
-			return probeConfigError
+			return probeConfigError, true
 		}
 		x.bill = bill
 		defer x.bill.close()
 	}
-	if ticket.HalfOpened {
-		h.app.stateChanged(h.logger, ch.state, breaker.Transition{From: breaker.Open, To: breaker.HalfOpen}, "cooldown_elapsed")
-	}
 	began := time.Now()
-	res := h.attempt(x, route, budget)
-	took := time.Since(began)
-	result, reason := probeResult(x, w, &res)
-	if result != probeConfigError {
-		// A probe's own mistake says nothing of the channel.
-		h.record(x, route, res, took)
+	end := h.walk(x, []*chain.Route{route}, nil, began.Add(min(time.Duration(h.Deadline), m.probe.interval)))
+	if x.attempts == 0 {
+		return "", false
 	}
-	if result == probeFailed {
-		// The only evidence there is for an interval: decisive alone.
-		if tr := ch.state.breaker.Trip(time.Now()); tr.Changed() {
-			h.app.stateChanged(h.logger, ch.state, tr, "probe_failed")
-		}
-	}
+	result, reason := probeOutcome(end)
 	var cost wallet.Micros
 	if meter := x.meter; meter != nil {
 		u := meter.Usage()
@@ -439,31 +423,43 @@ func (h *Handler) probeChannel(ctx context.Context, modelName string, m *model, 
 		h.logger.Warn("probe did not pass", zap.String("model", modelName), zap.String("channel", ch.name),
 			zap.String("result", result), zap.String("reason", reason))
 	}
-	return result
+	return result, true
 }
 
-// probeResult judges a probe: it passes only when content was committed
-// with a 2xx; a 400 or 422 (or an in-stream refusal) is the probe's own
-// parameters, not the channel; any other refusal the client would pass
-// through (401, 403, 404) is the channel failing, and becomes a failure
-// for the breaker.
-func probeResult(x *exchange, w *probeWriter, res *attemptResult) (result, reason string) {
+// judgeSynthetic judges a probe's attempt before it is recorded: it
+// passes only when content was committed with a 2xx; a 400 or 422 (or an
+// in-stream refusal) is the probe's own parameters, not the channel, and
+// is not recorded; any other refusal a client would get passed through
+// (401, 403, 404) is the channel failing, and becomes a failure for the
+// breaker.
+func judgeSynthetic(x *exchange, res attemptResult) (judged attemptResult, record bool) {
 	switch {
+	case res.verdict == passed && (res.status == http.StatusBadRequest || res.status == http.StatusUnprocessableEntity):
+		return res, false
+	case res.verdict == passed:
+		return retryWith(&failure{reason: reasonStatus, status: res.status}), true
+	case res.verdict == served && x.committedAt.IsZero():
+		return retryWith(&failure{reason: reasonClosedEarly}), true
+	}
+	return res, true
+}
+
+// probeOutcome is a probe's result and its reason, from how its walk
+// ended.
+func probeOutcome(end walkEnd) (result, reason string) {
+	res := end.res
+	if !end.answered {
+		res = retryWith(end.last)
+	}
+	switch {
+	case res.verdict == passed:
+		return probeConfigError, fmt.Sprintf("%s %d", reasonStatus, res.status)
+	case res.verdict == clientGone:
+		return probeFailed, "stopped"
 	case res.fail != nil && res.fail.status == http.StatusTooManyRequests:
-		return probeLimited, res.fail.reason
+		return probeLimited, string(res.fail.reason)
 	case res.fail != nil:
 		return probeFailed, res.fail.String()
-	case res.clientGone:
-		return probeFailed, "stopped"
-	case w.status == http.StatusBadRequest || w.status == http.StatusUnprocessableEntity:
-		return probeConfigError, fmt.Sprintf("%s %d", reasonStatus, w.status)
-	case w.status >= 400:
-		res.done, res.passed = false, 0
-		res.fail = &failure{reason: reasonStatus, status: w.status}
-		return probeFailed, res.fail.String()
-	case x.committedAt.IsZero() || w.status < 200 || w.status >= 300:
-		res.fail = &failure{reason: reasonClosedEarly}
-		return probeFailed, reasonClosedEarly
 	}
 	return probePassed, ""
 }

@@ -1,7 +1,6 @@
 package llmfailover
 
 import (
-	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -21,8 +20,6 @@ const (
 	resumeContinue = "continue"
 )
 
-const reasonResumed = "resumed"
-
 // resumedTrailer is the HTTP trailer that names the channels of a resumed
 // answer ("a -> b"). The headers left with the first attempt, so it is
 // announced (Trailer:) when a stream that may be resumed is committed and
@@ -33,19 +30,17 @@ const resumedTrailer = "X-Llm-Failover-Resumed"
 // continued on another channel (stream_resume continue).
 type resumeState struct {
 	transcript *provider.Transcript
-	// Set when the stream broke and a continuation is being sought.
-	continuing bool
-	from       string // the channel whose stream broke
-	body       []byte // the request with the delivered text as prefill
-	req        provider.Request
-	splice     *provider.Splice
-	errEvent   []byte // the original failure's error event
-	tries      int    // continuations sent
+	// Set when the stream broke and a continuation is to be sought.
+	wanted   bool
+	from     string // the channel whose stream broke
+	body     []byte // the request with the delivered text as prefill
+	req      provider.Request
+	splice   *provider.Splice
+	errEvent []byte // the original failure's error event
 }
 
-// sending reports whether a continuation is being sent: the request was
-// already counted as served when its stream was committed.
-func (rs *resumeState) sending() bool { return rs != nil && rs.tries > 0 }
+// pending reports whether a broken stream waits for its continuation.
+func (rs *resumeState) pending() bool { return rs != nil && rs.wanted }
 
 // resumeMode is the model's stream_resume, or the handler's.
 func (h *Handler) resumeMode(m *model) string {
@@ -91,7 +86,7 @@ func (h *Handler) resumableAPIs(m *model) (out [provider.NumAPIs]bool) {
 // so no resume can overdraw. A continuation's stream gate always fails
 // over: an empty continuation is never committed into the client's stream.
 func (h *Handler) watchForResume(x *exchange, opts *streamgate.Options, d streamgate.Downstream) streamgate.Downstream {
-	if x.resume != nil && x.resume.continuing {
+	if x.mode == modeContinue {
 		opts.GateFailover = true
 		return d
 	}
@@ -157,7 +152,7 @@ func (h *Handler) broke(x *exchange, ch *channel, out streamgate.Result) bool {
 			zap.String("channel", ch.name), zap.String("why", err.Error()))
 		return false
 	}
-	rs.continuing, rs.from, rs.body, rs.req, rs.splice = true, ch.name, body, req, splice
+	rs.wanted, rs.from, rs.body, rs.req, rs.splice = true, ch.name, body, req, splice
 	return true
 }
 
@@ -181,48 +176,28 @@ func (h *Handler) resume(x *exchange, rest []*chain.Route) {
 			able = append(able, route)
 		}
 	}
-	deadline := time.Now().Add(h.resumeBound())
-	for i, route := range able {
-		if x.r.Context().Err() != nil {
-			return
+	x.mode = modeContinue
+	end := h.walk(x, able, nil, time.Now().Add(h.resumeBound()))
+	switch {
+	case end.answered && end.res.verdict == clientGone:
+		return
+	case end.answered:
+		next := able[len(able)-len(end.rest)-1].Name
+		outcome := string(reasonResumed)
+		if end.res.verdict == broken {
+			outcome = "broken" // the continuation itself broke off
 		}
-		ch := h.channels[route.Channel]
-		ticket, ok := ch.state.breaker.Admit(time.Now())
-		if !ok {
-			h.skipped(x, route)
-			continue
-		}
-		remaining := time.Until(deadline)
-		if remaining <= 0 {
-			break
-		}
-		x.attempts++
-		rs.tries++
-		x.setVar("http.llm_failover.attempts", fmt.Sprint(x.attempts))
-		res := h.try(x, route, ticket, remaining/time.Duration(len(able)-i))
-		if res.clientGone {
-			return
-		}
-		if res.done {
-			outcome := reasonResumed
-			if res.fail != nil {
-				outcome = "broken" // the continuation itself broke off
-			}
-			resumesTotal.WithLabelValues(x.req.Model, outcome).Inc()
-			x.w.Header().Set(resumedTrailer, oneLine(rs.from)+" -> "+oneLine(route.Name))
-			delivered := provider.EstimateTokens([]byte(rs.transcript.Text()))
-			h.logger.Warn("broken stream resumed",
-				zap.String("model", x.req.Model), zap.String("channel", rs.from),
-				zap.String("next_channel", route.Name), zap.String("reason", reasonResumed),
-				zap.Int("delivered_bytes", len(rs.transcript.Text())), zap.Int64("delivered_tokens", delivered))
-			h.app.decided(x, rs.from, &failure{reason: reasonResumed, delivered: delivered}, route.Name)
-			return
-		}
-		h.logger.Warn("resume attempt failed",
-			zap.String("model", x.req.Model), zap.String("channel", route.Name),
-			zap.String("reason", res.fail.reason), zap.Int("upstream_status", res.fail.status),
-			zap.String("upstream_message", res.fail.message))
-		h.app.decided(x, route.Name, res.fail, "")
+		resumesTotal.WithLabelValues(x.req.Model, outcome).Inc()
+		x.w.Header().Set(resumedTrailer, oneLine(rs.from)+" -> "+oneLine(next))
+		delivered := provider.EstimateTokens([]byte(rs.transcript.Text()))
+		h.logger.Warn("broken stream resumed",
+			zap.String("model", x.req.Model), zap.String("channel", rs.from),
+			zap.String("next_channel", next), zap.String("reason", string(reasonResumed)),
+			zap.Int("delivered_bytes", len(rs.transcript.Text())), zap.Int64("delivered_tokens", delivered))
+		h.app.decided(x, rs.from, &failure{reason: reasonResumed, delivered: delivered}, next)
+		return
+	case x.r.Context().Err() != nil:
+		return
 	}
 	resumesTotal.WithLabelValues(x.req.Model, "failed").Inc()
 	w := &idleWriter{w: x.w, rc: http.NewResponseController(x.w), idle: time.Duration(h.StreamIdleTimeout)}

@@ -9,10 +9,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"go.uber.org/zap"
 
-	"github.com/llmfailover/caddy-llm-failover/breaker"
-	"github.com/llmfailover/caddy-llm-failover/chain"
 	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
 )
 
@@ -39,38 +36,6 @@ func (r *RetrySame) wait(f *failure) (time.Duration, bool) {
 		return f.retryAfter, f.retryAfter > 0 && f.retryAfter <= time.Duration(r.MaxWait)
 	}
 	return 0, true
-}
-
-// tryRoute is try, plus at most one retry on the same channel when
-// retry_same asks for it and the candidate's budget leaves room. The
-// failed attempt is recorded like any other (the breaker counts it); the
-// retry needs a fresh ticket, so a half-open channel whose trial slots
-// are taken moves on.
-func (h *Handler) tryRoute(x *exchange, route *chain.Route, ticket breaker.Ticket, budget time.Duration) attemptResult {
-	began := time.Now()
-	res := h.try(x, route, ticket, budget)
-	if res.done || x.probe {
-		return res
-	}
-	wait, ok := h.RetrySame.wait(res.fail)
-	left := budget - time.Since(began) - wait
-	if !ok || left <= 0 {
-		return res
-	}
-	h.logger.Warn("retrying the same channel",
-		zap.String("model", x.req.Model), zap.String("channel", route.Name),
-		zap.Int("attempt", x.attempts), zap.String("reason", res.fail.reason),
-		zap.Int("upstream_status", res.fail.status), zap.Duration("wait", wait))
-	h.app.decided(x, route.Name, res.fail, route.Name)
-	if !sleepCtx(x.r.Context(), wait) {
-		return res
-	}
-	if ticket, ok = h.channels[route.Channel].state.breaker.Admit(time.Now()); !ok {
-		return res
-	}
-	x.attempts++
-	x.setVar("http.llm_failover.attempts", strconv.Itoa(x.attempts))
-	return h.try(x, route, ticket, left)
 }
 
 // sleepCtx waits d, or less when ctx ends first; it reports whether the

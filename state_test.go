@@ -11,9 +11,9 @@ import (
 	"github.com/llmfailover/caddy-llm-failover/chain"
 )
 
-// When every channel is open, the probe must skip a channel that is also
-// inside a Retry-After: the upstream asked for nothing until then.
-func TestProbeSkipsOpenChannelThatIsAlsoParked(t *testing.T) {
+// When every channel is open, the last resort must skip a channel that is
+// also inside a Retry-After: the upstream asked for nothing until then.
+func TestLastResortSkipsOpenChannelThatIsAlsoParked(t *testing.T) {
 	now := time.Now()
 	chs := []*channel{
 		{name: "a", state: &channelState{breaker: breaker.New(breaker.Config{})}},
@@ -33,15 +33,15 @@ func TestProbeSkipsOpenChannelThatIsAlsoParked(t *testing.T) {
 	}
 	var s chain.Scratch
 	plan := m.Plan((*health)(&chs), now.Add(time.Second), &s)
-	if len(plan.Candidates) != 0 || len(plan.Probes) != 1 || plan.Probes[0].Name != "b" {
-		t.Fatalf("candidates %v probes %v, want none and a probe of b", plan.Candidates, plan.Probes)
+	if len(plan.Candidates) != 0 || len(plan.LastResorts) != 1 || plan.LastResorts[0].Name != "b" {
+		t.Fatalf("candidates %v last resorts %v, want none and a last resort of b", plan.Candidates, plan.LastResorts)
 	}
 
-	// With b parked too, nothing is probed: the client gets a Retry-After.
+	// With b parked too, there is no last resort: the client gets a Retry-After.
 	chs[1].state.breaker.Park(now, time.Minute)
 	plan = m.Plan((*health)(&chs), now.Add(time.Second), &s)
-	if len(plan.Candidates) != 0 || len(plan.Probes) != 0 || plan.RetryAt.IsZero() {
-		t.Fatalf("candidates %v probes %v retry at %v, want none and a Retry-After", plan.Candidates, plan.Probes, plan.RetryAt)
+	if len(plan.Candidates) != 0 || len(plan.LastResorts) != 0 || plan.RetryAt.IsZero() {
+		t.Fatalf("candidates %v last resorts %v retry at %v, want none and a Retry-After", plan.Candidates, plan.LastResorts, plan.RetryAt)
 	}
 }
 

@@ -73,18 +73,17 @@ func (a *App) Cleanup() error {
 
 // historyClass is what an attempt's outcome says about its channel, for
 // the history; false for an attempt that says nothing (the client left).
-// passed is the status of an answer passed to the client untouched.
-func historyClass(res attemptResult, outcome string, status int) (history.Class, bool) {
+func historyClass(res attemptResult, outcome reason, status int) (history.Class, bool) {
 	switch {
-	case outcome == "client_gone":
+	case res.verdict == clientGone:
 		return 0, false
-	case outcome == "rate_limited" || status == http.StatusTooManyRequests || res.passed == http.StatusTooManyRequests:
+	case outcome == outcomeRateLimited || status == http.StatusTooManyRequests || (res.verdict == passed && res.status == http.StatusTooManyRequests):
 		return history.Limited, true
 	case res.fail != nil && !res.fail.channelFault():
 		return history.Client, true
-	case res.fail != nil || res.passed >= 500:
+	case res.fail != nil || (res.verdict == passed && res.status >= 500):
 		return history.Down, true
-	case res.passed >= 400:
+	case res.verdict == passed && res.status >= 400:
 		return history.Client, true
 	}
 	return history.Success, true
@@ -105,16 +104,16 @@ func outputTokens(m *provider.Meter) int64 {
 
 // recordHistory adds one attempt to the history. ttft is the time to
 // first content; 0 when the attempt committed nothing.
-func (a *App) recordHistory(model, channel string, res attemptResult, outcome string, status int, ttft time.Duration, outputTokens int64) {
+func (a *App) recordHistory(model, channel string, res attemptResult, outcome reason, status int, ttft time.Duration, outputTokens int64) {
 	class, ok := historyClass(res, outcome, status)
 	if !ok || a.status == nil {
 		return
 	}
 	at := history.Attempt{At: time.Now(), Model: model, Channel: channel, Class: class, Status: status, TTFT: ttft, OutputTokens: outputTokens}
 	if res.fail != nil {
-		at.Reason = res.fail.reason
-	} else if res.passed != 0 {
-		at.Reason, at.Status = reasonStatus, res.passed
+		at.Reason = string(res.fail.reason)
+	} else if res.verdict == passed {
+		at.Reason, at.Status = string(reasonStatus), res.status
 	}
 	a.status.history.Record(at)
 	if class == history.Success {
@@ -131,7 +130,7 @@ func (a *App) decided(x *exchange, channel string, f *failure, next string) {
 	}
 	a.status.journal.Add(journal.Decision{
 		At: time.Now(), RequestID: requestID(x), Model: x.req.Model, Channel: channel, Attempt: x.attempts,
-		Reason: f.reason, UpstreamStatus: f.status, Elapsed: time.Since(x.start), Remaining: time.Until(x.deadline), Next: next,
+		Reason: string(f.reason), UpstreamStatus: f.status, Elapsed: time.Since(x.start), Remaining: time.Until(x.deadline), Next: next,
 		DeliveredTokens: f.delivered,
 	})
 }

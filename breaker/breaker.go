@@ -75,9 +75,10 @@ type Breaker struct {
 	// admission after the cooldown, so that the clock-driven open →
 	// half_open change is reported exactly once per trip.
 	unannounced bool
-	// probed is set by the one probe AdmitProbe lets through per trip.
-	probed bool
-	// inFlight counts admitted trials (half-open or probe) not yet Done.
+	// lastResortTaken is set by the one request AdmitLastResort lets
+	// through per trip.
+	lastResortTaken bool
+	// inFlight counts admitted trials (half-open or last resort) not yet Done.
 	inFlight int
 
 	parkedUntil int64
@@ -158,7 +159,7 @@ type Ticket struct {
 }
 
 // Trial reports whether the ticket is a trial of a recovering channel (a
-// half-open trial or a probe of an open channel).
+// half-open trial or the last resort of an open channel).
 func (t Ticket) Trial() bool { return t.trial }
 
 // Done frees the ticket's trial slot. Call it exactly once per admitted
@@ -177,7 +178,7 @@ func (t Ticket) Done() {
 // admits everyone; a half-open one admits up to Trials concurrent trials,
 // so that a channel which is still broken (or now hangs) holds back only
 // those few requests while every other goes elsewhere at once; an open or
-// parked channel admits nobody (see AdmitProbe).
+// parked channel admits nobody (see AdmitLastResort).
 func (b *Breaker) Admit(now time.Time) (Ticket, bool) {
 	n := now.UnixNano()
 	if n < b.blockedUntil.Load() {
@@ -201,21 +202,22 @@ func (b *Breaker) Admit(now time.Time) (Ticket, bool) {
 	return t, true
 }
 
-// AdmitProbe lets one request through to an open channel per trip, for
-// when every channel of a chain is open: failing such requests untried
-// would turn the breaker into an outage of its own, while letting each of
-// them probe would send the whole load to a broken channel. It refuses a
-// channel that is not open (use Admit), is parked (the upstream asked for
-// nothing until then), was already probed since it tripped, or has its
-// trial slots taken. A probe holds a trial slot like a half-open trial.
-func (b *Breaker) AdmitProbe(now time.Time) (Ticket, bool) {
+// AdmitLastResort lets one request through to an open channel per trip,
+// for when every channel of a chain is open: failing such requests
+// untried would turn the breaker into an outage of its own, while letting
+// each of them through would send the whole load to a broken channel. It
+// refuses a channel that is not open (use Admit), is parked (the upstream
+// asked for nothing until then), already had its last resort since it
+// tripped, or has its trial slots taken. A last resort holds a trial slot
+// like a half-open trial.
+func (b *Breaker) AdmitLastResort(now time.Time) (Ticket, bool) {
 	n := now.UnixNano()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if n >= b.openUntil || n < b.parkedUntil || b.probed || b.inFlight >= b.cfg.Trials {
+	if n >= b.openUntil || n < b.parkedUntil || b.lastResortTaken || b.inFlight >= b.cfg.Trials {
 		return Ticket{}, false
 	}
-	b.probed = true
+	b.lastResortTaken = true
 	b.inFlight++
 	return Ticket{b: b, trial: true}, true
 }
@@ -310,7 +312,7 @@ func (b *Breaker) Reset(now time.Time) Transition {
 	from := b.stateLocked(n)
 	b.failN, b.failPos = 0, 0
 	b.setTrippedLocked(false)
-	b.unannounced, b.probed = false, false
+	b.unannounced, b.lastResortTaken = false, false
 	b.openUntil, b.openedAt = 0, 0
 	b.parkedUntil, b.parkedAt = 0, 0
 	b.publishLocked()
@@ -427,7 +429,7 @@ func (b *Breaker) tripLocked(n int64) {
 	b.openedAt = n
 	b.setTrippedLocked(true)
 	b.opened++
-	b.unannounced, b.probed = true, false
+	b.unannounced, b.lastResortTaken = true, false
 	b.publishLocked()
 }
 

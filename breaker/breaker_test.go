@@ -689,45 +689,45 @@ func TestTrialOutcomes(t *testing.T) {
 	}
 }
 
-// An open channel lets exactly one probe through per trip: not a second
-// one while it runs, not after it failed, and not while parked. A re-trip
-// allows the next.
-func TestAdmitProbeOncePerTrip(t *testing.T) {
+// An open channel lets exactly one last resort through per trip: not a
+// second one while it runs, not after it failed, and not while parked. A
+// re-trip allows the next.
+func TestAdmitLastResortOncePerTrip(t *testing.T) {
 	b := New(Config{Cooldown: time.Minute})
-	if _, ok := b.AdmitProbe(t0); ok {
-		t.Fatal("probe of a closed channel admitted")
+	if _, ok := b.AdmitLastResort(t0); ok {
+		t.Fatal("last resort of a closed channel admitted")
 	}
 	failN(b, t0, 3)
 	var admitted atomic.Int64
-	probes := make(chan Ticket, 100)
+	lastResorts := make(chan Ticket, 100)
 	var wg sync.WaitGroup
 	for range 100 {
 		wg.Go(func() {
-			if tk, ok := b.AdmitProbe(at(time.Second)); ok {
+			if tk, ok := b.AdmitLastResort(at(time.Second)); ok {
 				admitted.Add(1)
-				probes <- tk
+				lastResorts <- tk
 			}
 		})
 	}
 	wg.Wait()
 	if admitted.Load() != 1 {
-		t.Fatalf("%d probes admitted, want 1", admitted.Load())
+		t.Fatalf("%d last resorts admitted, want 1", admitted.Load())
 	}
 	if s := b.Snapshot(at(time.Second)); s.TrialsInFlight != 1 {
-		t.Fatalf("probe in flight not counted: %+v", s)
+		t.Fatalf("last resort in flight not counted: %+v", s)
 	}
-	// The probe failed: same outage, same deadline, no second probe.
+	// The last resort failed: same outage, same deadline, no second one.
 	b.RecordFailure(at(2 * time.Second))
-	(<-probes).Done()
-	if _, ok := b.AdmitProbe(at(3 * time.Second)); ok {
-		t.Fatal("second probe admitted in one cooldown")
+	(<-lastResorts).Done()
+	if _, ok := b.AdmitLastResort(at(3 * time.Second)); ok {
+		t.Fatal("second last resort admitted in one cooldown")
 	}
 	if s := b.Snapshot(at(3 * time.Second)); !s.OpenUntil.Equal(at(time.Minute)) || s.TrialsInFlight != 0 {
-		t.Fatalf("after a failed probe: %+v", s)
+		t.Fatalf("after a failed last resort: %+v", s)
 	}
 
-	// After the cooldown a failed trial re-trips: the new trip may be
-	// probed once more.
+	// After the cooldown a failed trial re-trips: the new trip gets one
+	// last resort more.
 	now := at(time.Minute)
 	tk, ok := b.Admit(now)
 	if !ok || !tk.Trial() {
@@ -735,14 +735,14 @@ func TestAdmitProbeOncePerTrip(t *testing.T) {
 	}
 	b.RecordFailure(now)
 	tk.Done()
-	if _, ok := b.AdmitProbe(now.Add(time.Second)); !ok {
-		t.Fatal("no probe admitted for a new trip")
+	if _, ok := b.AdmitLastResort(now.Add(time.Second)); !ok {
+		t.Fatal("no last resort admitted for a new trip")
 	}
 
 	p := New(Config{Cooldown: time.Minute})
 	failN(p, t0, 3)
 	p.Park(t0, 2*time.Minute)
-	if _, ok := p.AdmitProbe(at(time.Second)); ok {
-		t.Fatal("probe of a parked channel admitted")
+	if _, ok := p.AdmitLastResort(at(time.Second)); ok {
+		t.Fatal("last resort of a parked channel admitted")
 	}
 }

@@ -47,8 +47,8 @@ type Config struct {
 
 	// MaxPark caps how long a Retry-After can park the channel.
 	MaxPark time.Duration
-	// Trials is how many requests a half-open channel (or a probe of an
-	// open one) may have in flight at once; every other request is
+	// Trials is how many requests a half-open channel (or the last resort
+	// of an open one) may have in flight at once; every other request is
 	// refused until one of them ends.
 	Trials int
 }

@@ -60,12 +60,12 @@
 //
 // When every channel a request could use is open, refusing all of them
 // untried would make the breakers an outage of their own, and letting each
-// request probe would send the whole load to a broken channel. AdmitProbe
-// lets exactly one request through per channel per trip (that is, per
-// cooldown: a failed probe keeps the deadline, a failed trial re-trips with
-// a fresh one); the caller refuses the rest with a Retry-After from
-// ReadyAt. A probe holds a trial slot like a half-open trial. A parked
-// channel is never probed.
+// request through would send the whole load to a broken channel.
+// AdmitLastResort lets exactly one request through per channel per trip
+// (that is, per cooldown: a failed last resort keeps the deadline, a failed
+// trial re-trips with a fresh one); the caller refuses the rest with a
+// Retry-After from ReadyAt. A last resort holds a trial slot like a
+// half-open trial. A parked channel never gets one.
 //
 // # Parking versus failures
 //

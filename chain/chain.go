@@ -120,13 +120,13 @@ type Plan struct {
 	Candidates []*Route
 	// Skipped are routes left out because their channel was unavailable.
 	Skipped []*Route
-	// Probes are set only when no candidate is left: the open channels
-	// that are not parked, the one whose cooldown ends first first.
-	// Failing every request untried would turn the breakers into an
-	// outage of their own, so the caller may probe one of them (the
-	// breaker decides whether it may); rate limits, which the upstream
-	// asked us to honour, are never probed.
-	Probes []*Route
+	// LastResorts are set only when no candidate is left: the open
+	// channels that are not parked, the one whose cooldown ends first
+	// first. Failing every request untried would turn the breakers into
+	// an outage of their own, so the caller may send one of them a last
+	// resort (the breaker decides whether it may); rate limits, which the
+	// upstream asked us to honour, are never overridden.
+	LastResorts []*Route
 	// RetryAt is set only when no candidate is left: when the first of
 	// the skipped channels becomes available, for a Retry-After.
 	RetryAt time.Time
@@ -138,8 +138,8 @@ const MaxRoutes = 16
 // Scratch is the memory one Plan uses; a caller keeps it on its stack so
 // that planning allocates nothing.
 type Scratch struct {
-	order, cands, skipped, probes [MaxRoutes]*Route
-	probeAt                       [MaxRoutes]time.Time
+	order, cands, skipped, lastResorts [MaxRoutes]*Route
+	lastResortAt                       [MaxRoutes]time.Time
 }
 
 // Plan orders the routes for one request. The Plan's slices point into s.
@@ -165,7 +165,7 @@ func (m *Model) Plan(h Health, now time.Time, s *Scratch) Plan {
 	if len(p.Candidates) > 0 {
 		return p
 	}
-	p.Probes = s.probes[:0]
+	p.LastResorts = s.lastResorts[:0]
 	for _, r := range p.Skipped {
 		at, parked := h.ReadyAt(r.Channel, now)
 		if p.RetryAt.IsZero() || at.Before(p.RetryAt) {
@@ -175,12 +175,12 @@ func (m *Model) Plan(h Health, now time.Time, s *Scratch) Plan {
 			continue
 		}
 		// Insertion by readiness; ties keep the chain's order.
-		i := len(p.Probes)
-		p.Probes = append(p.Probes, r)
-		for ; i > 0 && at.Before(s.probeAt[i-1]); i-- {
-			p.Probes[i], s.probeAt[i] = p.Probes[i-1], s.probeAt[i-1]
+		i := len(p.LastResorts)
+		p.LastResorts = append(p.LastResorts, r)
+		for ; i > 0 && at.Before(s.lastResortAt[i-1]); i-- {
+			p.LastResorts[i], s.lastResortAt[i] = p.LastResorts[i-1], s.lastResortAt[i-1]
 		}
-		p.Probes[i], s.probeAt[i] = r, at
+		p.LastResorts[i], s.lastResortAt[i] = r, at
 	}
 	return p
 }

@@ -166,7 +166,7 @@ func TestPlanCostOrder(t *testing.T) {
 	if got := names(p.Candidates); got != "a,b,c,d" {
 		t.Errorf("candidates = %s, want a,b,c,d", got)
 	}
-	if len(p.Skipped) != 0 || len(p.Probes) != 0 || !p.RetryAt.IsZero() {
+	if len(p.Skipped) != 0 || len(p.LastResorts) != 0 || !p.RetryAt.IsZero() {
 		t.Errorf("plan = %+v", p)
 	}
 	// The same chain every time under the cost policy.
@@ -198,8 +198,8 @@ func TestPlanMaxHops(t *testing.T) {
 	if got := names(p.Skipped); got != "a" {
 		t.Errorf("skipped = %s, want a", got)
 	}
-	if len(p.Probes) != 0 || !p.RetryAt.IsZero() {
-		t.Errorf("probes %s, retry at %v with available candidates", names(p.Probes), p.RetryAt)
+	if len(p.LastResorts) != 0 || !p.RetryAt.IsZero() {
+		t.Errorf("last resorts %s, retry at %v with available candidates", names(p.LastResorts), p.RetryAt)
 	}
 
 	// Two down in the middle: only two remain.
@@ -223,7 +223,7 @@ func TestPlanMaxHops(t *testing.T) {
 	}
 }
 
-func TestPlanProbe(t *testing.T) {
+func TestPlanLastResort(t *testing.T) {
 	m := mustNew(t, Cost, 2, fourRoutes())
 	var s Scratch
 	h := healthy()
@@ -232,8 +232,8 @@ func TestPlanProbe(t *testing.T) {
 	h.down[13] = downState{readyAt: t0.Add(5 * time.Second), parked: true} // c, parked, soonest overall
 	h.down[10] = downState{readyAt: t0.Add(20 * time.Second)}              // d, open
 	p := m.Plan(h, t0, &s)
-	if len(p.Candidates) != 0 || names(p.Probes) != "b,d,a" {
-		t.Errorf("candidates = %s, probes = %s; want none and b,d,a (soonest first, parked c left out)", names(p.Candidates), names(p.Probes))
+	if len(p.Candidates) != 0 || names(p.LastResorts) != "b,d,a" {
+		t.Errorf("candidates = %s, last resorts = %s; want none and b,d,a (soonest first, parked c left out)", names(p.Candidates), names(p.LastResorts))
 	}
 	if got := names(p.Skipped); got != "a,b,c,d" {
 		t.Errorf("skipped = %s, want a,b,c,d", got)
@@ -244,12 +244,12 @@ func TestPlanProbe(t *testing.T) {
 
 	// Ties on ReadyAt keep the cost order.
 	h.down[12] = downState{readyAt: t0.Add(10 * time.Second)}
-	if p = m.Plan(h, t0, &s); names(p.Probes) != "a,b,d" {
-		t.Errorf("tie: probes = %s, want a,b,d", names(p.Probes))
+	if p = m.Plan(h, t0, &s); names(p.LastResorts) != "a,b,d" {
+		t.Errorf("tie: last resorts = %s, want a,b,d", names(p.LastResorts))
 	}
 }
 
-func TestPlanMixedParkedProbesOpen(t *testing.T) {
+func TestPlanMixedParkedLastResortOpen(t *testing.T) {
 	m := mustNew(t, Cost, 3, fourRoutes())
 	var s Scratch
 	h := healthy()
@@ -258,8 +258,8 @@ func TestPlanMixedParkedProbesOpen(t *testing.T) {
 	h.down[13] = downState{readyAt: t0.Add(time.Hour)} // the only open one, far off
 	h.down[10] = downState{readyAt: t0.Add(3 * time.Second), parked: true}
 	p := m.Plan(h, t0, &s)
-	if names(p.Probes) != "c" || len(p.Candidates) != 0 || !p.RetryAt.Equal(t0.Add(time.Second)) {
-		t.Errorf("plan = probes %s, candidates %s, retry at %v; want a probe of c, retry at +1s", names(p.Probes), names(p.Candidates), p.RetryAt)
+	if names(p.LastResorts) != "c" || len(p.Candidates) != 0 || !p.RetryAt.Equal(t0.Add(time.Second)) {
+		t.Errorf("plan = last resorts %s, candidates %s, retry at %v; want a last resort of c, retry at +1s", names(p.LastResorts), names(p.Candidates), p.RetryAt)
 	}
 }
 
@@ -272,8 +272,8 @@ func TestPlanAllParked(t *testing.T) {
 	h.down[13] = downState{readyAt: t0.Add(25 * time.Second), parked: true}
 	h.down[10] = downState{readyAt: t0.Add(20 * time.Second), parked: true}
 	p := m.Plan(h, t0, &s)
-	if len(p.Candidates) != 0 || len(p.Probes) != 0 {
-		t.Errorf("candidates = %s, probes = %s; want none", names(p.Candidates), names(p.Probes))
+	if len(p.Candidates) != 0 || len(p.LastResorts) != 0 {
+		t.Errorf("candidates = %s, last resorts = %s; want none", names(p.Candidates), names(p.LastResorts))
 	}
 	if want := t0.Add(15 * time.Second); !p.RetryAt.Equal(want) {
 		t.Errorf("RetryAt = %v, want %v", p.RetryAt, want)

@@ -88,6 +88,10 @@ func (r *Recorder) ChannelClosed(channel string, at time.Time) {
 	r.end("channel", channel, at)
 }
 
+// NoWorkingChannel is the reason of a model's incident: none of its
+// channels could be sent anything.
+const NoWorkingChannel = "no_working_channel"
+
 // ModelAvailable starts (ok false) or ends (ok true) the incident of a
 // model with no working channel.
 func (r *Recorder) ModelAvailable(model string, ok bool, at time.Time) {
@@ -95,7 +99,7 @@ func (r *Recorder) ModelAvailable(model string, ok bool, at time.Time) {
 		r.end("model", model, at)
 		return
 	}
-	r.begin("model", model, "no_working_channel", at)
+	r.begin("model", model, NoWorkingChannel, at)
 }
 
 func (r *Recorder) begin(kind, subject, reason string, at time.Time) {
