@@ -20,7 +20,9 @@ func init() {
 // <base>/openai/v1/<path> with the deployment name as "model"; with a
 // dated api_version they go to
 // <base>/openai/deployments/<upstream model>/<path>?api-version=<date>,
-// where the deployment in the path chooses the model.
+// where the deployment in the path chooses the model, except the
+// Responses API's, which go to <base>/openai/responses?api-version=<date>
+// with the deployment as "model".
 type Azure struct {
 	passThrough
 	// APIVersion is "v1" (default) or a dated version such as 2024-10-21.
@@ -65,13 +67,19 @@ func (a *Azure) NewRequest(ctx context.Context, c Call) (*http.Request, error) {
 	}
 	tail := apiTail(c.Client.URL.Path)
 	if a.dated() {
-		dep := modelOf(c)
-		prefix := withPrefix(c.Base.Path, "/openai") + "/deployments/"
 		q := url.Values{"api-version": {a.APIVersion}}.Encode()
 		if c.Client.URL.RawQuery != "" {
 			q = c.Client.URL.RawQuery + "&" + q
 		}
-		req.URL = upstreamURL(c.Base, prefix+dep+tail, prefix+url.PathEscape(dep)+tail, q)
+		if c.API == OpenAIResponses {
+			// The Responses API has no deployment in its path: the body's
+			// "model" (the deployment, renamed by newRequest) chooses it.
+			req.URL = upstreamURL(c.Base, withPrefix(c.Base.Path, "/openai")+tail, "", q)
+		} else {
+			dep := modelOf(c)
+			prefix := withPrefix(c.Base.Path, "/openai") + "/deployments/"
+			req.URL = upstreamURL(c.Base, prefix+dep+tail, prefix+url.PathEscape(dep)+tail, q)
+		}
 	} else {
 		req.URL = upstreamURL(c.Base, withPrefix(c.Base.Path, "/openai/v1")+tail, "", c.Client.URL.RawQuery)
 	}
