@@ -68,24 +68,29 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			max_park  <duration>
 //			trials    <n>
 //		}
-//		heartbeat <job> <url> {
-//			style   healthchecks|uptime_kuma|cronitor|generic
-//			states  start|success|fail...
-//			timeout <duration>
-//		}
 //		wallet [<name>] {
 //			on_store_error  deny|allow
 //			account         <placeholder>
 //		}
+//		probe_account  <account>
 //		auth           off
 //		forward_path   <path...>
-//		max_held_bytes <size>
 //		request_body_timeout <duration>
-//
-// The wallet's store and reservation_ttl are set in the global llm_wallet
-// option (package walletapp).
-//
 //	}
+//
+// and inside a model block:
+//
+//	probe [{
+//		interval   <duration>
+//		max_tokens <n>
+//		prompt     <text>
+//		budget     <dollars>
+//	}]
+//
+// What is one per process is set in global options: the history store,
+// the probe leader, heartbeats and max_held_bytes in llm_failover
+// (package failoverapp), the wallet's store and reservation_ttl in
+// llm_wallet (package walletapp).
 //
 // The parser checks syntax; what the values mean is checked once, by the
 // same code that checks JSON configs, and a mistake found there is reported
@@ -100,7 +105,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for d.NextBlock(0) {
 		opt := d.Val()
 		switch opt {
-		case "channel", "model", "heartbeat":
+		case "channel", "model":
 		default:
 			if first, dup := at[optionKey(opt)]; dup {
 				return d.Errf("%s specified more than once (first at %s)", opt, first)
@@ -145,24 +150,21 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "stream_resume":
 			h.StreamResume, err = resumeArg(d)
 		case "stream_gate":
-			if h.StreamGate, err = caddykit.DurationArg(d); err == nil && d.NextArg() {
+			g := new(StreamGate)
+			if g.Timeout, err = caddykit.DurationArg(d); err == nil && d.NextArg() {
 				if d.Val() != "failover" {
 					return d.Errf("stream_gate: unknown option %q (want failover)", d.Val())
 				}
-				h.StreamGateFailover = true
+				g.Failover = true
 				if d.NextArg() {
 					return d.ArgErr()
 				}
 			}
+			h.StreamGate = g
 		case "stream_idle_timeout":
 			h.StreamIdleTimeout, err = caddykit.DurationArg(d)
-		case "heartbeat":
-			var hb caddykit.HeartbeatConfig
-			if hb, err = caddykit.UnmarshalHeartbeat(d); err == nil {
-				h.Heartbeats = append(h.Heartbeats, hb)
-			}
-		case "history":
-			h.History, err = unmarshalHistory(d)
+		case "heartbeat", "history", "probe_leader", "max_held_bytes":
+			return d.Errf("%s is one per process: it moved to the global llm_failover option: { llm_failover { %s ... } }", opt, opt)
 		case "breaker":
 			err = h.unmarshalBreaker(d)
 		case "wallet":
@@ -176,8 +178,6 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if h.ForwardPaths = d.RemainingArgs(); len(h.ForwardPaths) == 0 {
 				return d.ArgErr()
 			}
-		case "max_held_bytes":
-			h.MaxHeldBytes, err = caddykit.SizeArg(d)
 		case "request_body_timeout":
 			h.RequestBodyTimeout, err = caddykit.DurationArg(d)
 		case "probe_account":
@@ -185,11 +185,6 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			h.ProbeAccount = d.Val()
-		case "probe_leader":
-			if !d.NextArg() || d.Val() != "postgres" || !d.NextArg() {
-				return d.Errf("probe_leader needs: postgres <dsn>")
-			}
-			h.ProbeLeader = d.Val()
 		default:
 			return d.Errf("unrecognized subdirective '%s'", opt)
 		}
@@ -200,7 +195,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return err
 		}
 	}
-	if err := h.check(); err != nil {
+	if _, err := compile(h); err != nil {
 		where := start
 		var ce *configError
 		if errors.As(err, &ce) && at[ce.at] != "" {
@@ -215,7 +210,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 var singleArgument = map[string]bool{
 	"max_hops": true, "header_timeout": true, "stream_header_timeout": true, "deadline": true, "first_byte_timeout": true,
 	"max_request_body": true, "max_response_body": true, "stream_idle_timeout": true,
-	"auth": true, "max_held_bytes": true, "request_body_timeout": true, "probe_account": true, "probe_leader": true,
+	"auth": true, "request_body_timeout": true, "probe_account": true,
 	"window": true, "failures": true, "cooldown": true, "max_park": true, "trials": true,
 }
 
@@ -411,7 +406,7 @@ func (h *Handler) unmarshalBreaker(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	b := new(BreakerConfig)
+	b := new(Breaker)
 	var err error
 	seen := caddykit.Seen{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
@@ -429,18 +424,20 @@ func (h *Handler) unmarshalBreaker(d *caddyfile.Dispenser) error {
 		case "max_park":
 			b.MaxPark, err = caddykit.DurationArg(d)
 		case "trials":
-			b.HalfOpenTrials, err = caddykit.IntArg(d, 1)
+			b.Trials, err = caddykit.IntArg(d, 1)
 		case "ratio":
-			if b.MinCalls, err = caddykit.IntArg(d, 1); err != nil {
+			r := new(BreakerRatio)
+			if r.MinCalls, err = caddykit.IntArg(d, 1); err != nil {
 				return err
 			}
 			// IntArg consumed one argument; the ratio follows it.
 			if !d.NextArg() {
 				return d.Errf("ratio needs <min_calls> <failure_ratio>")
 			}
-			if b.FailureRatio, err = strconv.ParseFloat(d.Val(), 64); err != nil {
+			if r.FailureRatio, err = strconv.ParseFloat(d.Val(), 64); err != nil {
 				return d.Errf("ratio: failure ratio %q is not a number", d.Val())
 			}
+			b.Ratio = r
 			err = caddykit.NoMoreArgs(d)
 		default:
 			return d.Errf("unrecognized breaker option '%s'", d.Val())
@@ -457,7 +454,7 @@ func (h *Handler) unmarshalBreaker(d *caddyfile.Dispenser) error {
 }
 
 func (h *Handler) unmarshalWallet(d *caddyfile.Dispenser) error {
-	w := new(WalletConfig)
+	w := new(Wallet)
 	if d.NextArg() {
 		switch w.Name = d.Val(); w.Name {
 		case "sqlite", "postgres":
@@ -512,6 +509,90 @@ func priceArgs(d *caddyfile.Dispenser) (*Price, error) {
 		return nil, d.Errf("%s needs <input_per_mtok> <output_per_mtok>", opt)
 	}
 	p.Output = d.Val()
+	return p, nil
+}
+
+// unmarshalRetrySame parses retry_same <status...> [max_wait <duration>].
+func unmarshalRetrySame(d *caddyfile.Dispenser) (*RetrySame, error) {
+	r := &RetrySame{}
+	for d.NextArg() {
+		if d.Val() == "max_wait" {
+			var err error
+			if r.MaxWait, err = caddykit.DurationArg(d); err != nil {
+				return nil, err
+			}
+			if d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			break
+		}
+		code, err := strconv.Atoi(d.Val())
+		if err != nil {
+			return nil, d.Errf("retry_same: %q is not an HTTP status code", d.Val())
+		}
+		r.Statuses = append(r.Statuses, code)
+	}
+	if len(r.Statuses) == 0 {
+		return nil, d.Errf("retry_same needs at least one status")
+	}
+	return r, nil
+}
+
+// resumeArg parses stream_resume's one argument.
+func resumeArg(d *caddyfile.Dispenser) (string, error) {
+	if !d.NextArg() {
+		return "", d.ArgErr()
+	}
+	v := d.Val()
+	if err := caddykit.NoMoreArgs(d); err != nil {
+		return "", err
+	}
+	if err := checkResume(v); err != nil {
+		return "", d.Errf("stream_resume: %v", err)
+	}
+	return v, nil
+}
+
+// unmarshalProbe reads `probe [{ interval <d>; max_tokens <n>; prompt <text>; budget <dollars> }]`.
+func unmarshalProbe(d *caddyfile.Dispenser) (*Probe, error) {
+	if err := caddykit.NoMoreArgs(d); err != nil {
+		return nil, err
+	}
+	p := &Probe{}
+	seen := caddykit.Seen{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if err := seen.Once(d, "probe: "); err != nil {
+			return nil, err
+		}
+		var err error
+		switch d.Val() {
+		case "interval":
+			if p.Interval, err = caddykit.DurationArg(d); err == nil {
+				err = caddykit.NoMoreArgs(d)
+			}
+		case "max_tokens":
+			if p.MaxTokens, err = caddykit.IntArg(d, 1); err == nil {
+				err = caddykit.NoMoreArgs(d)
+			}
+		case "prompt":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return nil, d.ArgErr()
+			}
+			p.Prompt = strings.Join(args, " ")
+		case "budget":
+			if !d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			p.Budget = d.Val()
+			err = caddykit.NoMoreArgs(d)
+		default:
+			return nil, d.Errf("unrecognized probe option '%s' (want interval, max_tokens, prompt or budget)", d.Val())
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
 	return p, nil
 }
 

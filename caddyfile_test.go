@@ -1,6 +1,7 @@
 package llmfailover
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddytest"
+	"github.com/llmfailover/caddy-llm-failover/failover"
+	"github.com/llmfailover/caddy-llm-failover/provider"
 )
 
 func TestUnmarshalCaddyfile(t *testing.T) {
@@ -70,13 +73,13 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 	}
 	if h.MaxHops != 2 || h.HeaderTimeout != caddy.Duration(30*time.Second) || h.Deadline != caddy.Duration(90*time.Second) ||
 		h.FirstByteTimeout != caddy.Duration(500*time.Millisecond) || h.MaxRequestBody != 2<<20 || h.MaxResponseBody != 1e6 ||
-		len(h.RetryStatus) != 2 || h.StreamGate != caddy.Duration(5*time.Second) || !h.StreamGateFailover ||
+		len(h.RetryStatus) != 2 || h.StreamGate.Timeout != caddy.Duration(5*time.Second) || !h.StreamGate.Failover ||
 		h.StreamIdleTimeout != caddy.Duration(20*time.Second) {
 		t.Fatalf("options: %+v", h)
 	}
 	b := h.Breaker
 	if b.Window != caddy.Duration(time.Minute) || b.Failures != 5 || b.Cooldown != caddy.Duration(10*time.Second) ||
-		b.MinCalls != 50 || b.FailureRatio != 0.25 || b.MaxPark != caddy.Duration(2*time.Minute) {
+		b.Ratio.MinCalls != 50 || b.Ratio.FailureRatio != 0.25 || b.MaxPark != caddy.Duration(2*time.Minute) {
 		t.Fatalf("breaker: %+v", b)
 	}
 	w := h.Wallet
@@ -326,4 +329,73 @@ func TestExampleAdapts(t *testing.T) {
 	if !strings.Contains(string(out), `"handler":"llm_failover"`) {
 		t.Fatalf("no llm_failover handler in %s", out)
 	}
+}
+
+func TestRetrySameCaddyfile(t *testing.T) {
+	parse := func(opt string) (*Handler, error) {
+		var h Handler
+		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("llm_failover {\n channel a http://127.0.0.1:1\n model m {\n route a\n }\n " + opt + "\n}"))
+		return &h, err
+	}
+	h, err := parse("retry_same 500 502 429 max_wait 2s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := h.RetrySame; r == nil || len(r.Statuses) != 3 || time.Duration(r.MaxWait) != 2*time.Second {
+		t.Fatalf("parsed %+v", h.RetrySame)
+	}
+	for opt, want := range map[string]string{
+		"retry_same":                     "at least one status",
+		"retry_same soon":                "not an HTTP status code",
+		"retry_same 429":                 "429 needs max_wait",
+		"retry_same 404":                 "not a retry_status",
+		"retry_same 500 max_wait":        "wrong argument count",
+		"retry_same 500 max_wait 1s 502": "wrong argument count",
+	} {
+		if _, err := parse(opt); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want %q", opt, err, want)
+		}
+	}
+}
+
+func TestStreamHeaderTimeoutDefaultsAndNeverExceedsHeaderTimeout(t *testing.T) {
+	for _, c := range []struct {
+		name, cfg, path string
+		stream          bool
+		want            time.Duration
+	}{
+		{"stream default", "", "/v1/chat/completions", true, failover.DefaultStreamHeaderTimeout},
+		{"non-stream default", "", "/v1/chat/completions", false, failover.DefaultHeaderTimeout},
+		{"gemini stream path", "", "/v1beta/models/g:streamGenerateContent", false, failover.DefaultStreamHeaderTimeout},
+		{"stream set", "stream_header_timeout 5s", "/v1/messages", true, 5 * time.Second},
+		{"header shorter", "header_timeout 2s", "/v1/messages", true, 2 * time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := caddyfile.NewTestDispenser("llm_failover {\n channel a http://127.0.0.1:1\n model m {\n route a\n }\n " + c.cfg + "\n}")
+			var h Handler
+			if err := h.UnmarshalCaddyfile(d); err != nil {
+				t.Fatal(err)
+			}
+			plan, err := compile(&h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			streaming := provider.Streaming(c.path, provider.Request{Stream: c.stream})
+			if got := plan.Options.HeaderTimeoutFor(streaming); got != c.want {
+				t.Errorf("header timeout = %s, want %s", got, c.want)
+			}
+		})
+	}
+}
+
+// provisionContext is a caddy.Context for loading a handler outside a
+// running Caddy: it has a config, which handlers need to get the
+// llm_failover app (a bare caddy.NewContext has none).
+func provisionContext(t testing.TB) (caddy.Context, context.CancelFunc) {
+	t.Helper()
+	base, err := caddy.ProvisionContext(&caddy.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return caddy.NewContext(base)
 }

@@ -2,52 +2,39 @@
 // sends OpenAI- and Anthropic-style API requests to a chain of upstream
 // channels serving the requested model, and fails over along the chain on
 // retryable failures: before anything is sent (circuit breaker), between
-// attempts (the hop loop), and inside a 200 OK stream that turns out to be
-// an error (the stream gate).
+// attempts (the candidate walk), and inside a 200 OK stream that turns out
+// to be an error (the stream gate).
+//
+// This package is the handler module itself: its config (this file), its
+// Caddyfile directive (caddyfile.go) and the compile step that turns the
+// config into the engine's plan (compile.go). The engine is package
+// failover; what is one per process or per config is the llm_failover
+// app's (package failoverapp); the status page is package status. Build
+// Caddy with this module's path and all of them come along.
 package llmfailover
 
 import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/url"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
-	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 
-	"github.com/llmfailover/caddy-llm-failover/breaker"
-	"github.com/llmfailover/caddy-llm-failover/chain"
-	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
-	"github.com/llmfailover/caddy-llm-failover/internal/redact"
+	"github.com/llmfailover/caddy-llm-failover/failover"
+	"github.com/llmfailover/caddy-llm-failover/failoverapp"
 	"github.com/llmfailover/caddy-llm-failover/provider"
-	"github.com/llmfailover/caddy-llm-failover/streamgate"
-	"github.com/llmfailover/caddy-llm-failover/wallet"
+
+	// The other modules of the plugin: the llm_status page and the
+	// llm_wallet app register themselves.
+	_ "github.com/llmfailover/caddy-llm-failover/status"
+	_ "github.com/llmfailover/caddy-llm-failover/walletapp"
 )
 
 func init() {
 	caddy.RegisterModule(Handler{})
 }
-
-// Defaults, from the design this handler implements.
-const (
-	DefaultMaxHops         = 3                 // ROUTING_CHAIN_MAX
-	DefaultHeaderTimeout   = 240 * time.Second // UPSTREAM_HEADERS_TIMEOUT_MS
-	DefaultDeadline        = 540 * time.Second
-	DefaultMaxRequestBody  = 10 << 20
-	DefaultMaxResponseBody = 64 << 20
-	// DefaultMaxOutputTokens bounds, for the wallet, the output of a request
-	// that sets no limit of its own.
-	DefaultMaxOutputTokens = 16384
-)
-
-// DefaultRetryStatus are the statuses that walk the chain: timeouts, rate
-// limits and server errors. Every other status is the same answer from
-// every channel and goes straight back to the client.
-var DefaultRetryStatus = []int{408, 429, 500, 502, 503, 504, 529}
 
 // Handler is the llm_failover HTTP handler. It answers the request itself
 // (it never calls the next handler), like reverse_proxy.
@@ -96,73 +83,42 @@ type Handler struct {
 	// RetrySame, when set, retries a channel once after a transient
 	// failure before the chain moves on. Off by default.
 	RetrySame *RetrySame `json:"retry_same,omitempty"`
-	// StreamResume is "continue" to finish an Anthropic Messages stream
-	// that broke after content on another channel of the model, or "off"
-	// (default). A model's own stream_resume overrides it. See resume.go.
+	// StreamResume is "continue" to finish a stream that broke after
+	// content on another channel of the model, or "off" (default). A
+	// model's own stream_resume overrides it.
 	StreamResume string `json:"stream_resume,omitempty"`
 	// StreamGate bounds how long an SSE stream is held back waiting for
-	// its first decisive frame. Default: 30s.
-	StreamGate caddy.Duration `json:"stream_gate,omitempty"`
-	// StreamGateFailover fails over, instead of committing, when the
-	// stream gate expires (a time-to-first-token limit).
-	StreamGateFailover bool `json:"stream_gate_failover,omitempty"`
+	// its first decisive frame.
+	StreamGate *StreamGate `json:"stream_gate,omitempty"`
 	// StreamIdleTimeout ends a committed stream that has sent nothing for
 	// this long, with an error event. Default: 60s.
 	StreamIdleTimeout caddy.Duration `json:"stream_idle_timeout,omitempty"`
-	// Breaker configures the per-channel circuit breaker.
-	Breaker *BreakerConfig `json:"breaker,omitempty"`
-	// Heartbeats attach heartbeat receivers (Healthchecks, Uptime Kuma,
-	// Cronitor, or a generic POST) to background jobs by name, e.g. the
-	// wallet's sweeper, wallet_sweep.<wallet>. See the jobs view at
-	// /llm_failover/jobs for the names.
-	Heartbeats []caddykit.HeartbeatConfig `json:"heartbeats,omitempty"`
-	// History keeps the status page's history and the decision journal
-	// in SQLite or PostgreSQL, so they survive restarts (and, on
-	// PostgreSQL, add up across instances). Default: memory only.
-	History *HistoryStoreConfig `json:"history,omitempty"`
+	// Breaker configures the per-channel circuit breaker. A channel
+	// declared by two handlers of one config shares one breaker, so both
+	// must give it the same settings.
+	Breaker *Breaker `json:"breaker,omitempty"`
 	// ProbeAccount is the wallet account synthetic checks are charged to
 	// (required when a model probes and a wallet is set).
 	ProbeAccount string `json:"probe_account,omitempty"`
-	// ProbeLeader is the DSN of a PostgreSQL database the instances of a
-	// fleet share: only the instance holding its advisory lock probes,
-	// and another takes over when it dies.
-	ProbeLeader string `json:"probe_leader,omitempty"`
 	// Wallet, when set, makes requests prepaid: a client must present a
 	// key of an account whose balance covers the request's largest cost.
-	Wallet *WalletConfig `json:"wallet,omitempty"`
+	Wallet *Wallet `json:"wallet,omitempty"`
 	// Auth "off" declares that the handler serves anyone who reaches it,
 	// paid with the channels' credentials; without a wallet and without
-	// it, Provision warns when the handler's server listens beyond
-	// loopback. See the README's client authentication recipes.
+	// it, the llm_failover app warns when the handler's server listens
+	// beyond loopback.
 	Auth string `json:"auth,omitempty"`
 	// ForwardPaths are client paths forwarded besides the LLM endpoints
 	// the providers serve; a path ending in /* forwards everything under
 	// it. Every other path gets a 404 and reaches no upstream.
 	ForwardPaths []string `json:"forward_paths,omitempty"`
-	// MaxHeldBytes caps the bytes held in memory across every in-flight
-	// request of the handler (held stream frames, buffered answers);
-	// beyond it new attempts get 503. Default: 256 MiB.
-	MaxHeldBytes int64 `json:"max_held_bytes,omitempty"`
 	// RequestBodyTimeout bounds the reading of a client's request body,
 	// so that a body trickled a byte a second cannot hold a connection.
 	// Default: 60s.
 	RequestBodyTimeout caddy.Duration `json:"request_body_timeout,omitempty"`
 
-	channels    []*channel
-	channelByID map[string]int
-	models      map[string]*model
-	modelList   []string
-	retry       [600]bool
-	wallet      *walletRuntime
-	app         *App
-	logger      *zap.Logger
-	defaultRT   *reverseproxy.HTTPTransport
-	poolKeys    []string
-	// detachHeartbeats undoes this config's heartbeat attachments.
-	detachHeartbeats func()
-	// probeLeaderDSN is ProbeLeader with its placeholders resolved.
-	probeLeaderDSN string
-	secrets        *redact.Secrets
+	engine    *failover.Engine
+	defaultRT *reverseproxy.HTTPTransport
 }
 
 // Channel is one upstream that serves one or more models.
@@ -216,7 +172,7 @@ type Model struct {
 	MaxInputTokens int64 `json:"max_input_tokens,omitempty"`
 	// Probe, when set, runs synthetic checks of the model's idle and
 	// half-open channels.
-	Probe *ProbeConfig `json:"probe,omitempty"`
+	Probe *Probe `json:"probe,omitempty"`
 	// StreamResume overrides the handler's stream_resume for this model.
 	StreamResume string `json:"stream_resume,omitempty"`
 }
@@ -241,86 +197,87 @@ type Price struct {
 	Output string `json:"output"`
 }
 
-func (p *Price) parse() (wallet.Price, error) {
-	if p == nil {
-		return wallet.Price{}, nil
-	}
-	in, err := wallet.ParseMicros(p.Input)
-	if err != nil {
-		return wallet.Price{}, fmt.Errorf("input price: %w", err)
-	}
-	out, err := wallet.ParseMicros(p.Output)
-	if err != nil {
-		return wallet.Price{}, fmt.Errorf("output price: %w", err)
-	}
-	return wallet.Price{Input: in, Output: out}, nil
-}
-
-// BreakerConfig configures the per-channel circuit breaker.
-type BreakerConfig struct {
+// Breaker configures the per-channel circuit breaker.
+type Breaker struct {
 	// Window is how long a failure is remembered. Default: 5m.
 	Window caddy.Duration `json:"window,omitempty"`
 	// Failures inside the window open the channel. Default: 3.
 	Failures int `json:"failures,omitempty"`
 	// Cooldown is how long an open channel is skipped. Default: 60s.
 	Cooldown caddy.Duration `json:"cooldown,omitempty"`
-	// MinCalls and FailureRatio turn on ratio mode for busy channels: the
-	// channel opens only when, among at least MinCalls recent calls, the
-	// share of failures is at least FailureRatio (and Failures is reached).
-	MinCalls     int     `json:"min_calls,omitempty"`
-	FailureRatio float64 `json:"failure_ratio,omitempty"`
+	// Ratio turns on ratio mode for busy channels.
+	Ratio *BreakerRatio `json:"ratio,omitempty"`
 	// MaxPark caps how long a 429's Retry-After parks a channel.
 	// Default: 5m.
 	MaxPark caddy.Duration `json:"max_park,omitempty"`
-	// HalfOpenTrials is how many requests a recovering channel is sent at
-	// once; the others go to the next channel. Default: 1.
-	HalfOpenTrials int `json:"half_open_trials,omitempty"`
+	// Trials is how many requests a recovering channel is sent at once;
+	// the others go to the next channel. Default: 1.
+	Trials int `json:"trials,omitempty"`
 }
 
-func (c *BreakerConfig) config() breaker.Config {
-	if c == nil {
-		return breaker.Config{}.WithDefaults()
-	}
-	return breaker.Config{
-		Window:       time.Duration(c.Window),
-		Failures:     c.Failures,
-		Cooldown:     time.Duration(c.Cooldown),
-		MinCalls:     c.MinCalls,
-		FailureRatio: c.FailureRatio,
-		MaxPark:      time.Duration(c.MaxPark),
-		Trials:       c.HalfOpenTrials,
-	}.WithDefaults()
+// BreakerRatio opens a channel only when, among at least MinCalls recent
+// calls, the share of failures is at least FailureRatio (and the
+// breaker's Failures is reached).
+type BreakerRatio struct {
+	MinCalls     int     `json:"min_calls"`
+	FailureRatio float64 `json:"failure_ratio"`
 }
 
-// channel is a provisioned Channel.
-type channel struct {
-	name    string
-	base    *url.URL
-	headers http.Header
-	adapter provider.Adapter
-	rt      http.RoundTripper
-	state   *channelState
-	extras  *provider.Extras
+// StreamGate bounds how long an SSE stream is held back waiting for its
+// first decisive frame.
+type StreamGate struct {
+	// Timeout is how long. Default: 30s.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+	// Failover fails over, instead of committing, when the gate expires
+	// (a time-to-first-token limit).
+	Failover bool `json:"failover,omitempty"`
 }
 
-// model is a provisioned Model.
-type model struct {
-	// chain holds every route, for status views; byAPI holds, per client
-	// API, the routes whose provider serves it (nil when none does), so
-	// that planning never spends a hop on a channel that cannot answer.
-	chain     *chain.Model
-	byAPI     [provider.NumAPIs]*chain.Model
-	price     wallet.Price
-	maxOutput int64
-	maxInput  int64
-	probe     *probePlan // nil when the model is not probed
-	resume    string     // stream_resume; "" means the handler's
-	// resumable: per client API, whether stream_resume can continue a
-	// broken stream (resume.go); computed once in Provision.
-	resumable [provider.NumAPIs]bool
-	// charged is the model's series of wallet_charged_micros_total (with a
-	// wallet), looked up once rather than on every settlement.
-	charged prometheus.Counter
+// RetrySame retries a channel once, before the chain moves on, after a
+// transient failure: one of Statuses, or a 429 whose Retry-After is at
+// most MaxWait. It keeps traffic on the cheaper channel of a cost-ordered
+// chain through a blip, within the candidate's time budget.
+type RetrySame struct {
+	// Statuses are the upstream statuses retried on the same channel;
+	// each must also be a retry_status, or the chain never sees it.
+	Statuses []int `json:"statuses,omitempty"`
+	// MaxWait is the longest Retry-After of a 429 worth waiting for;
+	// a 429 without Retry-After, or with a longer one, moves on at once.
+	MaxWait caddy.Duration `json:"max_wait,omitempty"`
+}
+
+// Probe turns on synthetic checks of a model's channels. A channel is
+// probed only when nobody else is telling about its health: when it had
+// no real traffic for an interval, or when it is half-open (the probe is
+// then the trial, so no client request is sent to a channel that may
+// still be broken). A busy healthy channel is never probed.
+type Probe struct {
+	// Interval is how often an idle channel is probed. Default: 90s.
+	Interval caddy.Duration `json:"interval,omitempty"`
+	// MaxTokens caps the probe's output. Default: 16.
+	MaxTokens int `json:"max_tokens,omitempty"`
+	// Prompt is the probe's one user message. Default: "Say OK."
+	Prompt string `json:"prompt,omitempty"`
+	// Budget is what the probes of one channel may cost per UTC day, in
+	// dollars, at the route's cost; once spent the channel is not probed
+	// until the next day. Default: 1.
+	Budget string `json:"budget,omitempty"`
+}
+
+// Wallet makes requests prepaid, billed to a wallet of the llm_wallet
+// app.
+type Wallet struct {
+	// Name is the llm_wallet wallet to bill. Default: the only wallet; with
+	// no llm_wallet option, an embedded SQLite wallet under Caddy's data
+	// directory.
+	Name string `json:"name,omitempty"`
+	// OnStoreError is "deny" (default: answer 503 when the store is
+	// unreachable or slower than the admission timeout) or "allow" (serve
+	// unbilled, and log it).
+	OnStoreError string `json:"on_store_error,omitempty"`
+	// Account, when set, is a placeholder naming the account to bill
+	// (e.g. {http.auth.user.id}) instead of the gateway's own API keys.
+	Account string `json:"account,omitempty"`
 }
 
 // CaddyModule returns the Caddy module information.
@@ -331,190 +288,57 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision sets up the handler.
+// Provision compiles the config, loads the channels' provider and
+// transport modules, resolves their headers' placeholders, and readies
+// the engine, which registers the handler's channels and models with the
+// config's llm_failover app.
 func (h *Handler) Provision(ctx caddy.Context) error {
-	h.logger = ctx.Logger()
-	if err := h.check(); err != nil {
+	plan, err := compile(h)
+	if err != nil {
 		return err
 	}
-	if h.MaxHops == 0 {
-		h.MaxHops = DefaultMaxHops
-	}
-	if h.HeaderTimeout == 0 {
-		h.HeaderTimeout = caddy.Duration(DefaultHeaderTimeout)
-	}
-	if h.StreamHeaderTimeout == 0 {
-		h.StreamHeaderTimeout = caddy.Duration(DefaultStreamHeaderTimeout)
-	}
-	if h.Deadline == 0 {
-		h.Deadline = caddy.Duration(DefaultDeadline)
-	}
-	if h.MaxRequestBody == 0 {
-		h.MaxRequestBody = DefaultMaxRequestBody
-	}
-	if h.MaxResponseBody == 0 {
-		h.MaxResponseBody = DefaultMaxResponseBody
-	}
-	if h.RetryStatus == nil {
-		h.RetryStatus = DefaultRetryStatus
-	}
-	if h.StreamGate == 0 {
-		h.StreamGate = caddy.Duration(streamgate.DefaultGateTimeout)
-	}
-	if h.MaxHeldBytes == 0 {
-		h.MaxHeldBytes = DefaultMaxHeldBytes
-	}
-	if h.RequestBodyTimeout == 0 {
-		h.RequestBodyTimeout = caddy.Duration(DefaultRequestBodyTimeout)
-	}
-	if h.StreamIdleTimeout == 0 {
-		h.StreamIdleTimeout = caddy.Duration(streamgate.DefaultIdleTimeout)
-	}
-	for _, s := range h.RetryStatus {
-		h.retry[s] = true
-	}
-	breakerCfg := h.Breaker.config()
-
 	repl := caddy.NewReplacer()
-	h.channelByID = make(map[string]int, len(h.Channels))
 	for i, c := range h.Channels {
-		adapter := provider.Adapter(new(provider.OpenAI))
+		ch := plan.Channels[i]
 		if c.ProviderRaw != nil {
 			mod, err := ctx.LoadModule(c, "ProviderRaw")
 			if err != nil {
 				return fmt.Errorf("channel %q: loading provider: %w", c.Name, err)
 			}
-			adapter = mod.(provider.Adapter)
+			ch.Adapter = mod.(provider.Adapter)
 		}
-		base, err := channelBase(c, adapter)
-		if err != nil {
-			return fmt.Errorf("channel %q: %w", c.Name, err)
-		}
-		ch := &channel{name: c.Name, base: base, adapter: adapter, headers: make(http.Header, len(c.Headers)),
-			extras: &provider.Extras{Request: c.PassRequestHeaders, Response: c.PassResponseHeaders, RateLimit: c.PassRateLimitHeaders}}
 		for k, v := range c.Headers {
 			val, err := repl.ReplaceOrErr(v, true, true)
 			if err != nil {
 				return fmt.Errorf("channel %q: header %s: %w", c.Name, k, err)
 			}
-			ch.headers.Set(k, val)
+			ch.Header.Set(k, val)
 		}
 		if c.TransportRaw != nil {
 			mod, err := ctx.LoadModule(c, "TransportRaw")
 			if err != nil {
 				return fmt.Errorf("channel %q: loading transport: %w", c.Name, err)
 			}
-			ch.rt = mod.(http.RoundTripper)
-		} else {
-			if h.defaultRT == nil {
-				h.defaultRT = new(reverseproxy.HTTPTransport)
-				if err := h.defaultRT.Provision(ctx); err != nil {
-					return fmt.Errorf("provisioning default transport: %w", err)
-				}
-			}
-			ch.rt = h.defaultRT
+			ch.Transport = mod.(http.RoundTripper)
+			continue
 		}
-		key := channelIdentity(c.Name, base, provider.ChannelCredentials(ch.headers, adapter))
-		st, err := loadChannelState(key, c.Name, base.Redacted(), breakerCfg)
-		if err != nil {
-			return fmt.Errorf("channel %q: %w", c.Name, err)
-		}
-		h.poolKeys = append(h.poolKeys, key)
-		ch.state = st
-		h.channelByID[c.Name] = i
-		h.channels = append(h.channels, ch)
-	}
-
-	h.provisionSecrets()
-
-	h.models = make(map[string]*model, len(h.Models))
-	for _, m := range h.Models {
-		// check has vetted every value below; only the parsing remains.
-		policy, _ := chain.ParsePolicy(m.Policy)
-		pm := &model{maxOutput: m.MaxOutputTokens, maxInput: m.MaxInputTokens, resume: m.StreamResume}
-		pm.probe, _ = m.Probe.plan()
-		if pm.maxOutput == 0 {
-			pm.maxOutput = DefaultMaxOutputTokens
-		}
-		routes := make([]chain.Route, 0, len(m.Routes))
-		for _, r := range m.Routes {
-			cost, _ := r.Cost.parse()
-			// The wallet never charges less than the dearest channel
-			// could cost, unless the operator says otherwise.
-			if cost.Input+cost.Output > pm.price.Input+pm.price.Output {
-				pm.price = cost
-			}
-			routes = append(routes, chain.Route{
-				Channel: h.channelByID[r.Channel], Name: r.Channel,
-				InputCost: int64(cost.Input), OutputCost: int64(cost.Output),
-				UpstreamModel: r.UpstreamModel, Weight: r.Weight,
-			})
-		}
-		if m.Price != nil {
-			pm.price, _ = m.Price.parse()
-		}
-		var err error
-		if pm.chain, err = chain.New(m.Name, policy, h.MaxHops, routes); err != nil {
-			return err
-		}
-		for api := range pm.byAPI {
-			var serving []chain.Route
-			for _, r := range routes {
-				if h.channels[r.Channel].adapter.Serves(provider.API(api)) {
-					serving = append(serving, r)
-				}
-			}
-			if len(serving) > 0 {
-				pm.byAPI[api], _ = chain.New(m.Name, policy, h.MaxHops, serving)
+		if h.defaultRT == nil {
+			h.defaultRT = new(reverseproxy.HTTPTransport)
+			if err := h.defaultRT.Provision(ctx); err != nil {
+				return fmt.Errorf("provisioning default transport: %w", err)
 			}
 		}
-		pm.resumable = h.resumableAPIs(pm)
-		h.models[m.Name] = pm
-		h.modelList = append(h.modelList, m.Name)
+		ch.Transport = h.defaultRT
 	}
-
-	if h.Wallet != nil {
-		w, err := h.Wallet.provision(ctx, h.logger)
-		if err != nil {
-			return fmt.Errorf("wallet: %w", err)
-		}
-		h.useWallet(w)
-	}
-	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
-		return err
-	}
-	detach, err := caddykit.AttachHeartbeats(h.Heartbeats)
-	if err != nil {
-		return err
-	}
-	h.detachHeartbeats = detach
-	// The DSN may be an {env.*} placeholder; it is a secret, never logged.
-	if h.probeLeaderDSN, err = caddy.NewReplacer().ReplaceOrErr(h.ProbeLeader, true, true); err != nil {
-		return fmt.Errorf("probe_leader: %w", err)
-	}
-	app, err := ctx.App("llm_failover")
-	if err != nil {
-		return fmt.Errorf("loading channel registry: %w", err)
-	}
-	h.app = app.(*App)
-	if err := h.app.useHistory(h.History); err != nil {
-		return err
-	}
-	h.app.register(h, breakerCfg)
-	return nil
+	h.engine, err = failover.New(ctx, plan)
+	return err
 }
 
 // Cleanup releases what Provision took. Caddy calls it on a config that
 // failed to provision too, and on the old config during a reload while its
 // streams may still be open: nothing here may cut an in-flight request.
+// (The channels' health is the app's, which releases it.)
 func (h *Handler) Cleanup() error {
-	for _, key := range h.poolKeys {
-		_, _ = channelStates.Delete(key)
-	}
-	h.poolKeys = nil
-	if h.detachHeartbeats != nil {
-		h.detachHeartbeats()
-	}
 	if h.defaultRT != nil {
 		return h.defaultRT.Cleanup()
 	}
@@ -523,12 +347,18 @@ func (h *Handler) Cleanup() error {
 
 // ServeHTTP answers an LLM API request.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
-	return h.serve(w, r)
+	return h.engine.ServeHTTP(w, r)
 }
+
+// ServesAnyone reports whether the handler answers whoever reaches it
+// with the operator's credentials: no wallet, and no `auth off` saying
+// that this is intended.
+func (h *Handler) ServesAnyone() bool { return h.Wallet == nil && h.Auth != "off" }
 
 // Interface guards
 var (
 	_ caddy.Provisioner           = (*Handler)(nil)
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+	_ failoverapp.OpenToAnyone    = (*Handler)(nil)
 )

@@ -356,6 +356,12 @@ func withWallet(global, wallet string) string {
 	return strings.TrimSuffix(global, "}\n") + "\tllm_wallet {\n" + wallet + "\n\t}\n}\n"
 }
 
+// withFailover adds a global llm_failover option (its block's body) to a
+// global options block.
+func withFailover(global, body string) string {
+	return strings.TrimSuffix(global, "}\n") + "\tllm_failover {\n\t\t" + body + "\n\t}\n}\n"
+}
+
 // site wraps an llm_failover block in a loopback-only site on the
 // instance's HTTP port.
 func site(p ports, body string) string {

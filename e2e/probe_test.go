@@ -17,10 +17,9 @@ var (
 // probeSite probes an idle channel every 300ms, electing one prober per
 // fleet through the PostgreSQL database in LLMF_E2E_DSN.
 func probeSite(p ports, upstream string) string {
-	return globalOptions(p) + fmt.Sprintf(`http://:%d {
+	return withFailover(globalOptions(p), "probe_leader postgres {env.LLMF_E2E_DSN}") + fmt.Sprintf(`http://:%d {
 	bind 127.0.0.1
 	llm_failover {
-		probe_leader postgres {env.LLMF_E2E_DSN}
 		channel shared %s
 		model gpt-probe {
 			route shared

@@ -21,7 +21,7 @@ var (
 // statusSite is a gateway with a status page at /status whose history is
 // kept in PostgreSQL.
 func statusSite(p ports, upstream string) string {
-	return globalOptions(p) + fmt.Sprintf(`http://:%d {
+	return withFailover(globalOptions(p), "history postgres {env.LLMF_E2E_DSN}") + fmt.Sprintf(`http://:%d {
 	bind 127.0.0.1
 	handle /status* {
 		llm_status {
@@ -29,7 +29,6 @@ func statusSite(p ports, upstream string) string {
 		}
 	}
 	llm_failover {
-		history postgres {env.LLMF_E2E_DSN}
 		channel shared %s
 		model gpt-fleet {
 			route shared

@@ -89,6 +89,21 @@ func (a *Azure) NewRequest(ctx context.Context, c Call) (*http.Request, error) {
 	return req, nil
 }
 
+// Hint says what Azure's refusals of a check mean.
+func (a *Azure) Hint(r Refusal) string {
+	switch {
+	case r.has("DeploymentNotFound", "API deployment for this resource does not exist"):
+		return fmt.Sprintf("the Azure resource has no deployment named %q: upstream_model must be the deployment's name (Azure AI Foundry, Deployments), not the model's", r.UpstreamModel)
+	case r.has("API version not supported", "api-version"), r.Status == http.StatusNotFound && strings.Contains(r.Path, "/openai/deployments/"):
+		return "Azure does not serve this api_version on this path: use api_version v1 (the default, /openai/v1/...) or a dated version the resource supports, such as 2024-10-21"
+	case r.has("invalid subscription key"):
+		return "Azure refused the credentials: the api_key is wrong, or belongs to another resource than the base URL's; copy Key 1 from the resource's Keys and Endpoint page"
+	case r.Status == http.StatusNotFound:
+		return fmt.Sprintf("nothing answers at %s: the base URL is the resource's endpoint (https://<resource>.openai.azure.com) and the provider adds /openai itself, so drop any /openai or /v1 you added", r.Path)
+	}
+	return ""
+}
+
 // Credentials returns the API key.
 func (a *Azure) Credentials() []string { return nonEmpty(a.APIKey) }
 
@@ -133,5 +148,6 @@ func nonEmpty(vals ...string) []string {
 var (
 	_ Adapter               = (*Azure)(nil)
 	_ Credentialed          = (*Azure)(nil)
+	_ Hinter                = (*Azure)(nil)
 	_ caddyfile.Unmarshaler = (*Azure)(nil)
 )

@@ -217,6 +217,17 @@ func (Bedrock) CopyResponseHeader(dst, src http.Header) {
 	}
 }
 
+// Hint says what Bedrock's refusals of a check mean.
+func (b *Bedrock) Hint(r Refusal) string {
+	switch {
+	case r.has("on-demand throughput", "inference profile"):
+		return fmt.Sprintf("Bedrock serves %s only through an inference profile: set upstream_model to its profile id, e.g. us.%s", r.UpstreamModel, strings.TrimPrefix(r.UpstreamModel, "us."))
+	case r.has("signature", "security token", "UnrecognizedClient"):
+		return "AWS refused the credentials: the access key, secret or region do not match, or the key was deactivated; check the channel's provider block (or the environment it reads them from)"
+	}
+	return ""
+}
+
 // Credentials returns the API key or the static AWS keys.
 func (b *Bedrock) Credentials() []string {
 	return nonEmpty(b.APIKey, b.AccessKeyID, b.SecretAccessKey, b.SessionToken)
@@ -234,6 +245,7 @@ func (b *Bedrock) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 var (
 	_ Adapter               = (*Bedrock)(nil)
 	_ Credentialed          = (*Bedrock)(nil)
+	_ Hinter                = (*Bedrock)(nil)
 	_ caddy.Provisioner     = (*Bedrock)(nil)
 	_ caddyfile.Unmarshaler = (*Bedrock)(nil)
 )

@@ -2,6 +2,7 @@ package provider
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -65,6 +66,17 @@ func (Gemini) ResponseBody(res *http.Response) io.Reader {
 	return res.Body
 }
 
+// Hint says what Gemini's refusals of a check mean.
+func (g *Gemini) Hint(r Refusal) string {
+	switch {
+	case r.has("API key not valid", "API_KEY_INVALID"):
+		return "Google refused the credentials: the api_key is wrong, deleted, or restricted to other APIs; create one in Google AI Studio"
+	case r.Status == http.StatusNotFound:
+		return fmt.Sprintf("nothing answers at %s: the base URL is scheme and host and the provider adds /v1beta/openai itself, so drop any /v1beta you added; or the model %s does not exist there", r.Path, r.UpstreamModel)
+	}
+	return ""
+}
+
 // Credentials returns the API key.
 func (g *Gemini) Credentials() []string { return nonEmpty(g.APIKey) }
 
@@ -77,5 +89,6 @@ func (g *Gemini) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 var (
 	_ Adapter               = (*Gemini)(nil)
 	_ Credentialed          = (*Gemini)(nil)
+	_ Hinter                = (*Gemini)(nil)
 	_ caddyfile.Unmarshaler = (*Gemini)(nil)
 )

@@ -51,3 +51,11 @@ func CheckPath(escaped string) error {
 	}
 	return nil
 }
+
+// Streaming reports whether a client asked for a stream: with
+// "stream": true in the body (OpenAI, Anthropic, Bedrock through the
+// Anthropic path), or with a streaming method in the path (Gemini's
+// :streamGenerateContent, Vertex's :streamRawPredict).
+func Streaming(path string, req Request) bool {
+	return req.Stream || strings.Contains(path, ":stream")
+}

@@ -163,6 +163,19 @@ func vertexHint(msg string) string {
 	return msg
 }
 
+// Hint says what Vertex's refusals of a check mean.
+func (v *Vertex) Hint(r Refusal) string {
+	switch {
+	case r.Status == 0:
+		return "the channel's Google credentials could not be used: check credentials_file (a service account's JSON key) or the application default credentials (GOOGLE_APPLICATION_CREDENTIALS, gcloud auth application-default login); a key that was deleted or disabled is refused here too"
+	case r.has("FAILED_PRECONDITION", "not allowed to use Publisher Model", "Publisher Model"):
+		return fmt.Sprintf("the model %s is not enabled for this Google Cloud project: enable it in Vertex AI Model Garden (and accept its terms) for the channel's region", r.UpstreamModel)
+	case r.Status == http.StatusTooManyRequests && r.has("per_base_model", "Quota exceeded"):
+		return "the project's quota for this model is 0 or used up (new Vertex projects start at 0 for Claude): request an increase under IAM & Admin, Quotas, for the model in the channel's region"
+	}
+	return ""
+}
+
 // Credentials returns the service account's private key (its
 // long-lived secret; access tokens are scrubbed by their own shape).
 func (v *Vertex) Credentials() []string { return v.secrets }
@@ -205,6 +218,7 @@ func setBody(req *http.Request, body []byte) {
 var (
 	_ Adapter               = (*Vertex)(nil)
 	_ Credentialed          = (*Vertex)(nil)
+	_ Hinter                = (*Vertex)(nil)
 	_ caddy.Provisioner     = (*Vertex)(nil)
 	_ caddy.CleanerUpper    = (*Vertex)(nil)
 	_ caddyfile.Unmarshaler = (*Vertex)(nil)

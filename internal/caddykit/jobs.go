@@ -124,6 +124,18 @@ func (c HeartbeatConfig) heartbeat(repl *caddy.Replacer, resolve bool) (jobs.Hea
 	return hb, nil
 }
 
+// CheckHeartbeats resolves and checks every receiver without attaching
+// it, so that a config with a bad one is refused when it loads.
+func CheckHeartbeats(configs []HeartbeatConfig) error {
+	repl := caddy.NewReplacer()
+	for _, c := range configs {
+		if _, err := c.heartbeat(repl, true); err != nil {
+			return fmt.Errorf("heartbeat %s: %w", c.Job, err)
+		}
+	}
+	return nil
+}
+
 // AttachHeartbeats attaches every receiver to its job and returns the
 // function that detaches them all (for Cleanup; safe to call twice).
 func AttachHeartbeats(configs []HeartbeatConfig) (detach func(), err error) {

@@ -1,0 +1,371 @@
+package failover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/llmfailover/caddy-llm-failover/provider"
+	"github.com/llmfailover/caddy-llm-failover/streamgate"
+	"github.com/llmfailover/caddy-llm-failover/wallet"
+	"github.com/llmfailover/caddy-llm-failover/walletapp"
+)
+
+// walletRuntime is a provisioned WalletConfig.
+type walletRuntime struct {
+	w       *walletapp.Wallet
+	allow   bool
+	account string
+	logger  *zap.Logger
+	// reservedOK and settledOK are the every-request series of
+	// wallet_operations_total, looked up once.
+	reservedOK, settledOK prometheus.Counter
+}
+
+// provisionWallet gets the config's wallet from the llm_wallet app.
+func provisionWallet(ctx caddy.Context, c WalletConfig, logger *zap.Logger) (*walletRuntime, error) {
+	app, err := ctx.App("llm_wallet")
+	if err != nil {
+		return nil, err
+	}
+	w, err := app.(*walletapp.App).Wallet(c.Name)
+	if err != nil {
+		return nil, err
+	}
+	return newWalletRuntime(w, logger, c.Account, c.Allow), nil
+}
+
+func newWalletRuntime(w *walletapp.Wallet, logger *zap.Logger, account string, allow bool) *walletRuntime {
+	return &walletRuntime{w: w, account: account, allow: allow, logger: logger,
+		reservedOK: walletTotal.WithLabelValues("reserve", "ok"), settledOK: walletTotal.WithLabelValues("settle", "ok")}
+}
+
+// useWallet makes the handler's requests prepaid, billed through rt.
+func (e *Engine) useWallet(rt *walletRuntime) {
+	e.wallet = rt
+	for name, pm := range e.models {
+		pm.charged = walletCharged.WithLabelValues(name)
+	}
+}
+
+// bill is one request's reservation, from admission to settlement.
+type bill struct {
+	rt        *walletRuntime
+	x         *exchange
+	res       wallet.Reservation
+	price     wallet.Price
+	meter     *provider.Meter
+	hideUsage func(streamgate.Event) bool
+	channel   string
+	closed    bool
+	// upstreamModel is what channel knows the model by.
+	upstreamModel string
+	// inputBound and outputBound are the most tokens the request can have
+	// (what the reservation covers); a report beyond them is implausible.
+	inputBound, outputBound int64
+	// resumable: the reservation also covers one continuation of a broken
+	// stream (stream_resume), of at most these bounds.
+	resumable                 bool
+	contInBound, contOutBound int64
+	// broken is the first attempt of a resumed answer, billed in a row of
+	// its own for what it delivered; nil unless a continuation was sought.
+	broken *billedAnswer
+	// free: the call costs nothing (count_tokens), so nothing is reserved
+	// and nothing settled.
+	free bool
+	// live ends the reservation's keep-alive.
+	live func()
+}
+
+// billedAnswer is one upstream answer a ledger row charges, with what its
+// usage is judged against.
+type billedAnswer struct {
+	channel, upstreamModel  string
+	meter                   *provider.Meter
+	body                    []byte // the request it answered
+	inputBound, outputBound int64
+}
+
+// admit finds the account and reserves the largest cost the request can
+// have, with one continuation when resumable (stream_resume may continue
+// it). A refusal is never a failover case: no channel can refill a wallet.
+func (rt *walletRuntime) admit(x *exchange, resumable bool) (*bill, *provider.Error) {
+	ctx, cancel := rt.w.AdmissionContext(x.r.Context())
+	defer cancel()
+	account, keyID, refusal := rt.authenticate(ctx, x)
+	if refusal != nil || account == "" {
+		return nil, refusal
+	}
+
+	m := x.model
+	if x.api == provider.AnthropicCountTokens {
+		// Counting tokens generates none and the upstream does not bill
+		// it: the key is checked, nothing is reserved or charged.
+		return &bill{rt: rt, x: x, free: true}, nil
+	}
+	maxOut := x.req.MaxOutput
+	if maxOut == 0 {
+		maxOut = m.MaxOutput
+	}
+	est := wallet.Estimate{BodyBytes: len(x.body), Images: x.req.Images, MaxOutput: maxOut, N: x.req.N}
+	if x.req.StoredContext != "" {
+		// The upstream adds input the body does not show; only the
+		// operator knows how much there can be.
+		if m.MaxInput == 0 {
+			return nil, &provider.Error{Status: http.StatusBadRequest, Message: fmt.Sprintf(
+				"%q refers to input stored upstream, which this gateway cannot bound for billing; the operator can allow it by setting max_input_tokens on model %q",
+				x.req.StoredContext, x.req.Model)}
+		}
+		est.StoredInputTokens = m.MaxInput
+	}
+	if resumable {
+		est.Continuations = 1
+	}
+	amount, _ := wallet.MaxCost(est, m.Price)
+	inputBound, outputBound := est.Bounds()
+	b := &bill{rt: rt, x: x, price: m.Price, inputBound: inputBound, outputBound: outputBound, resumable: resumable}
+	b.contInBound, b.contOutBound = est.ContinuationBounds()
+	b.res = wallet.Reservation{
+		ID: requestID(x), Account: account, KeyID: keyID, Model: x.req.Model,
+		Amount: amount, ExpiresAt: time.Now().Add(rt.w.ReservationTTL()),
+	}
+	b.res.RequestID = b.res.ID
+	err := rt.w.Reserve(ctx, b.res)
+	switch {
+	case errors.Is(err, wallet.ErrInsufficientFunds):
+		walletTotal.WithLabelValues("reserve", "insufficient").Inc()
+		return nil, &provider.Error{Status: http.StatusPaymentRequired, Code: "insufficient_quota",
+			Message: fmt.Sprintf("insufficient balance: this request may cost up to %s and the account's available balance does not cover it", amount.Human())}
+	case errors.Is(err, wallet.ErrUnknownAccount):
+		walletTotal.WithLabelValues("reserve", "unknown_account").Inc()
+		return nil, &provider.Error{Status: http.StatusUnauthorized, Message: fmt.Sprintf("unknown account %q", account)}
+	case err != nil:
+		return rt.storeError(x, "reserve", err)
+	}
+	rt.reservedOK.Inc()
+	// While the request runs, its reservation is kept from expiring; only
+	// a crashed instance's reservations are left for the sweeper.
+	b.live = rt.w.KeepAlive(b.res.ID)
+	return b, nil
+}
+
+// authenticate finds the account a request bills: the account
+// placeholder's value, or the owner of the client's wallet key. An empty
+// account with no refusal is a store error served unbilled
+// (on_store_error allow).
+func (rt *walletRuntime) authenticate(ctx context.Context, x *exchange) (account, keyID string, refusal *provider.Error) {
+	if rt.account != "" {
+		if x.repl != nil {
+			account = x.repl.ReplaceAll(rt.account, "")
+		}
+		if account == "" {
+			return "", "", &provider.Error{Status: http.StatusUnauthorized, Message: "no account: the request is not authenticated"}
+		}
+		return account, "", nil
+	}
+	secret := clientKey(x.r)
+	if secret == "" {
+		return "", "", &provider.Error{Status: http.StatusUnauthorized, Message: "missing API key: send it as Authorization: Bearer <key> or x-api-key"}
+	}
+	k, err := rt.w.Authenticate(ctx, secret)
+	switch {
+	case errors.Is(err, wallet.ErrUnknownKey):
+		walletTotal.WithLabelValues("authenticate", "unknown_key").Inc()
+		return "", "", &provider.Error{Status: http.StatusUnauthorized, Message: "invalid API key"}
+	case errors.Is(err, wallet.ErrKeyRevoked):
+		walletTotal.WithLabelValues("authenticate", "revoked").Inc()
+		return "", "", &provider.Error{Status: http.StatusUnauthorized, Message: "this API key has been revoked"}
+	case err != nil:
+		_, refusal = rt.storeError(x, "authenticate", err)
+		return "", "", refusal
+	}
+	return k.Account, k.ID, nil
+}
+
+// storeError applies on_store_error: refuse (503) or serve unbilled.
+func (rt *walletRuntime) storeError(x *exchange, op string, err error) (*bill, *provider.Error) {
+	walletTotal.WithLabelValues(op, "store_error").Inc()
+	if rt.allow && !errors.Is(err, walletapp.ErrUnloaded) {
+		rt.logger.Error("wallet store unavailable; serving unbilled (on_store_error allow)",
+			zap.String("op", op), zap.String("model", x.req.Model), zap.Error(err))
+		return nil, nil
+	}
+	rt.logger.Error("wallet store unavailable; refusing", zap.String("op", op), zap.Error(err))
+	return nil, &provider.Error{Status: http.StatusServiceUnavailable, Message: "billing is temporarily unavailable; no upstream was called"}
+}
+
+// prepare readies the body for one attempt and starts a fresh meter: a
+// failed attempt's usage is never billed. The upstream is asked to report
+// usage where it would not by itself; the extra report is hidden from a
+// client that did not ask for it.
+func (b *bill) prepare(body []byte) []byte {
+	b.meter = b.x.api.NewMeter()
+	body, b.hideUsage = b.x.api.AskUsage(body, b.x.req)
+	return body
+}
+
+func (b *bill) streamOptions(o *streamgate.Options) {
+	o.Observe = b.meter.Event
+	o.Drop = b.hideUsage
+}
+
+func (b *bill) servedBy(channel, upstreamModel string) {
+	b.channel, b.upstreamModel = channel, upstreamModel
+}
+
+// continuing sets the broken first attempt aside, to be billed in its own
+// row; from here on the bill follows the continuation, which is billed
+// only if one is committed.
+func (b *bill) continuing() {
+	if b.broken != nil || b.channel == "" {
+		return
+	}
+	b.broken = &billedAnswer{channel: b.channel, upstreamModel: b.upstreamModel, meter: b.meter,
+		body: b.x.body, inputBound: b.inputBound, outputBound: b.outputBound}
+	b.channel, b.upstreamModel, b.meter = "", "", nil
+}
+
+// answers are the upstream answers to charge: the one that served, or a
+// resumed answer's broken first attempt and its continuation.
+func (b *bill) answers() []*billedAnswer {
+	var out []*billedAnswer
+	if b.broken != nil {
+		out = append(out, b.broken)
+	}
+	// Only the attempt that served is billed; a failed one never set
+	// channel, whatever it sent.
+	if b.channel != "" && b.meter != nil {
+		a := &billedAnswer{channel: b.channel, upstreamModel: b.upstreamModel, meter: b.meter,
+			body: b.x.body, inputBound: b.inputBound, outputBound: b.outputBound}
+		if b.broken != nil {
+			a.body, a.inputBound, a.outputBound = b.x.resume.body, b.contInBound, b.contOutBound
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// entry is the ledger row charging a.
+func (b *bill) entry(a *billedAnswer) wallet.Entry {
+	e := wallet.Entry{
+		Account: b.res.Account, KeyID: b.res.KeyID, Model: b.res.Model,
+		Channel: a.channel, RequestID: b.res.RequestID, UpstreamModel: a.upstreamModel,
+	}
+	var c charge
+	e.TokensIn, e.TokensOut, c = b.billable(a, a.meter.Usage())
+	e.Cost = b.price.Cost(e.TokensIn, e.TokensOut)
+	e.Note = c.note
+	if c.note != "" {
+		walletTotal.WithLabelValues("usage", c.kind).Inc()
+		b.rt.logger.Warn("charging without a plausible usage report", zap.String("request_id", b.res.RequestID),
+			zap.String("model", b.res.Model), zap.String("channel", a.channel), zap.String("reason", c.note),
+			zap.Int64("tokens_in", e.TokensIn), zap.Int64("tokens_out", e.TokensOut))
+	}
+	return e
+}
+
+// attemptFailed writes a zero-charge ledger row so that an operator sees
+// failed attempts next to the charge of the one that served. The row is
+// written in the background, with the store's next group commit: failing
+// over never waits on the store.
+func (b *bill) attemptFailed(channel, upstreamModel, reason string) {
+	if b.free {
+		return
+	}
+	b.rt.w.RecordAttemptAsync(wallet.Entry{
+		Account: b.res.Account, KeyID: b.res.KeyID, Model: b.res.Model, Channel: channel,
+		RequestID: b.res.RequestID, Note: reason, UpstreamModel: upstreamModel,
+	})
+}
+
+// close settles the reservation: it charges the usage of the attempt that
+// served (nothing when none did), or of a resumed answer's two attempts in
+// two rows, and releases the rest. It runs exactly once, deferred, so
+// panics and client disconnects settle too.
+//
+// The rows are decided here; their write happens after the handler
+// returns, so that the client's answer completes (and its connection
+// takes the next request) without waiting for the store, and the store
+// can commit many settlements together (wallet.settleGather). The wallet
+// counts the write until it is done, so a reload never closes the store
+// under it and a shutdown waits for it; the reservation holds its money
+// until then, so nothing can be spent twice. No goroutine waits for it:
+// the batch that writes it reports the outcome (settled).
+func (b *bill) close() {
+	// b is nil when on_store_error allow admitted the request unbilled.
+	if b == nil || b.closed || b.free {
+		return
+	}
+	b.closed = true
+	// Nothing served: a release row.
+	entries := []wallet.Entry{{Account: b.res.Account, KeyID: b.res.KeyID, Model: b.res.Model, RequestID: b.res.RequestID}}
+	if answers := b.answers(); len(answers) > 0 {
+		entries = entries[:0]
+		for _, a := range answers {
+			entries = append(entries, b.entry(a))
+		}
+	}
+	var cost wallet.Micros
+	for _, e := range entries {
+		cost += e.Cost
+	}
+	// No deadline of its own: the settlement joins the store's next batch,
+	// whose statements the store bounds (statement_timeout, busy_timeout).
+	b.rt.w.SettleAsync(b.res.ID, entries, func(charged wallet.Micros, err error) {
+		defer b.live()
+		b.settled(cost, charged, err)
+	})
+}
+
+// settled logs and counts a closed bill's settlement; it runs on the
+// goroutine that wrote the settlement's batch, so it must not block.
+func (b *bill) settled(cost, charged wallet.Micros, err error) {
+	switch {
+	case errors.Is(err, wallet.ErrNotFound):
+		walletTotal.WithLabelValues("settle", "not_found").Inc()
+		b.rt.logger.Error("the reservation was already released (it expired and was swept); this request was not charged",
+			zap.String("request_id", b.res.RequestID), zap.String("account", b.res.Account), zap.String("usage_cost", cost.String()))
+		return
+	case err != nil:
+		walletTotal.WithLabelValues("settle", "error").Inc()
+		b.rt.logger.Error("settling a reservation failed; it stays reserved until it expires, then the sweeper releases it uncharged",
+			zap.String("request_id", b.res.RequestID), zap.String("account", b.res.Account), zap.Error(err))
+		return
+	}
+	b.rt.settledOK.Inc()
+	b.x.model.charged.Add(float64(charged))
+	if charged < cost {
+		b.rt.logger.Warn("usage exceeded the reservation; charged the reserved amount",
+			zap.String("request_id", b.res.RequestID), zap.String("reserved", b.res.Amount.String()), zap.String("usage_cost", cost.String()))
+	}
+}
+
+// clientKey finds the client's API key in the headers the OpenAI and
+// Anthropic SDKs send it in.
+func clientKey(r *http.Request) string {
+	if v := r.Header.Get("Authorization"); v != "" {
+		if len(v) > 7 && strings.EqualFold(v[:7], "bearer ") {
+			return strings.TrimSpace(v[7:])
+		}
+	}
+	if v := r.Header.Get("X-Api-Key"); v != "" {
+		return v
+	}
+	return r.Header.Get("Api-Key")
+}
+
+func requestID(x *exchange) string {
+	if x.repl != nil {
+		if v, ok := x.repl.GetString("http.request.uuid"); ok && v != "" {
+			return v
+		}
+	}
+	return fmt.Sprintf("req-%d", time.Now().UnixNano())
+}

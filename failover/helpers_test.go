@@ -1,0 +1,123 @@
+package failover
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/llmfailover/caddy-llm-failover/chain"
+	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
+	"github.com/llmfailover/caddy-llm-failover/provider"
+)
+
+// testChannel is a channel of a test engine.
+type testChannel struct {
+	name, url string
+	adapter   provider.Adapter // nil: OpenAI-compatible
+}
+
+// testPlan is the plan of an engine whose one model "m" routes to every
+// channel, in order (cost), with opts (defaults applied).
+func testPlan(t testing.TB, opts Options, model func(*Model), channels ...testChannel) Plan {
+	t.Helper()
+	p := Plan{Options: opts.WithDefaults(), Owner: "the test handler"}
+	var routes []chain.Route
+	for i, c := range channels {
+		base, err := url.Parse(c.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		adapter := c.adapter
+		if adapter == nil {
+			adapter = new(provider.OpenAI)
+		}
+		p.Channels = append(p.Channels, &Channel{Name: c.name, Base: base, Header: http.Header{}, Adapter: adapter,
+			Transport: http.DefaultTransport, Extras: &provider.Extras{}})
+		routes = append(routes, chain.Route{Channel: i, Name: c.name, InputCost: int64(i), OutputCost: int64(i)})
+	}
+	m := &Model{Name: "m", MaxOutput: DefaultMaxOutputTokens, Resume: ResumeOff}
+	var err error
+	if m.Chain, err = chain.New("m", chain.Cost, p.Options.MaxHops, routes); err != nil {
+		t.Fatal(err)
+	}
+	for api := range m.ByAPI {
+		var serving []chain.Route
+		for _, r := range routes {
+			if p.Channels[r.Channel].Adapter.Serves(provider.API(api)) {
+				serving = append(serving, r)
+			}
+		}
+		if len(serving) > 0 {
+			m.ByAPI[api], _ = chain.New("m", chain.Cost, p.Options.MaxHops, serving)
+		}
+	}
+	if model != nil {
+		model(m)
+	}
+	p.Models = []*Model{m}
+	return p
+}
+
+// testEngine readies p's engine outside a running Caddy.
+func testEngine(t testing.TB, p Plan) *Engine {
+	t.Helper()
+	base, err := caddy.ProvisionContext(&caddy.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := caddy.NewContext(base)
+	t.Cleanup(cancel)
+	e, err := New(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// serveDirect runs one request through e, as Caddy would.
+func serveDirect(e *Engine, w http.ResponseWriter, r *http.Request) {
+	r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, &caddyhttp.Server{})
+	_ = e.ServeHTTP(w, r)
+}
+
+func upstream(t *testing.T, b fu.Behavior) *fu.Server {
+	t.Helper()
+	s := fu.New(b)
+	t.Cleanup(s.Close)
+	return s
+}
+
+func hits(t *testing.T, s *fu.Server, want int64) {
+	t.Helper()
+	if got := s.Hits(); got != want {
+		t.Fatalf("upstream %s got %d requests, want %d", s.URL, got, want)
+	}
+}
+
+// eventually polls cond for up to d.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// testRun numbers channel names: channel health is process-wide, keyed
+// by name, so each test's channels get names of their own.
+var testRun atomic.Int64
+
+func uniqueName(base string) string { return fmt.Sprintf("%s%d", base, testRun.Add(1)) }
+
+// background is a context for calls that need one.
+var background = context.Background()

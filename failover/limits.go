@@ -1,0 +1,118 @@
+package failover
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/llmfailover/caddy-llm-failover/failoverapp"
+)
+
+// This file bounds what one request can hold of the gateway: the bytes of
+// buffered answers across every in-flight request, the time a committed
+// answer may stay silent, the time a client may take to read what it is
+// sent or to send its body.
+
+// overloadedFailure is the failure of an attempt the memory budget does
+// not let start, or go on: it is nobody's fault but the load's, and a 503
+// tells the client to come back.
+func overloadedFailure() *failure {
+	return &failure{reason: reasonOverloaded, status: http.StatusServiceUnavailable, message: failoverapp.ErrMemoryFull.Error()}
+}
+
+// overloaded reports the failure of an attempt that must not start while
+// the process holds max_held_bytes.
+func (e *Engine) overloaded() *failure {
+	if !e.memory.Full() {
+		return nil
+	}
+	return overloadedFailure()
+}
+
+// holdFrames reserves what a stream attempt may hold before it commits
+// (the gate's cap), and returns its release, which runs once: at commit or
+// when the attempt ends. Beyond max_held_bytes the attempt does not start.
+func (e *Engine) holdFrames(n int64) (release func(), f *failure) {
+	if !e.memory.Reserve(n) {
+		return func() {}, overloadedFailure()
+	}
+	var once sync.Once
+	return func() { once.Do(func() { e.memory.Release(n) }) }, nil
+}
+
+// heldReader counts what it reads as held until release, and fails once
+// the budget is passed.
+type heldReader struct {
+	r      io.Reader
+	memory *failoverapp.Memory
+	held   int64
+}
+
+func (hr *heldReader) Read(p []byte) (int, error) {
+	n, err := hr.r.Read(p)
+	hr.held += int64(n)
+	if hr.memory.Hold(int64(n)) {
+		return n, failoverapp.ErrMemoryFull
+	}
+	return n, err
+}
+
+func (hr *heldReader) release() { hr.memory.Release(hr.held) }
+
+// idleWriter is the client side of a committed answer: each write must
+// finish within the idle timeout, so that a client that stops reading,
+// TCP open, does not hold the upstream, the goroutine and the reservation.
+type idleWriter struct {
+	w    http.ResponseWriter
+	rc   *http.ResponseController
+	idle time.Duration
+}
+
+func (iw *idleWriter) Write(p []byte) (int, error) {
+	_ = iw.rc.SetWriteDeadline(time.Now().Add(iw.idle))
+	return iw.w.Write(p)
+}
+
+func (iw *idleWriter) Flush() error {
+	_ = iw.rc.SetWriteDeadline(time.Now().Add(iw.idle))
+	return iw.rc.Flush()
+}
+
+// done clears the deadline, which would otherwise outlive this answer on
+// a kept-alive connection.
+func (iw *idleWriter) done() { _ = iw.rc.SetWriteDeadline(time.Time{}) }
+
+// idleReader cancels the attempt when the upstream sends nothing for the
+// idle timeout, for committed answers the stream gate does not watch.
+type idleReader struct {
+	r     io.Reader
+	timer *time.Timer
+	idle  time.Duration
+}
+
+func newIdleReader(r io.Reader, idle time.Duration, cancel context.CancelCauseFunc) *idleReader {
+	return &idleReader{r: r, idle: idle, timer: time.AfterFunc(idle, func() { cancel(errIdle) })}
+}
+
+var errIdle = fmt.Errorf("no upstream byte within stream_idle_timeout after commit")
+
+func (ir *idleReader) Read(p []byte) (int, error) {
+	n, err := ir.r.Read(p)
+	ir.timer.Reset(ir.idle)
+	return n, err
+}
+
+func (ir *idleReader) stop() { ir.timer.Stop() }
+
+// readBodyBounded reads the request body within request_body_timeout, so
+// that a client trickling its body cannot hold a connection and a
+// goroutine for ever; the deadline is cleared before the answer.
+func (e *Engine) readBodyBounded(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(e.opts.RequestBodyTimeout))
+	defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	return readBody(w, r, e.opts.MaxRequestBody)
+}

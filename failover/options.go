@@ -1,0 +1,88 @@
+package failover
+
+import (
+	"time"
+
+	"github.com/llmfailover/caddy-llm-failover/breaker"
+	"github.com/llmfailover/caddy-llm-failover/streamgate"
+)
+
+// Defaults, from the design the handler implements.
+const (
+	DefaultMaxHops             = 3                 // ROUTING_CHAIN_MAX
+	DefaultHeaderTimeout       = 240 * time.Second // UPSTREAM_HEADERS_TIMEOUT_MS
+	DefaultStreamHeaderTimeout = 30 * time.Second
+	DefaultDeadline            = 540 * time.Second
+	DefaultMaxRequestBody      = 10 << 20
+	DefaultMaxResponseBody     = 64 << 20
+	DefaultRequestBodyTimeout  = 60 * time.Second
+	// DefaultMaxOutputTokens bounds, for the wallet, the output of a
+	// request that sets no limit of its own.
+	DefaultMaxOutputTokens = 16384
+)
+
+// DefaultRetryStatus are the statuses that walk the chain: timeouts, rate
+// limits and server errors. Every other status is the same answer from
+// every channel and goes straight back to the client.
+var DefaultRetryStatus = []int{408, 429, 500, 502, 503, 504, 529}
+
+// Values of stream_resume.
+const (
+	ResumeOff      = "off"
+	ResumeContinue = "continue"
+)
+
+// Options are a handler's settings (WithDefaults fills the ones left
+// zero).
+type Options struct {
+	MaxHops             int
+	HeaderTimeout       time.Duration
+	StreamHeaderTimeout time.Duration
+	Deadline            time.Duration
+	FirstByteTimeout    time.Duration // 0: off
+	MaxRequestBody      int64
+	MaxResponseBody     int64
+	RetryStatus         []int
+	RetrySame           *RetrySame // nil: off
+	StreamGate          time.Duration
+	StreamGateFailover  bool
+	StreamIdleTimeout   time.Duration
+	RequestBodyTimeout  time.Duration
+	// ForwardPaths are client paths forwarded besides the LLM endpoints;
+	// one ending in /* forwards everything under it.
+	ForwardPaths []string
+	// ProbeAccount is the wallet account synthetic checks are charged to.
+	ProbeAccount string
+	// Breaker is the breaker settings the handler wants for its channels.
+	Breaker breaker.Config
+}
+
+// WithDefaults returns o with every zero setting that has a default set
+// to it (first_byte_timeout has none: 0 is off).
+func (o Options) WithDefaults() Options {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&o.HeaderTimeout, DefaultHeaderTimeout)
+	def(&o.StreamHeaderTimeout, DefaultStreamHeaderTimeout)
+	def(&o.Deadline, DefaultDeadline)
+	def(&o.StreamGate, streamgate.DefaultGateTimeout)
+	def(&o.StreamIdleTimeout, streamgate.DefaultIdleTimeout)
+	def(&o.RequestBodyTimeout, DefaultRequestBodyTimeout)
+	if o.MaxHops == 0 {
+		o.MaxHops = DefaultMaxHops
+	}
+	if o.MaxRequestBody == 0 {
+		o.MaxRequestBody = DefaultMaxRequestBody
+	}
+	if o.MaxResponseBody == 0 {
+		o.MaxResponseBody = DefaultMaxResponseBody
+	}
+	if o.RetryStatus == nil {
+		o.RetryStatus = DefaultRetryStatus
+	}
+	o.Breaker = o.Breaker.WithDefaults()
+	return o
+}

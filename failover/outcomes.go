@@ -1,0 +1,69 @@
+package failover
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/llmfailover/caddy-llm-failover/history"
+	"github.com/llmfailover/caddy-llm-failover/journal"
+	"github.com/llmfailover/caddy-llm-failover/provider"
+)
+
+// This file turns an attempt's outcome into what the app keeps of it: a
+// history attempt and a journal decision.
+
+// historyClass is what an attempt's outcome says about its channel, for
+// the history; false for an attempt that says nothing (the client left).
+func historyClass(res attemptResult, outcome reason, status int) (history.Class, bool) {
+	switch {
+	case res.verdict == clientGone:
+		return 0, false
+	case outcome == outcomeRateLimited || status == http.StatusTooManyRequests || (res.verdict == passed && res.status == http.StatusTooManyRequests):
+		return history.Limited, true
+	case res.fail != nil && !res.fail.channelFault():
+		return history.Client, true
+	case res.fail != nil || (res.verdict == passed && res.status >= 500):
+		return history.Down, true
+	case res.verdict == passed && res.status >= 400:
+		return history.Client, true
+	}
+	return history.Success, true
+}
+
+// outputTokens is the output the upstream reported for an attempt, or
+// the estimate of the content delivered when it reported none (an OpenAI
+// stream nobody asked usage of); 0 without a meter.
+func outputTokens(m *provider.Meter) int64 {
+	if m == nil {
+		return 0
+	}
+	if u := m.Usage(); u.OutputKnown {
+		return u.Output
+	}
+	return m.DeliveredTokens()
+}
+
+// recordHistory adds one attempt of real traffic to the history. ttft is
+// its time to first content; 0 when it committed nothing.
+func (e *Engine) recordHistory(x *exchange, ch *Channel, res attemptResult, outcome reason, status int, ttft time.Duration) {
+	class, ok := historyClass(res, outcome, status)
+	if !ok {
+		return
+	}
+	at := history.Attempt{At: time.Now(), Model: x.req.Model, Channel: ch.Name, Class: class, Status: status, TTFT: ttft, OutputTokens: outputTokens(x.meter)}
+	if res.fail != nil {
+		at.Reason = string(res.fail.reason)
+	} else if res.verdict == passed {
+		at.Reason, at.Status = string(reasonStatus), res.status
+	}
+	e.app.Record(at)
+}
+
+// decided journals one failover decision.
+func (e *Engine) decided(x *exchange, channel string, f *failure, next string) {
+	e.app.Decided(journal.Decision{
+		At: time.Now(), RequestID: requestID(x), Model: x.req.Model, Channel: channel, Attempt: x.attempts,
+		Reason: string(f.reason), UpstreamStatus: f.status, Elapsed: time.Since(x.start), Remaining: time.Until(x.deadline), Next: next,
+		DeliveredTokens: f.delivered,
+	})
+}

@@ -1,0 +1,108 @@
+package failover
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
+	"github.com/llmfailover/caddy-llm-failover/wallet"
+	"github.com/llmfailover/caddy-llm-failover/walletapp"
+)
+
+// panicWriter panics on the first body write, standing in for any bug
+// that blows up a request after its reservation was made.
+type panicWriter struct{ *httptest.ResponseRecorder }
+
+func (p panicWriter) Write([]byte) (int, error) { panic("boom") }
+
+// A panic mid-request must still release the reservation exactly once:
+// the settlement is deferred, and deferred calls run while panicking.
+func TestWalletPanicReleasesReservation(t *testing.T) {
+	up := upstream(t, fu.OKNamed("a").WithUsage(10, 5))
+	db := filepath.Join(t.TempDir(), "w.db")
+	e := testEngine(t, testPlan(t, Options{}, func(m *Model) {
+		m.Price = wallet.Price{Input: 1_000_000, Output: 1_000_000}
+	}, testChannel{name: uniqueName("panic"), url: up.URL}))
+	base, err := caddy.ProvisionContext(&caddy.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := caddy.NewContext(base)
+	defer cancel()
+	// Give the engine a wallet of its own, on a database of the test's.
+	app := &walletapp.App{Wallets: map[string]*walletapp.Config{"default": {
+		StoreRaw: json.RawMessage(fmt.Sprintf(`{"backend":"sqlite","path":%q}`, db))}}}
+	if err := app.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer app.Cleanup()
+	wal, err := app.Wallet("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.useWallet(newWalletRuntime(wal, e.logger, "", false))
+	st, err := wal.Store()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.CreateAccount(ctx, "acct"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Credit(ctx, "acct", 1_000_000, "test"); err != nil {
+		t.Fatal(err)
+	}
+	secret, _, err := st.CreateKey(ctx, "acct", "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(string(fu.ChatRequest("m", false))))
+	req.Header.Set("Authorization", "Bearer "+secret)
+	w := panicWriter{httptest.NewRecorder()}
+	req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, &caddyhttp.Server{})
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the writer did not panic")
+			}
+		}()
+		_ = e.ServeHTTP(w, req)
+	}()
+
+	// The settled reservation's money goes back to the store's credit
+	// lease at once, and from the lease to the account once it is idle
+	// (about a second, see package wallet).
+	var acct wallet.Account
+	eventually(t, 5*time.Second, "the lease's money back in the account", func() bool {
+		var err error
+		if acct, err = st.Account(ctx, "acct"); err != nil {
+			t.Fatal(err)
+		}
+		return acct.Reserved == 0
+	})
+	if acct.Reserved != 0 {
+		t.Fatalf("reservation leaked: reserved %s", acct.Reserved)
+	}
+	rows, err := st.Usage(ctx, "acct", 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	settled := 0
+	for _, r := range rows {
+		if r.Kind == wallet.KindCharge || r.Kind == wallet.KindRelease {
+			settled++
+		}
+	}
+	if settled != 1 {
+		t.Fatalf("settled %d times: %+v", settled, rows)
+	}
+}

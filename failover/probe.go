@@ -1,0 +1,184 @@
+package failover
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/llmfailover/caddy-llm-failover/breaker"
+	"github.com/llmfailover/caddy-llm-failover/chain"
+	"github.com/llmfailover/caddy-llm-failover/probe"
+	"github.com/llmfailover/caddy-llm-failover/provider"
+	"github.com/llmfailover/caddy-llm-failover/wallet"
+)
+
+// prober is the engine as the target of its models' synthetic checks: a
+// check is one route of a model that probes, sent through the same walk
+// as client traffic.
+type prober struct{ e *Engine }
+
+// Checks lists one check per route of every model that probes.
+func (p prober) Checks() []probe.Check {
+	var out []probe.Check
+	for _, name := range p.e.modelList {
+		m := p.e.models[name]
+		if m.Probe == nil {
+			continue
+		}
+		for i, r := range m.Chain.Routes {
+			out = append(out, probe.Check{Model: name, Channel: r.Name, Plan: *m.Probe, ID: i})
+		}
+	}
+	return out
+}
+
+// Quiet reports whether nothing but a probe tells about the check's
+// channel: it is half-open (the probe is then its trial, so that no
+// client request is sent to a channel that may still be broken), or
+// closed without real traffic for an interval. An open or parked channel
+// may be sent nothing, and a busy one tells by itself.
+func (p prober) Quiet(c probe.Check, now time.Time) bool {
+	m := p.e.models[c.Model]
+	ch := p.e.channels[m.Chain.Routes[c.ID].Channel]
+	switch ch.health.Breaker.State(now) {
+	case breaker.Open, breaker.Parked:
+		return false
+	case breaker.Closed:
+		if now.Sub(ch.health.LastTraffic()) < c.Plan.Interval {
+			return false
+		}
+	}
+	_, ok := provider.ProbeAPI(ch.Adapter)
+	return ok
+}
+
+// Probe sends the check.
+func (p prober) Probe(ctx context.Context, c probe.Check) (probe.Result, bool) {
+	m := p.e.models[c.Model]
+	return p.e.probeChannel(ctx, m, &m.Chain.Routes[c.ID])
+}
+
+// probeChannel sends one synthetic check through the same walk as client
+// traffic (admission, adapter, timers, stream gate, breaker, metrics) and
+// reports its result; ok is false when the channel's breaker admitted
+// nothing (its trial slots are taken by clients). The answer goes to a
+// ResponseWriter that keeps only its status.
+func (e *Engine) probeChannel(ctx context.Context, m *Model, route *chain.Route) (res probe.Result, sent bool) {
+	ch := e.channels[route.Channel]
+	api, _ := provider.ProbeAPI(ch.Adapter)
+	path, hdr, body, err := provider.ProbeRequest(api, m.Name, m.Probe.Prompt, m.Probe.MaxTokens)
+	if err != nil {
+		e.logger.Error("building a probe", zap.String("channel", ch.Name), zap.Error(err))
+		return probe.Result{Outcome: probe.ConfigError, Reason: err.Error()}, true
+	}
+	r, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://probe.invalid"+path, bytes.NewReader(body))
+	if err != nil {
+		return probe.Result{Outcome: probe.ConfigError, Reason: err.Error()}, true
+	}
+	r.Header = hdr
+	x := newExchange(&probeWriter{header: http.Header{}}, r, api, modeSynthetic)
+	x.model = m
+	x.body, _ = api.AskUsage(body, provider.Request{}) // the probe pays for what it used
+	if x.req, err = api.ParseRequest(x.body); err != nil {
+		return probe.Result{Outcome: probe.ConfigError, Reason: err.Error()}, true
+	}
+	if e.wallet != nil {
+		// The operator's system account pays for probes.
+		rt := *e.wallet
+		rt.account = e.opts.ProbeAccount
+		x.repl = caddy.NewReplacer()
+		bill, refusal := rt.admit(x, false)
+		if refusal != nil {
+			e.logger.Warn("probe account refused; probe not sent", zap.String("channel", ch.Name),
+				zap.String("account", e.opts.ProbeAccount), zap.String("reason", refusal.Message))
+			return probe.Result{Outcome: probe.ConfigError, Reason: "probe account refused: " + refusal.Message}, true
+		}
+		x.bill = bill
+		defer x.bill.close()
+	}
+	began := time.Now()
+	end := e.walk(x, []*chain.Route{route}, nil, began.Add(min(e.opts.Deadline, m.Probe.Interval)))
+	if x.attempts == 0 {
+		return probe.Result{}, false
+	}
+	res.Outcome, res.Reason = probeOutcome(end)
+	if meter := x.meter; meter != nil {
+		u := meter.Usage()
+		res.Cost = wallet.Price{Input: wallet.Micros(route.InputCost), Output: wallet.Micros(route.OutputCost)}.Cost(u.Input, u.Output)
+	}
+	if !x.committedAt.IsZero() {
+		res.TTFT = x.committedAt.Sub(began)
+	}
+	return res, true
+}
+
+// judgeSynthetic judges a probe's attempt before it is recorded: it
+// passes only when content was committed with a 2xx; a 400 or 422 (or an
+// in-stream refusal) is the probe's own parameters, not the channel, and
+// is not recorded; any other refusal a client would get passed through
+// (401, 403, 404) is the channel failing, and becomes a failure for the
+// breaker.
+func judgeSynthetic(x *exchange, res attemptResult) (judged attemptResult, record bool) {
+	switch {
+	case res.verdict == passed && (res.status == http.StatusBadRequest || res.status == http.StatusUnprocessableEntity):
+		return res, false
+	case res.verdict == passed:
+		return retryWith(&failure{reason: reasonStatus, status: res.status}), true
+	case res.verdict == served && x.committedAt.IsZero():
+		return retryWith(&failure{reason: reasonClosedEarly}), true
+	}
+	return res, true
+}
+
+// probeOutcome is a probe's result and its reason, from how its walk
+// ended.
+func probeOutcome(end walkEnd) (probe.Outcome, string) {
+	res := end.res
+	if !end.answered {
+		res = retryWith(end.last)
+	}
+	switch {
+	case res.verdict == passed:
+		return probe.ConfigError, fmt.Sprintf("%s %d", reasonStatus, res.status)
+	case res.verdict == clientGone:
+		return probe.Failed, "stopped"
+	case res.fail != nil && res.fail.status == http.StatusTooManyRequests:
+		return probe.Limited, string(res.fail.reason)
+	case res.fail != nil:
+		return probe.Failed, res.fail.String()
+	}
+	return probe.Passed, ""
+}
+
+// probeWriter is a probe's ResponseWriter: it keeps the status and
+// discards the body, whose tokens the meter has counted on the way.
+type probeWriter struct {
+	header http.Header
+	status int
+}
+
+func (w *probeWriter) Header() http.Header { return w.header }
+func (w *probeWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+}
+
+func (w *probeWriter) Write(p []byte) (int, error) {
+	w.WriteHeader(http.StatusOK)
+	return len(p), nil
+}
+
+// Flush lets the stream gate flush as it does to a client.
+func (w *probeWriter) Flush() {}
+
+// Interface guards
+var (
+	_ probe.Target = prober{}
+	_ http.Flusher = (*probeWriter)(nil)
+)

@@ -1,0 +1,241 @@
+package failover
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/llmfailover/caddy-llm-failover/breaker"
+	"github.com/llmfailover/caddy-llm-failover/chain"
+	"github.com/llmfailover/caddy-llm-failover/failoverapp"
+)
+
+// walkEnd is how a walk over the candidates ended.
+type walkEnd struct {
+	// answered: the client has its answer, or is gone; res is the last
+	// attempt's result and rest the candidates after the one that gave it
+	// (where a broken stream may be continued).
+	answered bool
+	res      attemptResult
+	rest     []*chain.Route
+	// last is the last retryable failure, and retryAfter the shortest
+	// Retry-After any candidate asked for, for the client's error when no
+	// candidate answered.
+	last       *failure
+	retryAfter time.Duration
+}
+
+// walk tries routes in order until one answers, or the client, the
+// deadline or the routes run out. It is the one owner of an attempt's
+// life, for client requests, continuations and synthetic checks alike:
+// before each candidate it checks that the client is still there and the
+// deadline not passed, then admits the channel (or spends the ticket taken
+// for routes[0] before the walk, the last resort's), splits what is left
+// of the deadline, counts the attempt, runs retry_same, and has each
+// outcome recorded once. Every ticket is released on every path: a
+// leaked trial slot would keep a recovering channel refused for good.
+func (e *Engine) walk(x *exchange, routes []*chain.Route, taken *breaker.Ticket, deadline time.Time) walkEnd {
+	defer func() {
+		if taken != nil {
+			// Never spent: the client left, or the deadline passed, first.
+			taken.Done()
+		}
+	}()
+	x.deadline = deadline
+	var end walkEnd
+	for i, route := range routes {
+		if x.r.Context().Err() != nil || !time.Now().Before(deadline) {
+			break
+		}
+		var ticket breaker.Ticket
+		if i == 0 && taken != nil {
+			ticket, taken = *taken, nil
+		} else {
+			// A half-open channel admits a bounded number of trials;
+			// when they are taken the request moves on at once.
+			var ok bool
+			if ticket, ok = e.channels[route.Channel].health.Breaker.Admit(time.Now()); !ok {
+				e.skipped(x, route)
+				continue
+			}
+		}
+		// An equal share of what is left, so that a silent channel cannot
+		// take the time its backups need.
+		budget := time.Until(deadline) / time.Duration(len(routes)-i)
+		res := e.candidate(x, route, ticket, budget)
+		if res.done() {
+			end.answered, end.res, end.rest = true, res, routes[i+1:]
+			return end
+		}
+		end.last = res.fail
+		if ra := res.fail.retryAfter; ra > 0 && (end.retryAfter == 0 || ra < end.retryAfter) {
+			end.retryAfter = ra
+		}
+		next := ""
+		if i+1 < len(routes) {
+			next = routes[i+1].Name
+		}
+		e.failedOver(x, route, res.fail, next)
+	}
+	return end
+}
+
+// candidate runs one candidate: an attempt and, when retry_same asks for
+// it and the budget leaves room, one more on the same channel. The retry
+// needs a fresh ticket, so a half-open channel whose trial slots are taken
+// moves on.
+func (e *Engine) candidate(x *exchange, route *chain.Route, ticket breaker.Ticket, budget time.Duration) attemptResult {
+	began := time.Now()
+	res := e.try(x, route, ticket, budget)
+	if res.done() || (x.mode != modeChain && x.mode != modeContinue) {
+		return res
+	}
+	wait, ok := e.opts.RetrySame.wait(res.fail)
+	left := budget - time.Since(began) - wait
+	if !ok || left <= 0 {
+		return res
+	}
+	e.logger.Warn("retrying the same channel",
+		zap.String("model", x.req.Model), zap.String("channel", route.Name),
+		zap.Int("attempt", x.attempts), zap.String("reason", string(res.fail.reason)),
+		zap.Int("upstream_status", res.fail.status), zap.Duration("wait", wait))
+	e.decided(x, route.Name, res.fail, route.Name)
+	if !sleepCtx(x.r.Context(), wait) {
+		return res
+	}
+	if ticket, ok = e.channels[route.Channel].health.Breaker.Admit(time.Now()); !ok {
+		return res
+	}
+	return e.try(x, route, ticket, left)
+}
+
+// try sends one attempt and records its outcome. The ticket's trial slot
+// is freed however the attempt ends, panics included.
+func (e *Engine) try(x *exchange, route *chain.Route, ticket breaker.Ticket, budget time.Duration) attemptResult {
+	defer ticket.Done()
+	x.attempts++
+	x.setVar("http.llm_failover.attempts", strconv.Itoa(x.attempts))
+	if ticket.HalfOpened {
+		e.app.StateChanged(e.logger, e.channels[route.Channel].health,
+			breaker.Transition{From: breaker.Open, To: breaker.HalfOpen}, "cooldown_elapsed")
+	}
+	x.committedAt = time.Time{}
+	began := time.Now()
+	res := e.attempt(x, route, budget)
+	x.releaseHeld()
+	e.scrubFailure(res.fail)
+	if x.mode == modeSynthetic {
+		var record bool
+		if res, record = judgeSynthetic(x, res); !record {
+			// A probe's own mistake says nothing of the channel.
+			return res
+		}
+	}
+	e.record(x, route, res, time.Since(began))
+	return res
+}
+
+// failedOver logs and journals one failover decision: the candidate
+// failed and the walk moves on to next ("" when none is left). A
+// synthetic check's failure is no failover: the prober reports it.
+func (e *Engine) failedOver(x *exchange, route *chain.Route, f *failure, next string) {
+	if x.mode == modeSynthetic {
+		return
+	}
+	msg := "failover"
+	if x.mode == modeContinue {
+		msg = "resume attempt failed"
+	}
+	e.logger.Warn(msg,
+		zap.String("model", x.req.Model),
+		zap.String("channel", route.Name),
+		zap.String("upstream_model", upstreamModel(route, x.req.Model)),
+		zap.Int("attempt", x.attempts),
+		zap.String("reason", string(f.reason)),
+		zap.Int("upstream_status", f.status),
+		zap.String("upstream_message", f.message),
+		zap.String("detail", f.detail),
+		zap.Duration("elapsed", time.Since(x.start)),
+		zap.Duration("remaining_budget", time.Until(x.deadline)),
+		zap.String("next_channel", next))
+	e.decided(x, route.Name, f, next)
+}
+
+// record feeds an attempt's outcome to the breaker, the metrics, the
+// events and the history, once. Only failures the channel caused count
+// against it.
+func (e *Engine) record(x *exchange, route *chain.Route, res attemptResult, took time.Duration) {
+	ch := e.channels[route.Channel]
+	now := time.Now()
+	outcome := outcomeOK
+	status := 0
+	cause := "" // what caused a state change, when it is not the outcome
+	var tr breaker.Transition
+	switch f := res.fail; {
+	case res.verdict == clientGone:
+		outcome = outcomeClientGone // never the channel's fault
+	case f == nil:
+		tr = ch.health.Breaker.RecordSuccess(now)
+		if x.mode == modeLastResort && res.verdict == served {
+			// The channel proved itself while every channel was open:
+			// close it now rather than at the end of its cooldown.
+			if reset := ch.health.Breaker.Reset(now); reset.Changed() {
+				tr = breaker.Transition{From: tr.From, To: reset.To}
+				cause = "last_resort_succeeded"
+			}
+		}
+	case f.status == http.StatusTooManyRequests && f.retryAfter > 0:
+		// A rate limit is not an outage: park the channel for as long as
+		// it asked, without counting a failure.
+		outcome, status = outcomeRateLimited, f.status
+		var until time.Time
+		until, tr = ch.health.Breaker.Park(now, f.retryAfter)
+		if tr.Changed() {
+			e.logger.Info("channel parked by Retry-After", zap.String("channel", ch.Name), zap.Time("until", until))
+		}
+	case !f.channelFault():
+		outcome, status = f.reason, f.status
+	case x.mode == modeSynthetic:
+		// A failed probe is the only evidence there is for an interval:
+		// decisive alone.
+		outcome, status = f.reason, f.status
+		tr = ch.health.Breaker.RecordFailure(now)
+		if trip := ch.health.Breaker.Trip(now); trip.Changed() {
+			tr, cause = breaker.Transition{From: tr.From, To: trip.To}, string(reasonProbeFailed)
+		}
+	default:
+		outcome, status = f.reason, f.status
+		tr = ch.health.Breaker.RecordFailure(now)
+	}
+	if x.bill != nil && res.verdict == retry {
+		x.bill.attemptFailed(ch.Name, upstreamModel(route, x.req.Model), string(res.fail.reason))
+	}
+	if x.mode == modeChain || x.mode == modeLastResort {
+		if res.verdict == served || res.verdict == passed || res.verdict == broken {
+			// A continuation's request was counted when its first
+			// stream was committed.
+			requestsTotal.WithLabelValues(x.req.Model, "served").Inc()
+		}
+	}
+	attemptsTotal.WithLabelValues(x.req.Model, ch.Name, string(outcome)).Inc()
+	attemptDuration.WithLabelValues(ch.Name).Observe(took.Seconds())
+	e.app.Attempted(failoverapp.Attempt{Model: x.req.Model, UpstreamModel: upstreamModel(route, x.req.Model), Channel: ch.Name,
+		Number: x.attempts, Outcome: string(outcome), UpstreamStatus: status, Took: took})
+	var ttft time.Duration
+	if !x.committedAt.IsZero() {
+		ttft = x.committedAt.Sub(now.Add(-took))
+	}
+	if x.mode != modeSynthetic {
+		// Probes keep a history of their own (package probe).
+		ch.health.Touch(now)
+		e.recordHistory(x, ch, res, outcome, status, ttft)
+	}
+	if tr.Changed() {
+		if cause == "" {
+			cause = string(outcome)
+		}
+		e.app.StateChanged(e.logger, ch.health, tr, cause)
+	}
+}

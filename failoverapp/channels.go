@@ -1,0 +1,226 @@
+package failoverapp
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"slices"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/llmfailover/caddy-llm-failover/breaker"
+	"github.com/llmfailover/caddy-llm-failover/chain"
+)
+
+// channels holds what must outlive a config reload: each channel's
+// breaker (with its trial accounting), keyed by the channel's identity,
+// so that `caddy reload` does not forget that a channel is failing.
+var channels = caddy.NewUsagePool()
+
+// Channel is one channel's health, shared by every handler (and every
+// config generation) that declares the same channel identity.
+type Channel struct {
+	Name    string
+	BaseURL string // redacted, for views and events
+	Breaker *breaker.Breaker
+	// lastUsed is when real traffic last reached the channel (Unix
+	// nanoseconds), so that only idle channels are probed.
+	lastUsed atomic.Int64
+}
+
+// Touch records that real traffic reached the channel at now.
+func (c *Channel) Touch(now time.Time) { c.lastUsed.Store(now.UnixNano()) }
+
+// LastTraffic is when real traffic last reached the channel; the zero
+// time when none has.
+func (c *Channel) LastTraffic() time.Time {
+	if n := c.lastUsed.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
+
+// Destruct implements caddy.Destructor.
+func (*Channel) Destruct() error { return nil }
+
+// ChannelID is a channel's identity: its name, its base URL and a
+// fingerprint of its credentials, so that two sites declaring the same
+// name and URL with different keys (two accounts at one provider) get two
+// breakers, while a reload that keeps the channel keeps its health. It
+// holds only a hash, never a secret.
+type ChannelID struct {
+	name, baseURL, key string
+}
+
+// NewChannelID is the identity of the channel called name at base, with
+// credentials (provider.ChannelCredentials).
+func NewChannelID(name string, base *url.URL, credentials []string) ChannelID {
+	sorted := slices.Sorted(slices.Values(credentials))
+	sum := sha256.Sum256([]byte(strings.Join(sorted, "\x00")))
+	return ChannelID{name: name, baseURL: base.Redacted(),
+		key: name + " " + base.String() + " " + hex.EncodeToString(sum[:8])}
+}
+
+// registeredChannel is one handler's channel and the breaker settings
+// its config wants for it.
+type registeredChannel struct {
+	id    ChannelID
+	ch    *Channel
+	cfg   breaker.Config
+	owner string
+}
+
+// Channel registers a channel of the handler described by owner, with
+// the breaker settings it wants, and returns its health: the same for
+// every handler and config that declares the same identity. Two handlers
+// of one config that declare one identity with different breaker
+// settings are a config error naming both: one breaker cannot follow two
+// sets of rules. The app holds the reference until its Cleanup.
+func (a *App) Channel(id ChannelID, cfg breaker.Config, owner string) (*Channel, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, c := range a.channels {
+		if c.id == id && c.cfg != cfg {
+			return nil, fmt.Errorf("channel %q (%s) is declared by %s and by %s with different breaker settings (%s; %s): "+
+				"a channel's breaker is shared, so give both the same breaker block, or the channels different names",
+				id.name, id.baseURL, c.owner, owner, describeBreaker(c.cfg), describeBreaker(cfg))
+		}
+	}
+	v, _, err := channels.LoadOrNew(id.key, func() (caddy.Destructor, error) {
+		return &Channel{Name: id.name, BaseURL: id.baseURL, Breaker: breaker.New(cfg)}, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	// A reload keeps the health; Start applies the new settings to it
+	// once the whole config has provisioned, so that a config that fails
+	// to load cannot change the running breakers.
+	ch := v.(*Channel)
+	a.channels = append(a.channels, &registeredChannel{id: id, ch: ch, cfg: cfg, owner: owner})
+	return ch, nil
+}
+
+func describeBreaker(c breaker.Config) string {
+	s := fmt.Sprintf("failures %d, window %s, cooldown %s, trials %d, max_park %s", c.Failures, c.Window, c.Cooldown, c.Trials, c.MaxPark)
+	if c.MinCalls > 0 {
+		s += fmt.Sprintf(", ratio %d %g", c.MinCalls, c.FailureRatio)
+	}
+	return s
+}
+
+// releaseChannels gives back the references Channel took.
+func (a *App) releaseChannels() {
+	a.mu.Lock()
+	regs := a.channels
+	a.channels = nil
+	a.mu.Unlock()
+	for _, c := range regs {
+		_, _ = channels.Delete(c.id.key)
+	}
+}
+
+// Model is one model a handler serves, for the views and the incidents.
+type Model struct {
+	// Chain holds every route; a route's Channel indexes Channels.
+	Chain    *chain.Model
+	Channels []*Channel
+}
+
+// Model registers a model.
+func (a *App) Model(m Model) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.models = append(a.models, m)
+}
+
+// Snapshot is the channels' health at one instant: what the admin API,
+// the metrics and the status page read.
+type Snapshot struct {
+	// Channels has one entry per channel identity, sorted by name.
+	Channels []ChannelStatus
+	// Models are in name order, their routes in cost order.
+	Models []ModelStatus
+}
+
+// ChannelStatus is one channel's health.
+type ChannelStatus struct {
+	Name    string
+	BaseURL string // redacted
+	Health  breaker.Snapshot
+	// Weights are the channel's current chain.Score in each model that
+	// routes to it under the weighted policy.
+	Weights []ModelWeight
+}
+
+// ModelWeight is a channel's score in one weighted model.
+type ModelWeight struct {
+	Model string
+	Score float64
+}
+
+// ModelStatus is one model's chain with its channels' health.
+type ModelStatus struct {
+	Name    string
+	Policy  chain.Policy
+	MaxHops int
+	Routes  []RouteStatus
+}
+
+// RouteStatus is one route of a chain and its channel's health.
+type RouteStatus struct {
+	Route  chain.Route
+	Health breaker.Snapshot
+}
+
+// Snapshot reads every registered channel's breaker once, at now.
+func (a *App) Snapshot(now time.Time) Snapshot {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var s Snapshot
+	index := make(map[*Channel]int, len(a.channels))
+	for _, c := range a.channels {
+		if _, seen := index[c.ch]; seen {
+			continue
+		}
+		index[c.ch] = len(s.Channels)
+		s.Channels = append(s.Channels, ChannelStatus{Name: c.ch.Name, BaseURL: c.ch.BaseURL, Health: c.ch.Breaker.Snapshot(now)})
+	}
+	for _, m := range a.models {
+		ms := ModelStatus{Name: m.Chain.Name, Policy: m.Chain.Policy, MaxHops: m.Chain.MaxHops}
+		for _, r := range m.Chain.Routes {
+			cs := &s.Channels[index[m.Channels[r.Channel]]]
+			ms.Routes = append(ms.Routes, RouteStatus{Route: r, Health: cs.Health})
+			if m.Chain.Policy == chain.Weighted {
+				cs.Weights = append(cs.Weights, ModelWeight{Model: m.Chain.Name, Score: chain.Score(r.Weight, cs.Health.SuccessRate)})
+			}
+		}
+		s.Models = append(s.Models, ms)
+	}
+	sort.SliceStable(s.Channels, func(i, j int) bool { return s.Channels[i].Name < s.Channels[j].Name })
+	sort.SliceStable(s.Models, func(i, j int) bool { return s.Models[i].Name < s.Models[j].Name })
+	return s
+}
+
+// reset closes, by hand, every breaker of the channels named name. It
+// reports whether any channel has that name.
+func (a *App) reset(name string, now time.Time) bool {
+	a.mu.Lock()
+	var found []*Channel
+	for _, c := range a.channels {
+		if c.ch.Name == name && !slices.Contains(found, c.ch) {
+			found = append(found, c.ch)
+		}
+	}
+	a.mu.Unlock()
+	for _, ch := range found {
+		if tr := ch.Breaker.Reset(now); tr.Changed() {
+			a.StateChanged(a.logger, ch, tr, "reset")
+		}
+	}
+	return len(found) > 0
+}

@@ -1,0 +1,362 @@
+package failoverapp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/llmfailover/caddy-llm-failover/history"
+	"github.com/llmfailover/caddy-llm-failover/history/store"
+	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
+	"github.com/llmfailover/caddy-llm-failover/jobs"
+	"github.com/llmfailover/caddy-llm-failover/journal"
+)
+
+func init() {
+	caddy.RegisterModule(HistorySQLite{})
+	caddy.RegisterModule(HistoryPostgres{})
+}
+
+// HistoryBackend is a history store module (namespace
+// llm_failover.history_stores): it names a database and opens it.
+// Provision only resolves the configuration; Open is what touches the
+// database.
+type HistoryBackend interface {
+	// Kind is "sqlite" or "postgres".
+	Kind() string
+	// PoolKey identifies the database, so that configs naming the same
+	// one share one open store across reloads. It may hold secrets: never
+	// log it.
+	PoolKey() string
+	// Open opens (creating or migrating) the database.
+	Open() (*store.Store, error)
+}
+
+// HistorySQLite keeps the history in an SQLite file: one instance's.
+type HistorySQLite struct {
+	// Path is the database file. Default: llm_failover/history.db under
+	// Caddy's data directory.
+	Path string `json:"path,omitempty"`
+
+	abs string
+}
+
+// CaddyModule returns the Caddy module information.
+func (HistorySQLite) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "llm_failover.history_stores.sqlite",
+		New: func() caddy.Module { return new(HistorySQLite) },
+	}
+}
+
+// Provision resolves the path; it creates nothing.
+func (s *HistorySQLite) Provision(caddy.Context) error {
+	path := s.Path
+	if path == "" {
+		path = filepath.Join(caddy.AppDataDir(), "llm_failover", "history.db")
+	}
+	abs, err := filepath.Abs(caddy.NewReplacer().ReplaceKnown(path, ""))
+	if err != nil {
+		return fmt.Errorf("history sqlite path %q: %w", s.Path, err)
+	}
+	s.abs = abs
+	return nil
+}
+
+// Kind implements HistoryBackend.
+func (*HistorySQLite) Kind() string { return "sqlite" }
+
+// PoolKey implements HistoryBackend.
+func (s *HistorySQLite) PoolKey() string { return "sqlite:" + s.abs }
+
+// Open implements HistoryBackend.
+func (s *HistorySQLite) Open() (*store.Store, error) { return store.OpenSQLite(s.abs) }
+
+// HistoryPostgres keeps the history in PostgreSQL, shared by a fleet:
+// every instance's page shows the fleet's totals.
+type HistoryPostgres struct {
+	// DSN is the connection string; it may be a placeholder such as
+	// {env.HISTORY_DSN}, resolved at Provision and never shown.
+	DSN string `json:"dsn"`
+
+	dsn string
+}
+
+// CaddyModule returns the Caddy module information.
+func (HistoryPostgres) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "llm_failover.history_stores.postgres",
+		New: func() caddy.Module { return new(HistoryPostgres) },
+	}
+}
+
+// Provision resolves the DSN; it connects to nothing.
+func (p *HistoryPostgres) Provision(caddy.Context) error {
+	dsn, err := caddy.NewReplacer().ReplaceOrErr(p.DSN, true, true)
+	if err != nil || dsn == "" {
+		// The DSN may hold a password; only its unresolved form is shown.
+		return errors.New("history postgres: the DSN is empty or has an unresolved placeholder")
+	}
+	p.dsn = dsn
+	return nil
+}
+
+// Kind implements HistoryBackend.
+func (*HistoryPostgres) Kind() string { return "postgres" }
+
+// PoolKey implements HistoryBackend.
+func (p *HistoryPostgres) PoolKey() string { return "postgres:" + p.dsn }
+
+// historyOpenTimeout bounds connecting and migrating.
+const historyOpenTimeout = 15 * time.Second
+
+// Open implements HistoryBackend.
+func (p *HistoryPostgres) Open() (*store.Store, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), historyOpenTimeout)
+	defer cancel()
+	return store.OpenPostgres(ctx, p.dsn)
+}
+
+// historyFlushEvery is how often the flush job writes what the buckets
+// gained: one upsert per touched bucket, not one per attempt.
+const historyFlushEvery = 5 * time.Second
+
+// historyReadCache is how long a page render reuses the fleet's history
+// read from the store.
+const historyReadCache = 2 * time.Second
+
+// HistoryFlushJob is the flush job's name in GET /llm_failover/jobs and
+// for heartbeats.
+const HistoryFlushJob = "history_flush"
+
+// historyStores are the open history databases, shared by the configs
+// that name them; the flush job lives in the pooled holder, so that a
+// reload keeping the database keeps its flusher.
+var historyStores = caddy.NewUsagePool()
+
+// historyHolder is one open history store and its flush job.
+type historyHolder struct {
+	store  *store.Store
+	state  *statusState
+	logger *zap.Logger
+	job    *jobs.Job
+	stop   chan struct{}
+	done   chan struct{}
+	runs   int
+}
+
+// startHistory opens the config's history store (in Start, so that
+// `caddy validate` touches no disk) and makes it the one the history
+// flushes to and the page reads from; with none, the history stays in
+// memory.
+func (a *App) startHistory() error {
+	if a.history == nil {
+		a.status.attach(nil)
+		return nil
+	}
+	key := a.history.PoolKey()
+	v, _, err := historyStores.LoadOrNew(key, func() (caddy.Destructor, error) {
+		st, err := a.history.Open()
+		if err != nil {
+			return nil, err
+		}
+		h := &historyHolder{store: st, state: a.status, logger: a.logger.Named("history"),
+			job:  caddykit.Jobs.Job(HistoryFlushJob, historyFlushEvery),
+			stop: make(chan struct{}), done: make(chan struct{})}
+		// The job is this holder's while it runs: once the last config
+		// using the store lets it go, the job leaves the jobs view and
+		// readiness with it.
+		h.job.Acquire()
+		go h.flusher()
+		return h, nil
+	})
+	if err != nil {
+		return fmt.Errorf("opening the %s history store: %w", a.history.Kind(), err)
+	}
+	a.historyKey = key
+	a.status.attach(v.(*historyHolder))
+	return nil
+}
+
+// releaseHistory gives this config's store reference back.
+func (a *App) releaseHistory() {
+	a.mu.Lock()
+	key := a.historyKey
+	a.historyKey = ""
+	a.mu.Unlock()
+	if key != "" {
+		_, _ = historyStores.Delete(key)
+	}
+}
+
+// flusher runs the flush job every historyFlushEvery until Destruct.
+func (h *historyHolder) flusher() {
+	defer close(h.done)
+	t := time.NewTicker(historyFlushEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-h.stop:
+			return
+		case <-t.C:
+			h.flushRecovering()
+		}
+	}
+}
+
+func (h *historyHolder) flushRecovering() {
+	defer func() {
+		if r := recover(); r != nil {
+			h.logger.Error("history flush panicked; it runs again at the next tick",
+				zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := h.job.Run(ctx, h.flush); err != nil {
+		h.logger.Error("history flush failed; the changes are kept for the next one", zap.Error(err))
+	}
+}
+
+// pruneEvery is how many flushes pass between two prunes of the store.
+const pruneEvery = 60
+
+// flush is one run of the flush job: what the buckets gained and the new
+// decisions since the last run, in one transaction; on failure they go
+// back to be flushed with the next run.
+func (h *historyHolder) flush(ctx context.Context) (jobs.Summary, error) {
+	st := h.state
+	if st.attached() != h {
+		return "detached", nil
+	}
+	now := time.Now()
+	deltas, decisions := st.history.TakeChanges(), st.journal.TakeChanges()
+	if err := h.store.Flush(ctx, deltas, decisions); err != nil {
+		st.history.PutBack(deltas, now)
+		st.journal.PutBack(decisions)
+		return "", err
+	}
+	if h.runs++; h.runs%pruneEvery == 1 {
+		if err := h.store.Prune(ctx, now); err != nil {
+			return "", err
+		}
+	}
+	return jobs.Summary(fmt.Sprintf("flushed %d bucket(s), %d decision(s)", len(deltas), len(decisions))), nil
+}
+
+// Destruct stops the flush job, flushes once more and closes the store,
+// when no config uses it any more.
+func (h *historyHolder) Destruct() error {
+	close(h.stop)
+	<-h.done
+	h.flushRecovering()
+	h.job.Release()
+	h.state.detach(h)
+	return h.store.Close()
+}
+
+// historyReader is what the page and the admin API read: the fleet's
+// history from the store plus this instance's changes not yet flushed,
+// cached for historyReadCache.
+type historyReader struct {
+	mu      sync.Mutex
+	read    time.Time
+	history *history.Recorder
+	journal *journal.Journal
+}
+
+// attach makes h the store the history flushes to (nil: none).
+func (s *statusState) attach(h *historyHolder) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.holder == h {
+		return
+	}
+	s.holder = h
+	s.reader = new(historyReader)
+	s.history.Track(h != nil)
+	s.journal.Track(h != nil)
+}
+
+// detach forgets h if it is still the attached store.
+func (s *statusState) detach(h *historyHolder) {
+	s.mu.Lock()
+	attached := s.holder == h
+	s.mu.Unlock()
+	if attached {
+		s.attach(nil)
+	}
+}
+
+func (s *statusState) attached() *historyHolder {
+	h, _ := s.store()
+	return h
+}
+
+func (s *statusState) store() (*historyHolder, *historyReader) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.holder, s.reader
+}
+
+// sources returns the history and journal to show: this process's own
+// when there is no store, or when the store cannot be read (logged);
+// otherwise the fleet's.
+func (s *statusState) sources(now time.Time) (*history.Recorder, *journal.Journal) {
+	h, r := s.store()
+	if h == nil {
+		return s.history, s.journal
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.history != nil && now.Sub(r.read) < historyReadCache && !now.Before(r.read) {
+		return r.history, r.journal
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rec, jr, err := h.fleet(ctx, now, s)
+	if err != nil {
+		h.logger.Error("reading the history store; showing this instance's history", zap.Error(err))
+		return s.history, s.journal
+	}
+	r.read, r.history, r.journal = now, rec, jr
+	return rec, jr
+}
+
+// fleet reads every instance's flushed history and decisions and adds
+// this one's pending changes.
+func (h *historyHolder) fleet(ctx context.Context, now time.Time, s *statusState) (*history.Recorder, *journal.Journal, error) {
+	ds, err := h.store.Buckets(ctx, now)
+	if err != nil {
+		return nil, nil, err
+	}
+	decisions, err := h.store.Decisions(ctx, journal.DefaultSize)
+	if err != nil {
+		return nil, nil, err
+	}
+	rec := history.NewRecorder()
+	for _, d := range append(ds, s.history.Changes()...) {
+		rec.AddDelta(d)
+	}
+	jr := journal.New(journal.DefaultSize)
+	for _, d := range append(decisions, s.journal.Changes()...) {
+		jr.Add(d)
+	}
+	return rec, jr, nil
+}
+
+// Interface guards
+var (
+	_ HistoryBackend    = (*HistorySQLite)(nil)
+	_ HistoryBackend    = (*HistoryPostgres)(nil)
+	_ caddy.Provisioner = (*HistorySQLite)(nil)
+	_ caddy.Provisioner = (*HistoryPostgres)(nil)
+	_ caddy.Destructor  = (*historyHolder)(nil)
+)

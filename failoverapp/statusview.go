@@ -1,0 +1,318 @@
+package failoverapp
+
+import (
+	"sort"
+	"time"
+
+	"github.com/llmfailover/caddy-llm-failover/breaker"
+	"github.com/llmfailover/caddy-llm-failover/history"
+	"github.com/llmfailover/caddy-llm-failover/journal"
+)
+
+// Statuses of a model or a channel, worst last.
+const (
+	StatusOperational = "operational"
+	StatusDegraded    = "degraded"
+	StatusLimited     = "rate_limited"
+	StatusDown        = "down"
+)
+
+// degradedBelow is the 5-minute success rate under which a working
+// channel shows as degraded, once it has had degradedMinAttempts: yellow
+// before customers notice, not on one unlucky request.
+const (
+	degradedBelow       = 0.95
+	degradedMinAttempts = 5
+)
+
+// statusWindows are the success-rate windows every view carries.
+var statusWindows = []struct {
+	key string
+	d   time.Duration
+}{{"5m", 5 * time.Minute}, {"1h", time.Hour}, {"24h", 24 * time.Hour}}
+
+// recentDecisions is how many failover decisions a channel shows.
+const recentDecisions = 5
+
+// StatusView is the status page's data, the JSON schema documented in the
+// README ("Status page").
+type StatusView struct {
+	Title       string         `json:"title"`
+	GeneratedAt time.Time      `json:"generated_at"`
+	Status      string         `json:"status"`
+	Models      []ModelView    `json:"models"`
+	Incidents   []IncidentView `json:"incidents"`
+	Hidden      bool           `json:"-"` // channels hidden: a public page
+	WindowKeys  []string       `json:"-"` // for the page, in order
+	// Legend is every reason the view shows, sorted: the page lists their
+	// runbooks.
+	Legend []string `json:"-"`
+}
+
+type ModelView struct {
+	Name     string                `json:"name"`
+	Status   string                `json:"status"`
+	Since    time.Time             `json:"since"`
+	Windows  map[string]WindowView `json:"windows"`
+	Hourly   []BarView             `json:"hourly"`
+	Daily    []BarView             `json:"daily"`
+	Channels []ChannelView         `json:"channels,omitempty"`
+}
+
+type ChannelView struct {
+	Name         string                `json:"name"`
+	State        string                `json:"state"`
+	Status       string                `json:"status"`
+	Since        time.Time             `json:"since"`
+	Doing        string                `json:"doing"`
+	Until        time.Time             `json:"until,omitzero"`
+	Windows      map[string]WindowView `json:"windows"`
+	LastFailure  *FailureView          `json:"last_failure"`
+	Hourly       []BarView             `json:"hourly"`
+	Daily        []BarView             `json:"daily"`
+	Decisions    []DecisionView        `json:"recent_decisions"`
+	StateRunbook string                `json:"state_runbook"`
+	// Probes are the synthetic checks of the channel, apart from its real
+	// traffic above; absent when it was never probed.
+	Probes *ProbeView `json:"probes,omitempty"`
+}
+
+type WindowView struct {
+	Attempts     int64   `json:"attempts"`
+	Successes    int64   `json:"successes"`
+	Down         int64   `json:"down"`
+	Limited      int64   `json:"limited"`
+	Client       int64   `json:"client"`
+	SuccessRate  float64 `json:"success_rate"`
+	TTFTp50      int64   `json:"ttft_p50_ms"`
+	TTFTp95      int64   `json:"ttft_p95_ms"`
+	OutputTokens int64   `json:"output_tokens"`
+}
+
+type BarView struct {
+	Start       time.Time `json:"start"`
+	Attempts    int64     `json:"attempts"`
+	Successes   int64     `json:"successes"`
+	Down        int64     `json:"down"`
+	Limited     int64     `json:"limited"`
+	Client      int64     `json:"client"`
+	SuccessRate float64   `json:"success_rate"`
+}
+
+type FailureView struct {
+	At      time.Time `json:"at"`
+	Reason  string    `json:"reason"`
+	Status  int       `json:"status"`
+	Runbook string    `json:"runbook"`
+}
+
+type DecisionView struct {
+	journal.Decision
+	Runbook string `json:"runbook"`
+}
+
+type IncidentView struct {
+	Kind     string           `json:"kind"`
+	Subject  string           `json:"subject"`
+	Start    time.Time        `json:"start"`
+	End      time.Time        `json:"end,omitzero"`
+	Ongoing  bool             `json:"ongoing"`
+	Reasons  map[string]int64 `json:"reasons"`
+	Attempts int64            `json:"attempts"`
+	Failures int64            `json:"failures"`
+}
+
+func windowOf(c history.Counts) WindowView {
+	return WindowView{
+		Attempts: c.Attempts, Successes: c.Successes, Down: c.Down, Limited: c.Limited, Client: c.Client,
+		SuccessRate: c.SuccessRate(), TTFTp50: c.TTFT.Quantile(0.5).Milliseconds(), TTFTp95: c.TTFT.Quantile(0.95).Milliseconds(),
+		OutputTokens: c.OutputTokens,
+	}
+}
+
+func barsOf(bars []history.Bar) []BarView {
+	out := make([]BarView, len(bars))
+	for i, b := range bars {
+		out[i] = BarView{Start: b.Start, Attempts: b.Attempts, Successes: b.Successes, Down: b.Down,
+			Limited: b.Limited, Client: b.Client, SuccessRate: b.Counts.SuccessRate()}
+	}
+	return out
+}
+
+func windowsOf(v history.View) map[string]WindowView {
+	out := make(map[string]WindowView, len(statusWindows))
+	for _, w := range statusWindows {
+		out[w.key] = windowOf(v.Windows[w.d])
+	}
+	return out
+}
+
+func durations() []time.Duration {
+	ds := make([]time.Duration, len(statusWindows))
+	for i, w := range statusWindows {
+		ds[i] = w.d
+	}
+	return ds
+}
+
+// channelCondition is what a channel's breaker says: its status, what the
+// gateway does about it, and until when.
+func channelCondition(h breaker.Snapshot, last5m history.Counts) (status, doing string, until time.Time) {
+	switch h.State {
+	case breaker.Open:
+		return StatusDown, "skipping it (breaker open)", h.OpenUntil
+	case breaker.HalfOpen:
+		return StatusDegraded, "probing it with a few trial requests", time.Time{}
+	case breaker.Parked:
+		return StatusLimited, "not sending it anything (parked by the upstream's Retry-After)", h.ParkedUntil
+	}
+	if last5m.Attempts-last5m.Client >= degradedMinAttempts && last5m.SuccessRate() < degradedBelow {
+		return StatusDegraded, "serving, with failures failing over", time.Time{}
+	}
+	return StatusOperational, "serving", time.Time{}
+}
+
+// worse is the worse of two statuses.
+func worse(a, b string) string {
+	rank := map[string]int{StatusOperational: 0, StatusDegraded: 1, StatusLimited: 2, StatusDown: 3}
+	if rank[b] > rank[a] {
+		return b
+	}
+	return a
+}
+
+// statusSnapshot builds the status page's data from the registry (current
+// state), the history and the journal. hide drops everything that names a
+// channel or its URL, for a public page.
+func (a *App) statusView(now time.Time, title string, hide bool) StatusView {
+	snap := a.Snapshot(now)
+	v := StatusView{Title: title, GeneratedAt: now.UTC(), Status: StatusOperational, Hidden: hide}
+	legend := map[string]bool{}
+	for _, w := range statusWindows {
+		v.WindowKeys = append(v.WindowKeys, w.key)
+	}
+	st := a.status
+	// hist and journal are the fleet's with a store; incidents and last
+	// failures are this instance's.
+	hist, jr := st.sources(now)
+	for _, m := range snap.Models {
+		hv := hist.Model(m.Name, now, durations()...)
+		ms := ModelView{Name: m.Name, Windows: windowsOf(hv), Hourly: barsOf(hv.Hourly), Daily: barsOf(hv.Daily)}
+		working, limitedOnly := false, true
+		var worstChannel string
+		var earliestBad, latestChange time.Time
+		for _, r := range m.Routes {
+			cv := hist.Channel(r.Route.Name, now, durations()...)
+			cv.LastFailure = st.history.LastChannelFailure(r.Route.Name)
+			status, doing, until := channelCondition(r.Health, cv.Windows[5*time.Minute])
+			since := st.stateSince(r.Route.Name)
+			worstChannel = worse(worstChannel, status)
+			if r.Health.State == breaker.Closed || r.Health.State == breaker.HalfOpen {
+				working = true
+			}
+			if r.Health.State != breaker.Parked {
+				limitedOnly = false
+			}
+			if status != StatusOperational && (earliestBad.IsZero() || since.Before(earliestBad)) {
+				earliestBad = since
+			}
+			if since.After(latestChange) {
+				latestChange = since
+			}
+			if hide {
+				continue
+			}
+			cs := ChannelView{Name: r.Route.Name, State: r.Health.State.String(), Status: status, Since: since.UTC(),
+				Doing: doing, Until: until, Windows: windowsOf(cv), Hourly: barsOf(cv.Hourly), Daily: barsOf(cv.Daily),
+				StateRunbook: RunbookPath("state-" + r.Health.State.String()), Decisions: []DecisionView{}}
+			if lf := cv.LastFailure; lf != nil {
+				cs.LastFailure = &FailureView{At: lf.At.UTC(), Reason: lf.Reason, Status: lf.Status, Runbook: RunbookPath(lf.Reason)}
+				legend[lf.Reason] = true
+			}
+			for _, d := range jr.Query(journal.Filter{Model: m.Name, Channel: r.Route.Name}, recentDecisions) {
+				cs.Decisions = append(cs.Decisions, DecisionView{Decision: d, Runbook: RunbookPath(d.Reason)})
+				legend[d.Reason] = true
+			}
+			cs.Probes = probeViewOf(r.Route.Name, now)
+			ms.Channels = append(ms.Channels, cs)
+		}
+		switch {
+		case !working && limitedOnly && len(m.Routes) > 0:
+			ms.Status, ms.Since = StatusLimited, earliestBad
+		case !working:
+			ms.Status, ms.Since = StatusDown, earliestBad
+		case worstChannel != StatusOperational && worstChannel != "":
+			ms.Status, ms.Since = StatusDegraded, earliestBad
+		default:
+			ms.Status, ms.Since = StatusOperational, latestChange
+		}
+		if ms.Status == StatusOperational {
+			w := ms.Windows["5m"]
+			if w.Attempts-w.Client >= degradedMinAttempts && w.SuccessRate < degradedBelow {
+				ms.Status = StatusDegraded
+			}
+		}
+		ms.Since = ms.Since.UTC()
+		v.Status = worse(v.Status, ms.Status)
+		v.Models = append(v.Models, ms)
+	}
+	v.Incidents = []IncidentView{}
+	for _, in := range st.history.Incidents() {
+		if hide && in.Kind == "channel" {
+			continue
+		}
+		v.Incidents = append(v.Incidents, IncidentView{Kind: in.Kind, Subject: in.Subject, Start: in.Start.UTC(), End: in.End.UTC(),
+			Ongoing: in.Ongoing(), Reasons: in.Reasons, Attempts: in.Attempts, Failures: in.Failures})
+		for r := range in.Reasons {
+			legend[r] = true
+		}
+	}
+	if v.Models == nil {
+		v.Models = []ModelView{}
+	}
+	for r := range legend {
+		v.Legend = append(v.Legend, r)
+	}
+	sort.Strings(v.Legend)
+	return v
+}
+
+// DefaultStatusTitle heads a status view that names no title.
+const DefaultStatusTitle = "LLM gateway status"
+
+// Status is the running config's status view; an empty one when no
+// config has an llm_failover app.
+func Status(now time.Time, title string, hide bool) StatusView {
+	if title == "" {
+		title = DefaultStatusTitle
+	}
+	if a := active(); a != nil {
+		return a.statusView(now, title, hide)
+	}
+	return StatusView{Title: title, GeneratedAt: now.UTC(), Status: StatusOperational, Models: []ModelView{}, Incidents: []IncidentView{}}
+}
+
+// RunbookPath is where llm_status serves the runbook called name,
+// relative to the status page (which sets its <base> to its own path).
+func RunbookPath(name string) string { return "runbooks/" + name }
+
+// ProbeView is a channel's synthetic checks on the status page.
+type ProbeView struct {
+	Windows    map[string]WindowView `json:"windows"`
+	LastAt     time.Time             `json:"last_at"`
+	LastResult string                `json:"last_result"`
+	LastReason string                `json:"last_reason,omitempty"`
+	// SpentToday is what today's (UTC) probes cost, in dollars.
+	SpentToday    string `json:"spent_today"`
+	BudgetStopped bool   `json:"budget_stopped"`
+}
+
+func probeViewOf(channel string, now time.Time) *ProbeView {
+	rec, ok := probes.View(channel, now)
+	if !ok || rec.At.IsZero() {
+		return nil
+	}
+	return &ProbeView{Windows: windowsOf(probes.History().Channel(channel, now, durations()...)),
+		LastAt: rec.At.UTC(), LastResult: string(rec.Outcome), LastReason: rec.Reason,
+		SpentToday: rec.Spent.String(), BudgetStopped: rec.Stopped}
+}

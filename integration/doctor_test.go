@@ -1,0 +1,126 @@
+package integration_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/llmfailover/caddy-llm-failover/failoverapp"
+	"github.com/llmfailover/caddy-llm-failover/internal/fakeproviders"
+)
+
+// The doctor against fakes of each provider, one channel per
+// misconfiguration real users hit, and one that is fine: each gets its
+// verdict and the hint that says what to do.
+func TestDoctorNamesEachMisconfiguration(t *testing.T) {
+	az := fakeproviders.NewAzure("az-key", "gpt4o-prod")
+	t.Cleanup(az.Close)
+	gm := fakeproviders.NewGemini("gm-key")
+	t.Cleanup(gm.Close)
+	vertex := map[fakeproviders.Mode]*fakeproviders.Vertex{}
+	sa := map[fakeproviders.Mode]string{}
+	for _, m := range []fakeproviders.Mode{fakeproviders.QuotaZero, fakeproviders.ModelNotEnabled, fakeproviders.TokenRefused} {
+		v := fakeproviders.NewVertex("proj-1", "us-east5", time.Hour)
+		t.Cleanup(v.Close)
+		v.SetMode(m)
+		p, err := v.WriteServiceAccount(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		vertex[m], sa[m] = v, p
+	}
+	br := fakeproviders.NewBedrock("us-east-1", "AKIAFAKE", "fake-secret")
+	t.Cleanup(br.Close)
+
+	azure := func(name, opts string) string {
+		return fmt.Sprintf("channel %s %s {\n provider azure {\n %s\n }\n}\n", name, az.URL, opts)
+	}
+	vertexCh := func(name string, m fakeproviders.Mode) string {
+		return fmt.Sprintf("channel %s %s {\n provider vertex {\n project proj-1\n region us-east5\n credentials_file %s\n }\n}\n", name, vertex[m].URL, sa[m])
+	}
+	bedrock := func(name, secret string) string {
+		return fmt.Sprintf("channel %s %s {\n provider bedrock {\n region us-east-1\n access_key_id AKIAFAKE\n secret_access_key %s\n }\n}\n", name, br.URL, secret)
+	}
+	gemini := func(name, base, key string) string {
+		return fmt.Sprintf("channel %s %s {\n provider gemini {\n api_key %s\n }\n}\n", name, base, key)
+	}
+	routes := map[string]string{
+		"azure-ok": "gpt4o-prod", "azure-badkey": "gpt4o-prod", "azure-nodeploy": "gpt4o-typo", "azure-oldversion": "gpt4o-prod",
+		"gemini-badkey": "gemini-2.5-flash", "gemini-badbase": "gemini-2.5-flash",
+		"vertex-quota": "claude-sonnet-4-5@20250929", "vertex-disabled": "claude-sonnet-4-5@20250929", "vertex-token": "claude-sonnet-4-5@20250929",
+		"bedrock-profile": "anthropic.claude-sonnet-4-5-20250929-v1:0", "bedrock-badsecret": "us.anthropic.claude-sonnet-4-5-20250929-v1:0",
+	}
+	cfg := azure("azure-ok", "api_key az-key") + azure("azure-badkey", "api_key az-wrong-key") +
+		azure("azure-nodeploy", "api_key az-key") + azure("azure-oldversion", "api_key az-key\n api_version 2023-05-15") +
+		gemini("gemini-badkey", gm.URL, "gm-wrong-key") + gemini("gemini-badbase", gm.URL+"/v1beta", "gm-key") +
+		vertexCh("vertex-quota", fakeproviders.QuotaZero) + vertexCh("vertex-disabled", fakeproviders.ModelNotEnabled) +
+		vertexCh("vertex-token", fakeproviders.TokenRefused) +
+		bedrock("bedrock-profile", "fake-secret") + bedrock("bedrock-badsecret", "wrong-secret")
+	for ch, up := range routes {
+		cfg += fmt.Sprintf("model m-%s {\n route %s upstream_model %s\n}\n", ch, ch, up)
+	}
+	gateway(t, "%s", cfg)
+
+	var out bytes.Buffer
+	err := failoverapp.Command(&out, fmt.Sprintf("localhost:%d", adminPort), "doctor")
+	if !errors.Is(err, failoverapp.ErrDoctorFound) || !strings.Contains(err.Error(), "in 10 of 11 channels") {
+		t.Fatalf("doctor returned %v, want problems in 10 of 11 channels:\n%s", err, &out)
+	}
+	want := map[string][]string{
+		"azure-ok":          {"azure-ok: ok  m-azure-ok as gpt4o-prod (openai_chat"},
+		"azure-badkey":      {"FAIL", " 401 Access denied", "refused the credentials"},
+		"azure-nodeploy":    {"FAIL", " 404 ", `no deployment named "gpt4o-typo"`},
+		"azure-oldversion":  {"FAIL", " 404 ", "api_version v1"},
+		"gemini-badkey":     {"FAIL", "API key not valid", "refused the credentials"},
+		"gemini-badbase":    {"FAIL", " 404 ", "nothing answers at /v1beta/v1beta/openai/chat/completions", "drop any /v1"},
+		"vertex-quota":      {"FAIL", " 429 Quota exceeded", "quota for this model is 0"},
+		"vertex-disabled":   {"FAIL", " 400 ", "is not allowed to use Publisher Model", "not enabled", "Model Garden"},
+		"vertex-token":      {"FAIL", "could not build the request", "Invalid JWT Signature", "credentials_file"},
+		"bedrock-profile":   {"FAIL", " 400 ", "on-demand throughput", "us.anthropic.claude-sonnet-4-5-20250929-v1:0"},
+		"bedrock-badsecret": {"FAIL", " 403 ", "signature", "refused the credentials"},
+	}
+	text := out.String()
+	blocks := doctorBlocks(text)
+	for ch, subs := range want {
+		for _, s := range subs {
+			if !strings.Contains(blocks[ch], s) {
+				t.Errorf("%s: the doctor's output lacks %q:\n%s", ch, s, blocks[ch])
+			}
+		}
+	}
+	for _, secret := range []string{"az-key", "az-wrong-key", "gm-key", "gm-wrong-key", "wrong-secret", "PRIVATE KEY"} {
+		if strings.Contains(text, secret) {
+			t.Errorf("the doctor's output shows the secret %q", secret)
+		}
+	}
+
+	// One channel, through --channel and the admin endpoint.
+	out.Reset()
+	if err := failoverapp.Command(&out, fmt.Sprintf("localhost:%d", adminPort), "doctor", "--channel", "azure-ok"); err != nil {
+		t.Fatalf("doctor --channel azure-ok: %v\n%s", err, &out)
+	}
+	if code, body := brkAdmin(t, http.MethodPost, "/llm_failover/channels/nope/check"); code != http.StatusNotFound {
+		t.Fatalf("check of an unknown channel: %d %s", code, body)
+	}
+	if code, body := brkAdmin(t, http.MethodGet, "/llm_failover/channels/azure-ok/check"); code != http.StatusMethodNotAllowed {
+		t.Fatalf("GET check: %d %s", code, body)
+	}
+}
+
+// doctorBlocks splits the doctor's output by channel: each channel's
+// lines and the hints under them.
+func doctorBlocks(text string) map[string]string {
+	blocks := map[string]string{}
+	var cur string
+	for _, line := range strings.SplitAfter(text, "\n") {
+		if name, _, ok := strings.Cut(line, ": "); ok && !strings.HasPrefix(line, " ") {
+			cur = name
+		}
+		blocks[cur] += line
+	}
+	return blocks
+}

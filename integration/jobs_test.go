@@ -1,0 +1,99 @@
+package integration_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/llmfailover/caddy-llm-failover/failoverapp"
+	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
+)
+
+// The wallet's sweeper is a job: it runs when the store opens, its
+// heartbeat receiver gets start and success paired by one run id, and the
+// jobs view and the metrics show it without the receiver's URL.
+func TestSweeperHeartbeatAndJobsView(t *testing.T) {
+	var mu sync.Mutex
+	var pings []*http.Request
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		pings = append(pings, r)
+		mu.Unlock()
+	}))
+	defer recv.Close()
+	secret := recv.URL + "/ping/5bf66975-d4c7-4bf5-bcc8-b8d8a82238e3"
+	up := upstream(t, fu.OK())
+	db := filepath.Join(t.TempDir(), "w.db")
+	gatewayWith(t, storeOption("sqlite "+db)+"\n"+failoverOption("heartbeat wallet_sweep.default "+secret), `
+		channel a %s
+		model m {
+			route a
+		}
+		wallet
+	`, up.URL)
+
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		n := len(pings)
+		mu.Unlock()
+		if n >= 2 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	mu.Lock()
+	got := append([]*http.Request(nil), pings...)
+	mu.Unlock()
+	if len(got) < 2 {
+		t.Fatalf("heartbeat receiver got %d pings, want start and success", len(got))
+	}
+	start, done := got[0], got[1]
+	if !strings.HasSuffix(start.URL.Path, "/start") || strings.HasSuffix(done.URL.Path, "/fail") ||
+		start.URL.Query().Get("rid") == "" || start.URL.Query().Get("rid") != done.URL.Query().Get("rid") {
+		t.Fatalf("pings: %s %s then %s %s", start.Method, start.URL, done.Method, done.URL)
+	}
+
+	res, err := http.Get(adminURL + "/llm_failover/jobs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	var jobs []failoverapp.JobView
+	if err := json.Unmarshal(body, &jobs); err != nil {
+		t.Fatalf("jobs view: %v: %s", err, body)
+	}
+	var sweep *failoverapp.JobView
+	for i := range jobs {
+		if jobs[i].Job == "wallet_sweep.default" {
+			sweep = &jobs[i]
+		}
+	}
+	if sweep == nil || sweep.Runs == 0 || sweep.LastSuccess.IsZero() || sweep.Every != "1m0s" || sweep.Heartbeats != 1 || sweep.Overdue {
+		t.Fatalf("sweeper job: %+v in %s", sweep, body)
+	}
+	res, err = http.Get(adminURL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if !strings.Contains(string(metrics), `caddy_llm_failover_job_last_success_timestamp_seconds{job="wallet_sweep.default"}`) {
+		t.Fatal("no job_last_success metric for the sweeper")
+	}
+	if !strings.Contains(string(metrics), "\ncaddy_llm_failover_wallet_settlements_pending ") {
+		t.Fatal("no wallet_settlements_pending gauge in Caddy's registry")
+	}
+	for _, where := range [][]byte{body, metrics} {
+		if strings.Contains(string(where), "5bf66975") {
+			t.Fatal("the heartbeat URL leaked into an admin answer")
+		}
+	}
+}

@@ -1,0 +1,93 @@
+package integration_test
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/cputime"
+	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
+)
+
+// BenchmarkBilledRequest is what the wallet adds to a whole gateway
+// request: the same non-streaming chat completion through the in-process
+// Caddy, from 32 clients, with the wallet off and on (SQLite). Client,
+// gateway and upstream share the process, so cpu-ns/op (the process's CPU
+// time per request) holds all three; the difference between the two is
+// the wallet's, admission to settlement, Caddy's request UUID and the
+// meter included, which BenchmarkRequestPath (walletapp) leaves out. Run
+// it on one core, as bench/run.sh runs Caddy, several times over (the two
+// run one after the other, so a busy moment of the machine lands on one
+// of them: compare medians):
+//
+//	LLMF_TEST_PORT_OFFSET=300 go test -run '^$' -bench BilledRequest -benchmem -cpu 1 -benchtime 20000x .
+func BenchmarkBilledRequest(b *testing.B) {
+	up := fu.New(fu.OK())
+	b.Cleanup(up.Close)
+	body := fu.ChatRequest("m", false)
+	for _, c := range []struct {
+		name   string
+		wallet bool
+	}{{"wallet-off", false}, {"wallet-on", true}} {
+		b.Run(c.name, func(b *testing.B) {
+			globals, directive := "", ""
+			if c.wallet {
+				globals, directive = storeOption("sqlite "+filepath.Join(b.TempDir(), "w.db")), "wallet"
+			}
+			gatewayWith(b, globals, `
+				channel a %s
+				model m {
+					route a cost 1 1
+					price 2 8
+				}
+				`+directive, up.URL)
+			hdr := http.Header{"Content-Type": {"application/json"}}
+			if c.wallet {
+				secret, _ := newWalletAccount(b, "bench", "1000000000")
+				hdr.Set("Authorization", "Bearer "+secret)
+			}
+			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 30 * time.Second}
+			b.Cleanup(client.CloseIdleConnections)
+			url := gatewayURL + "/v1/chat/completions"
+			do := func() error {
+				req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+				if err != nil {
+					return err
+				}
+				req.Header = hdr.Clone()
+				res, err := client.Do(req)
+				if err != nil {
+					return err
+				}
+				_, err = io.Copy(io.Discard, res.Body)
+				res.Body.Close()
+				if err == nil && res.StatusCode != http.StatusOK {
+					return fmt.Errorf("status %d", res.StatusCode)
+				}
+				return err
+			}
+			for i := 0; i < 64; i++ { // warm the pools and the key cache
+				if err := do(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.SetParallelism(32)
+			cpu0 := cputime.Process()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if err := do(); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			b.ReportMetric(float64((cputime.Process()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+		})
+	}
+}

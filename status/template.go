@@ -1,0 +1,169 @@
+package status
+
+import (
+	"fmt"
+	"html/template"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/llmfailover/caddy-llm-failover/failoverapp"
+)
+
+// render writes the status page as one self-contained HTML document:
+// inline CSS and SVG, no script, readable on a phone. refresh > 0 adds a
+// meta refresh. base is the page's own path, ending in "/": its runbook
+// links are relative to it.
+func render(w io.Writer, v failoverapp.StatusView, refresh time.Duration, base string) error {
+	return statusTemplate.Execute(w, map[string]any{"V": v, "Refresh": int(refresh.Seconds()), "Reasons": v.Legend, "Base": base})
+}
+
+// barColor is a bar's colour by the share of down and limited outcomes:
+// grey without traffic, red for outages, amber for rate limits.
+func barColor(b failoverapp.BarView) string {
+	judged := b.Attempts - b.Client
+	if judged <= 0 {
+		return "#d4d8dd"
+	}
+	down, limited := float64(b.Down)/float64(judged), float64(b.Limited)/float64(judged)
+	switch {
+	case down >= 0.25:
+		return "#c62828"
+	case down >= 0.05:
+		return "#ef6c00"
+	case limited >= 0.05:
+		return "#f9a825"
+	case down > 0 || limited > 0:
+		return "#9ccc65"
+	}
+	return "#2e7d32"
+}
+
+func barTitle(b failoverapp.BarView, layout string) string {
+	if b.Attempts == 0 {
+		return b.Start.Format(layout) + ": no traffic"
+	}
+	return fmt.Sprintf("%s: %d attempts, %.2f%% ok, %d down, %d rate limited, %d client errors",
+		b.Start.Format(layout), b.Attempts, 100*b.SuccessRate, b.Down, b.Limited, b.Client)
+}
+
+// bars draws bars as an inline SVG, one rect per period, with a tooltip.
+func bars(bs []failoverapp.BarView, layout string) template.HTML {
+	const w, gap, h = 6, 2, 28
+	out := fmt.Sprintf(`<svg class="bars" viewBox="0 0 %d %d" preserveAspectRatio="none" role="img">`, len(bs)*(w+gap), h)
+	for i, b := range bs {
+		out += fmt.Sprintf(`<rect x="%d" y="0" width="%d" height="%d" rx="1" fill="%s"><title>%s</title></rect>`,
+			i*(w+gap), w, h, barColor(b), template.HTMLEscapeString(barTitle(b, layout)))
+	}
+	return template.HTML(out + `</svg>`)
+}
+
+func percent(rate float64, attempts int64) string {
+	if attempts == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f%%", 100*rate)
+}
+
+func ago(now, t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	d := now.Sub(t).Round(time.Second)
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds ago", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm ago", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh%02dm ago", int(d.Hours()), int(d.Minutes())%60)
+	}
+	return fmt.Sprintf("%dd ago", int(d.Hours()/24))
+}
+
+var statusLabels = map[string]string{
+	failoverapp.StatusOperational: "Operational", failoverapp.StatusDegraded: "Degraded", failoverapp.StatusLimited: "Rate limited", failoverapp.StatusDown: "Down",
+}
+
+var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap{
+	"bars":    bars,
+	"percent": percent,
+	"ago":     ago,
+	"label":   func(s string) string { return statusLabels[s] },
+	"lower":   strings.ToLower,
+	"runbook": failoverapp.RunbookPath,
+	"ts":      func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 UTC") },
+	"ms": func(n int64) string {
+		if n == 0 {
+			return "–"
+		}
+		return fmt.Sprintf("%d ms", n)
+	},
+	"win": func(m map[string]failoverapp.WindowView, k string) failoverapp.WindowView { return m[k] },
+}).Parse(`<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<base href="{{.Base}}">
+{{if .Refresh}}<meta http-equiv="refresh" content="{{.Refresh}}">{{end}}
+<title>{{.V.Title}} – {{label .V.Status}}</title>
+<style>
+:root{--fg:#1f2328;--mute:#59636e;--line:#d0d7de;--bg:#f6f8fa;--ok:#2e7d32;--deg:#ef6c00;--lim:#b8860b;--down:#c62828}
+*{box-sizing:border-box}body{margin:0;font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);background:var(--bg)}
+main{max-width:960px;margin:0 auto;padding:16px}
+h1{font-size:22px;margin:4px 0 12px}h2{font-size:18px;margin:0}h3{font-size:15px;margin:0}
+.banner{padding:14px 16px;border-radius:8px;color:#fff;font-weight:600;font-size:17px;margin-bottom:16px}
+.b-operational{background:var(--ok)}.b-degraded{background:var(--deg)}.b-rate_limited{background:var(--lim)}.b-down{background:var(--down)}
+.card{background:#fff;border:1px solid var(--line);border-radius:8px;padding:14px 16px;margin-bottom:14px}
+.head{display:flex;flex-wrap:wrap;gap:8px;align-items:baseline;justify-content:space-between}
+.pill{display:inline-block;border-radius:999px;padding:1px 10px;font-size:13px;font-weight:600;color:#fff}
+.p-operational{background:var(--ok)}.p-degraded{background:var(--deg)}.p-rate_limited{background:var(--lim)}.p-down{background:var(--down)}
+.mute{color:var(--mute);font-size:13px}
+.bars{width:100%;height:28px;display:block;margin:4px 0 0}
+.axis{display:flex;justify-content:space-between;color:var(--mute);font-size:12px;margin-bottom:8px}
+table{border-collapse:collapse;width:100%;font-size:13px}td,th{text-align:left;padding:3px 6px;border-bottom:1px solid #eef0f2;vertical-align:top}
+th{color:var(--mute);font-weight:600}
+.channel{border-top:1px solid var(--line);margin-top:12px;padding-top:10px}
+.kv{display:grid;grid-template-columns:repeat(auto-fit,minmax(140px,1fr));gap:6px 14px;margin:8px 0}
+.kv div span{display:block;color:var(--mute);font-size:12px}
+a{color:#0969da}
+.scroll{overflow-x:auto}
+footer{color:var(--mute);font-size:12px;margin:18px 0}
+</style></head>
+<body><main>
+<h1>{{.V.Title}}</h1>
+<div class="banner b-{{.V.Status}}">{{if eq .V.Status "operational"}}All models operational{{else}}{{label .V.Status}} —{{range .V.Models}}{{if ne .Status "operational"}} <a href="#model-{{.Name}}" style="color:#fff">{{.Name}}</a> is {{lower (label .Status)}}.{{end}}{{end}}{{end}}</div>
+{{$now := .V.GeneratedAt}}{{$hidden := .V.Hidden}}
+{{range .V.Models}}
+<section class="card" id="model-{{.Name}}">
+<div class="head"><h2>{{.Name}}</h2><span><span class="pill p-{{.Status}}">{{label .Status}}</span> <span class="mute">since {{ts .Since}} ({{ago $now .Since}})</span></span></div>
+<div class="kv">{{$m := .}}{{range $k := $.V.WindowKeys}}{{$w := win $m.Windows $k}}<div><span>success {{$k}}</span>{{percent $w.SuccessRate $w.Attempts}} <span>{{$w.Attempts}} attempts · {{$w.Limited}} limited</span></div>{{end}}
+{{$d := win .Windows "1h"}}<div><span>first content 1h p50 / p95</span>{{ms $d.TTFTp50}} / {{ms $d.TTFTp95}}</div></div>
+<div class="mute">Last 90 days</div>{{bars .Daily "2006-01-02"}}<div class="axis"><span>90 days ago</span><span>today</span></div>
+<div class="mute">Last 48 hours</div>{{bars .Hourly "Jan 2 15:00 UTC"}}<div class="axis"><span>48 h ago</span><span>now</span></div>
+{{range .Channels}}
+<div class="channel" id="channel-{{$m.Name}}-{{.Name}}">
+<div class="head"><h3>{{.Name}}</h3><span><span class="pill p-{{.Status}}">{{label .Status}}</span> <span class="mute">breaker <a href="{{.StateRunbook}}">{{.State}}</a> since {{ago $now .Since}}</span></span></div>
+<div class="mute">The gateway is {{.Doing}}{{if not .Until.IsZero}} until {{ts .Until}}{{end}}.</div>
+<div class="kv">{{$c := .}}{{range $k := $.V.WindowKeys}}{{$w := win $c.Windows $k}}<div><span>success {{$k}}</span>{{percent $w.SuccessRate $w.Attempts}} <span>{{$w.Attempts}} att · {{$w.Down}} down · {{$w.Limited}} limited · {{$w.Client}} client</span></div>{{end}}
+{{$d := win .Windows "1h"}}<div><span>first content 1h p50 / p95</span>{{ms $d.TTFTp50}} / {{ms $d.TTFTp95}}</div>
+<div><span>last failure</span>{{with .LastFailure}}<a href="{{.Runbook}}">{{.Reason}}</a>{{if .Status}} {{.Status}}{{end}} <span>{{ts .At}} ({{ago $now .At}})</span>{{else}}none{{end}}</div>
+{{with .Probes}}<div><span>synthetic checks (not traffic)</span>last {{.LastResult}}{{if .LastReason}} ({{.LastReason}}){{end}} <span>{{ago $now .LastAt}} · spent today ${{.SpentToday}}{{if .BudgetStopped}} · budget spent, stopped{{end}}</span></div>{{end}}</div>
+{{bars .Daily "2006-01-02"}}<div class="axis"><span>90 days</span><span>today</span></div>
+{{bars .Hourly "Jan 2 15:00 UTC"}}<div class="axis"><span>48 h</span><span>now</span></div>
+{{if .Decisions}}<div class="scroll"><table><tr><th>failover at</th><th>reason</th><th>upstream</th><th>attempt</th><th>elapsed</th><th>budget left</th><th>next</th></tr>
+{{range .Decisions}}<tr><td>{{ts .At}}</td><td><a href="{{.Runbook}}">{{.Reason}}</a></td><td>{{if .UpstreamStatus}}{{.UpstreamStatus}}{{else}}–{{end}}</td><td>{{.Attempt}}</td><td>{{.Elapsed.Milliseconds}} ms</td><td>{{.Remaining.Milliseconds}} ms</td><td>{{if .Next}}{{.Next}}{{else}}none: client answered with an error{{end}}</td></tr>
+{{end}}</table></div>{{end}}
+</div>
+{{end}}
+</section>
+{{else}}<section class="card">No models are configured.</section>
+{{end}}
+<section class="card"><h2>Incidents</h2>
+{{if .V.Incidents}}<div class="scroll"><table><tr><th>what</th><th>started</th><th>ended</th><th>reasons</th><th>attempts / failures</th></tr>
+{{range .V.Incidents}}<tr><td>{{if eq .Kind "model"}}model {{.Subject}} had no working channel{{else}}channel {{.Subject}} open{{end}}</td><td>{{ts .Start}}</td><td>{{if .Ongoing}}<strong>ongoing</strong>{{else}}{{ts .End}}{{end}}</td><td>{{range $r, $n := .Reasons}}<a href="{{runbook $r}}">{{$r}}</a> ×{{$n}} {{end}}</td><td>{{.Attempts}} / {{.Failures}}</td></tr>
+{{end}}</table></div>{{else}}<p class="mute">No incidents in the last 90 days.</p>{{end}}
+</section>
+{{if .Reasons}}<section class="card"><h2>Runbooks</h2><p>{{range $i, $r := .Reasons}}{{if $i}} · {{end}}<a href="{{runbook $r}}">{{$r}}</a>{{end}}</p></section>{{end}}
+<footer>Generated {{ts .V.GeneratedAt}} from real traffic through this gateway. Bars: green ok, light green some failures, amber rate limited, orange or red down, grey no traffic. Also as JSON: <a href="?format=json">?format=json</a>.</footer>
+</main></body></html>
+`))
