@@ -386,4 +386,3 @@ func channelBase(c *Channel, adapter provider.Adapter) (*url.URL, error) {
 	}
 	return base, nil
 }
-

@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -94,6 +93,9 @@ type failure struct {
 	detail     string
 	retryAfter time.Duration
 	timeout    bool
+	// frameStatus is the HTTP status an in-stream error event stood for
+	// (provider.API.ErrorFrameStatus); 0 for other failures.
+	frameStatus int
 	// delivered: for a resumed stream, the tokens the client had when it
 	// broke (journaled with reason "resumed").
 	delivered int64
@@ -361,8 +363,8 @@ func exhausted(x *exchange, last *failure) provider.Error {
 			e.Status = http.StatusGatewayTimeout
 		case last.status >= 400:
 			e.Status = last.status
-		case last.reason == reasonErrorFrame && strings.Contains(last.message, "rate"):
-			e.Status = http.StatusTooManyRequests
+		case last.frameStatus >= 400:
+			e.Status = last.frameStatus
 		}
 		if last.message != "" {
 			what += ": " + last.message
@@ -554,7 +556,7 @@ func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc
 			zap.String("outcome", out.Outcome.String()), zap.Int64("bytes_sent", out.BytesSent), zap.String("error", e.secrets.String(errString(out.Err))))
 		return attemptResult{verdict: broken, fail: f}
 	case streamgate.UpstreamError:
-		f := &failure{reason: reasonErrorFrame, status: 0, message: x.api.UpstreamMessage(out.ErrorData)}
+		f := &failure{reason: reasonErrorFrame, message: x.api.UpstreamMessage(out.ErrorData), frameStatus: x.api.ErrorFrameStatus(out.ErrorData)}
 		if out.Committed {
 			// The error event was forwarded and ended a stream the client
 			// already has: it cannot fail over, only count against the

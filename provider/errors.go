@@ -140,16 +140,65 @@ func upstreamMessage(body []byte) string {
 	return v.Message
 }
 
-// anthropicStatuses are the HTTP statuses Anthropic's error types stand
-// for, read back from in-stream error events.
-var anthropicStatuses = map[string]int{
+// errorFrameStatuses are the HTTP statuses that in-stream error types
+// and codes stand for: Anthropic's error types, and the codes OpenAI's
+// chat and Responses streams use for rate limits and server errors.
+var errorFrameStatuses = map[string]int{
 	"invalid_request_error": http.StatusBadRequest, "authentication_error": http.StatusUnauthorized,
 	"billing_error": http.StatusPaymentRequired, "permission_error": http.StatusForbidden,
 	"not_found_error": http.StatusNotFound, "request_too_large": http.StatusRequestEntityTooLarge,
+	"rate_limit_error": http.StatusTooManyRequests, "api_error": http.StatusInternalServerError,
+	"overloaded_error": 529, "timeout_error": http.StatusGatewayTimeout,
+	"rate_limit_exceeded": http.StatusTooManyRequests, "server_error": http.StatusInternalServerError,
 }
 
-// ErrorFrameRefusal reports the client error an in-stream error event
-// stands for (a Bedrock validationException, an Anthropic
+// ErrorFrameStatus is the HTTP status an in-stream error event stands
+// for, read from its type or code in any of the shapes the APIs send
+// (Anthropic's "error" event, an OpenAI chat chunk's "error", the
+// Responses API's "error" and "response.failed" events); 0 when it names
+// none this package knows.
+func (API) ErrorFrameStatus(data []byte) int {
+	var v struct {
+		Type     string          `json:"type"`
+		Code     json.RawMessage `json:"code"`
+		Error    json.RawMessage `json:"error"`
+		Response struct {
+			Error json.RawMessage `json:"error"`
+		} `json:"response"`
+	}
+	if json.Unmarshal(data, &v) != nil {
+		return 0
+	}
+	for _, raw := range []json.RawMessage{v.Error, v.Response.Error} {
+		var e struct {
+			Type string          `json:"type"`
+			Code json.RawMessage `json:"code"`
+		}
+		if len(raw) == 0 || json.Unmarshal(raw, &e) != nil {
+			continue
+		}
+		if st := errorFrameStatuses[codeString(e.Code)]; st != 0 {
+			return st
+		}
+		if st := errorFrameStatuses[e.Type]; st != 0 {
+			return st
+		}
+	}
+	return errorFrameStatuses[codeString(v.Code)]
+}
+
+// codeString is an error code given as a string (OpenAI's are; some hosts
+// send numbers, which name no status here).
+func codeString(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return ""
+	}
+	return s
+}
+
+// ErrorFrameRefusal reports the client error an in-stream error event of
+// an Anthropic API stands for (a Bedrock validationException, an
 // invalid_request_error): such a refusal is about the request, every
 // channel would answer it alike, so before any content it is the client's
 // answer rather than a reason to fail over. It returns 0 for the other
@@ -158,9 +207,9 @@ func (a API) ErrorFrameRefusal(data []byte) int {
 	if !a.Anthropic() {
 		return 0
 	}
-	var e anthropicError
-	if json.Unmarshal(data, &e) != nil {
+	st := a.ErrorFrameStatus(data)
+	if st < 400 || st >= 500 || st == http.StatusRequestTimeout || st == http.StatusTooManyRequests {
 		return 0
 	}
-	return anthropicStatuses[e.Error.Type]
+	return st
 }

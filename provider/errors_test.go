@@ -154,3 +154,44 @@ func TestUpstreamMessageIsCapped(t *testing.T) {
 		t.Fatalf("len %d, valid %v", len(got), utf8.ValidString(got))
 	}
 }
+
+// An in-stream error event stands for the status its type or code names,
+// in each API's shape; an event naming none stands for nothing.
+func TestErrorFrameStatus(t *testing.T) {
+	for _, tt := range []struct {
+		data string
+		want int
+	}{
+		{`{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`, 529},
+		{`{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}`, 429},
+		{`{"type":"error","error":{"type":"invalid_request_error","message":"prefill"}}`, 400},
+		{`{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}`, 429},
+		{`{"error":{"message":"The server had an error","type":"server_error","code":null}}`, 500},
+		{`{"type":"error","code":"rate_limit_exceeded","message":"slow down","param":null}`, 429},
+		{`{"type":"response.failed","response":{"id":"r","error":{"code":"server_error","message":"boom"}}}`, 500},
+		{`{"error":{"message":"something","code":503}}`, 0},
+		{`{"error":"a string"}`, 0},
+		{`{"error":{"message":"rate of something"}}`, 0},
+		{`not json`, 0},
+	} {
+		if got := OpenAIChat.ErrorFrameStatus([]byte(tt.data)); got != tt.want {
+			t.Errorf("ErrorFrameStatus(%s) = %d, want %d", tt.data, got, tt.want)
+		}
+	}
+	// Only an Anthropic API's refusals are the client's answer, and only
+	// client errors that are not about time or rate.
+	for _, tt := range []struct {
+		api  API
+		data string
+		want int
+	}{
+		{AnthropicMessages, `{"type":"error","error":{"type":"invalid_request_error","message":"x"}}`, 400},
+		{AnthropicMessages, `{"type":"error","error":{"type":"rate_limit_error","message":"x"}}`, 0},
+		{AnthropicMessages, `{"type":"error","error":{"type":"overloaded_error","message":"x"}}`, 0},
+		{OpenAIChat, `{"type":"error","error":{"type":"invalid_request_error","message":"x"}}`, 0},
+	} {
+		if got := tt.api.ErrorFrameRefusal([]byte(tt.data)); got != tt.want {
+			t.Errorf("%s.ErrorFrameRefusal(%s) = %d, want %d", tt.api, tt.data, got, tt.want)
+		}
+	}
+}

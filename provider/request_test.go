@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"net/http"
 	"strings"
 	"testing"
 )
@@ -344,5 +345,20 @@ func TestWithIncludeUsageNotAnObject(t *testing.T) {
 	body := []byte(`[1,2]`)
 	if out := withIncludeUsage(body); string(out) != `[1,2]` {
 		t.Errorf("withIncludeUsage([1,2]) = %s, want unchanged", out)
+	}
+}
+
+func TestModelList(t *testing.T) {
+	openai, err := ModelList(http.Header{}, []string{"a", "b"})
+	if err != nil || string(openai) != `{"object":"list","data":[{"id":"a","object":"model","created":0,"owned_by":"llm_failover"},{"id":"b","object":"model","created":0,"owned_by":"llm_failover"}]}` {
+		t.Errorf("OpenAI list: %s %v", openai, err)
+	}
+	anthropic, err := ModelList(http.Header{"Anthropic-Version": {"2023-06-01"}}, []string{"a", "b"})
+	if err != nil || string(anthropic) != `{"data":[{"type":"model","id":"a","display_name":"a","created_at":"1970-01-01T00:00:00Z"},{"type":"model","id":"b","display_name":"b","created_at":"1970-01-01T00:00:00Z"}],"has_more":false,"first_id":"a","last_id":"b"}` {
+		t.Errorf("Anthropic list: %s %v", anthropic, err)
+	}
+	empty, _ := ModelList(http.Header{"Anthropic-Version": {"2023-06-01"}}, nil)
+	if string(empty) != `{"data":[],"has_more":false,"first_id":null,"last_id":null}` {
+		t.Errorf("empty Anthropic list: %s", empty)
 	}
 }
