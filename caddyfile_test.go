@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddytest"
+
 	"github.com/llmfailover/caddy-llm-failover/failover"
 	"github.com/llmfailover/caddy-llm-failover/provider"
 )

@@ -87,30 +87,14 @@ func serveDirect(e *Engine, w http.ResponseWriter, r *http.Request) {
 	_ = e.ServeHTTP(w, r)
 }
 
-func upstream(t *testing.T, b fu.Behavior) *fu.Server {
-	t.Helper()
-	s := fu.New(b)
-	t.Cleanup(s.Close)
-	return s
-}
+func upstream(t *testing.T, b fu.Behavior) *fu.Server { return fu.Start(t, b) }
 
-func hits(t *testing.T, s *fu.Server, want int64) {
-	t.Helper()
-	if got := s.Hits(); got != want {
-		t.Fatalf("upstream %s got %d requests, want %d", s.URL, got, want)
-	}
-}
+func hits(t *testing.T, s *fu.Server, want int64) { t.Helper(); s.WantHits(t, want) }
 
 // eventually polls cond for up to d.
 func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	fu.Eventually(t, d, what, cond)
 }
 
 // testRun numbers channel names: channel health is process-wide, keyed

@@ -134,7 +134,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 			return errors.New("probe_leader: the DSN is empty or has an unresolved placeholder")
 		}
 	}
-	if err := caddykit.CheckHeartbeats(a.Heartbeats); err != nil {
+	if err := caddykit.ValidateHeartbeats(a.Heartbeats); err != nil {
 		return err
 	}
 	if a.status, err = loadStatusState(); err != nil {

@@ -77,28 +77,13 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 
 // unmarshalHistory reads `history sqlite [<path>]` or `history postgres <dsn>`.
 func unmarshalHistory(d *caddyfile.Dispenser) (json.RawMessage, error) {
-	if !d.NextArg() {
-		return nil, d.Errf("history needs sqlite [<path>] or postgres <dsn>")
-	}
-	var mod caddy.Module
-	backend := d.Val()
-	switch backend {
-	case "sqlite":
-		s := new(HistorySQLite)
-		if d.NextArg() {
-			s.Path = d.Val()
-		}
-		mod = s
-	case "postgres":
-		if !d.NextArg() {
-			return nil, d.Errf("history postgres needs a <dsn>")
-		}
-		mod = &HistoryPostgres{DSN: d.Val()}
-	default:
-		return nil, d.Errf("history: unknown store %q (use sqlite or postgres)", backend)
-	}
-	if err := caddykit.NoMoreArgs(d); err != nil {
+	backend, arg, err := caddykit.DatabaseArgs(d, "history")
+	if err != nil {
 		return nil, err
+	}
+	var mod caddy.Module = &HistoryPostgres{DSN: arg}
+	if backend == "sqlite" {
+		mod = &HistorySQLite{Path: arg}
 	}
 	return caddyconfig.JSONModuleObject(mod, "backend", backend, nil), nil
 }

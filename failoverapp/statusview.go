@@ -258,7 +258,7 @@ func (a *App) statusView(now time.Time, title string, hide bool) StatusView {
 	}
 	v.Incidents = []IncidentView{}
 	for _, in := range st.history.Incidents() {
-		if hide && in.Kind == "channel" {
+		if hide && in.Kind == history.ScopeChannel {
 			continue
 		}
 		v.Incidents = append(v.Incidents, IncidentView{Kind: in.Kind, Subject: in.Subject, Start: in.Start.UTC(), End: in.End.UTC(),

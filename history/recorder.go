@@ -10,8 +10,9 @@ import (
 // older than the day rollup is kept.
 const MaxIncidents = 200
 
-// Incident is a period a channel's breaker was open (Kind "channel") or a
-// model had no working channel (Kind "model"). End is zero while it lasts.
+// Incident is a period a channel's breaker was open (Kind ScopeChannel)
+// or a model had no working channel (Kind ScopeModel). End is zero while
+// it lasts.
 type Incident struct {
 	Kind    string
 	Subject string // the channel's or the model's name
@@ -64,7 +65,7 @@ func (r *Recorder) Record(a Attempt) {
 	seriesOf(r.channels, a.Channel).add(a)
 	seriesOf(r.models, a.Model).add(a)
 	r.track(a)
-	for _, key := range [...]string{incidentKey("channel", a.Channel), incidentKey("model", a.Model)} {
+	for _, key := range [...]string{incidentKey(ScopeChannel, a.Channel), incidentKey(ScopeModel, a.Model)} {
 		if in := r.open[key]; in != nil {
 			in.Attempts++
 			if a.Class == Down || a.Class == Limited {
@@ -80,12 +81,12 @@ func incidentKey(kind, subject string) string { return kind + "\x00" + subject }
 // ChannelOpened starts an incident for the channel unless one is ongoing;
 // reason is what opened the breaker.
 func (r *Recorder) ChannelOpened(channel, reason string, at time.Time) {
-	r.begin("channel", channel, reason, at)
+	r.begin(ScopeChannel, channel, reason, at)
 }
 
 // ChannelClosed ends the channel's ongoing incident, if any.
 func (r *Recorder) ChannelClosed(channel string, at time.Time) {
-	r.end("channel", channel, at)
+	r.end(ScopeChannel, channel, at)
 }
 
 // NoWorkingChannel is the reason of a model's incident: none of its
@@ -96,10 +97,10 @@ const NoWorkingChannel = "no_working_channel"
 // model with no working channel.
 func (r *Recorder) ModelAvailable(model string, ok bool, at time.Time) {
 	if ok {
-		r.end("model", model, at)
+		r.end(ScopeModel, model, at)
 		return
 	}
-	r.begin("model", model, NoWorkingChannel, at)
+	r.begin(ScopeModel, model, NoWorkingChannel, at)
 }
 
 func (r *Recorder) begin(kind, subject, reason string, at time.Time) {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -386,22 +385,8 @@ http://%s:%d {
 }`, host, httpPort, a.URL, model, failures)
 	}
 	global := gatewayConfig("")
-	load := func(cfg string) (int, string) {
-		req, err := http.NewRequest(http.MethodPost, adminURL+"/load", strings.NewReader(cfg))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Content-Type", "text/caddyfile")
-		res, err := adminClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		body, _ := io.ReadAll(res.Body)
-		return res.StatusCode, string(body)
-	}
 	prefix := global[:strings.Index(global, "http://")]
-	code, body := load(prefix + site("localhost", "first-model", "3") + site("127.0.0.1", "second-model", "5"))
+	code, body := loadCaddyfile(t, prefix+site("localhost", "first-model", "3")+site("127.0.0.1", "second-model", "5"))
 	if code == http.StatusOK {
 		t.Fatal("a config giving one channel two breaker settings was loaded")
 	}
@@ -411,7 +396,7 @@ http://%s:%d {
 		}
 	}
 	// The same settings in both: one channel, one breaker, loaded.
-	if code, body := load(prefix + site("localhost", "first-model", "4") + site("127.0.0.1", "second-model", "4")); code != http.StatusOK {
+	if code, body := loadCaddyfile(t, prefix+site("localhost", "first-model", "4")+site("127.0.0.1", "second-model", "4")); code != http.StatusOK {
 		t.Fatalf("alike settings refused: %d %s", code, body)
 	}
 }

@@ -185,7 +185,14 @@ func tryLoad(t *testing.T, body string, args ...any) (int, string) {
 // tryLoadWith is tryLoad with more global options (globals).
 func tryLoadWith(t *testing.T, globals, body string, args ...any) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, adminURL+"/load", strings.NewReader(gatewayConfigWith(globals, body, args...)))
+	return loadCaddyfile(t, gatewayConfigWith(globals, body, args...))
+}
+
+// loadCaddyfile posts a whole Caddyfile to the admin API's /load and
+// returns the status and answer, for configs that may be refused.
+func loadCaddyfile(t *testing.T, cfg string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, adminURL+"/load", strings.NewReader(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,12 +236,7 @@ func post(t *testing.T, path string, body []byte, hdr ...string) (*http.Response
 	return res, b
 }
 
-func upstream(t *testing.T, b fu.Behavior) *fu.Server {
-	t.Helper()
-	s := fu.New(b)
-	t.Cleanup(s.Close)
-	return s
-}
+func upstream(t *testing.T, b fu.Behavior) *fu.Server { return fu.Start(t, b) }
 
 // openAIError decodes an OpenAI-style error body, failing the test when
 // the body has another shape.
@@ -290,23 +292,12 @@ func mustNotContain(t *testing.T, body []byte, bad ...string) {
 	}
 }
 
-func hits(t *testing.T, s *fu.Server, want int64) {
-	t.Helper()
-	if got := s.Hits(); got != want {
-		t.Fatalf("upstream %s got %d requests, want %d", s.URL, got, want)
-	}
-}
+func hits(t *testing.T, s *fu.Server, want int64) { t.Helper(); s.WantHits(t, want) }
 
 // eventually polls cond for up to d.
 func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	fu.Eventually(t, d, what, cond)
 }
 
 // adminRetry sends a request once more when its connection was closed

@@ -3,7 +3,6 @@ package integration_test
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -47,24 +46,6 @@ func lifecycleConfig(upstream, channel, globals, probeOpts string) string {
 `, httpPort, channel, upstream, channel, probe)
 }
 
-// loadConfig posts a whole Caddyfile to the admin API and returns the
-// status and answer.
-func loadConfig(t *testing.T, cfg string) (int, string) {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, adminURL+"/load", strings.NewReader(cfg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "text/caddyfile")
-	res, err := adminClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	body, _ := io.ReadAll(res.Body)
-	return res.StatusCode, string(body)
-}
-
 // jobNames lists the jobs in GET /llm_failover/jobs.
 func jobNames(t *testing.T) []string {
 	t.Helper()
@@ -100,7 +81,7 @@ func TestRefusedConfigLeavesNoProber(t *testing.T) {
 
 	// Nothing listens on port 1: the store cannot be opened when the
 	// config starts.
-	code, body := loadConfig(t, lifecycleConfig(up.URL, channel, "history postgres postgres://llmf@127.0.0.1:1/none?connect_timeout=2", "interval 50ms"))
+	code, body := loadCaddyfile(t, lifecycleConfig(up.URL, channel, "history postgres postgres://llmf@127.0.0.1:1/none?connect_timeout=2", "interval 50ms"))
 	if code == http.StatusOK {
 		t.Fatal("a config whose history store is unreachable was loaded")
 	}

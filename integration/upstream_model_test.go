@@ -12,6 +12,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddytest"
+
 	"github.com/llmfailover/caddy-llm-failover/failoverapp"
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 	"github.com/llmfailover/caddy-llm-failover/wallet"

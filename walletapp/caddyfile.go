@@ -89,28 +89,13 @@ func unmarshalConfig(d *caddyfile.Dispenser) (*Config, error) {
 }
 
 func unmarshalStore(d *caddyfile.Dispenser) (json.RawMessage, error) {
-	if !d.NextArg() {
-		return nil, d.Errf("store needs sqlite [<path>] or postgres <dsn>")
+	backend, arg, err := caddykit.DatabaseArgs(d, "store")
+	if err != nil {
+		return nil, err
 	}
-	var mod caddy.Module
-	backend := d.Val()
-	switch backend {
-	case "sqlite":
-		s := new(SQLite)
-		if d.NextArg() {
-			s.Path = d.Val()
-		}
-		mod = s
-	case "postgres":
-		if !d.NextArg() {
-			return nil, d.Errf("store postgres needs a DSN, e.g. {env.DATABASE_URL}")
-		}
-		mod = &Postgres{DSN: d.Val()}
-	default:
-		return nil, d.Errf("unknown store %q (want sqlite or postgres)", backend)
-	}
-	if d.NextArg() {
-		return nil, d.ArgErr()
+	var mod caddy.Module = &Postgres{DSN: arg}
+	if backend == "sqlite" {
+		mod = &SQLite{Path: arg}
 	}
 	return caddyconfig.JSONModuleObject(mod, "backend", backend, nil), nil
 }

@@ -82,6 +82,29 @@ func SizeArg(d *caddyfile.Dispenser) (int64, error) {
 	return int64(n), nil
 }
 
+// DatabaseArgs reads the arguments that name a database, `sqlite
+// [<path>]` or `postgres <dsn>`, for the option opt (store, history):
+// the backend, and its path or DSN ("" for SQLite's default path).
+func DatabaseArgs(d *caddyfile.Dispenser, opt string) (backend, arg string, err error) {
+	if !d.NextArg() {
+		return "", "", d.Errf("%s needs sqlite [<path>] or postgres <dsn>", opt)
+	}
+	switch backend = d.Val(); backend {
+	case "sqlite":
+		if d.NextArg() {
+			arg = d.Val()
+		}
+	case "postgres":
+		if !d.NextArg() {
+			return "", "", d.Errf("%s postgres needs a DSN, e.g. {env.DATABASE_URL}", opt)
+		}
+		arg = d.Val()
+	default:
+		return "", "", d.Errf("%s: unknown store %q (want sqlite or postgres)", opt, backend)
+	}
+	return backend, arg, NoMoreArgs(d)
+}
+
 // NoMoreArgs fails when the option has arguments left over.
 func NoMoreArgs(d *caddyfile.Dispenser) error {
 	if d.NextArg() {

@@ -124,9 +124,9 @@ func (c HeartbeatConfig) heartbeat(repl *caddy.Replacer, resolve bool) (jobs.Hea
 	return hb, nil
 }
 
-// CheckHeartbeats resolves and checks every receiver without attaching
+// ValidateHeartbeats resolves and validates every receiver without attaching
 // it, so that a config with a bad one is refused when it loads.
-func CheckHeartbeats(configs []HeartbeatConfig) error {
+func ValidateHeartbeats(configs []HeartbeatConfig) error {
 	repl := caddy.NewReplacer()
 	for _, c := range configs {
 		if _, err := c.heartbeat(repl, true); err != nil {

@@ -1,0 +1,415 @@
+package failover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+
+	"github.com/llmfailover/caddy-llm-failover/chain"
+	"github.com/llmfailover/caddy-llm-failover/failoverapp"
+	"github.com/llmfailover/caddy-llm-failover/provider"
+	"github.com/llmfailover/caddy-llm-failover/streamgate"
+)
+
+// Causes of an attempt's cancellation, told apart with context.Cause.
+var (
+	errBudget        = errors.New("candidate time budget exhausted")
+	errHeaderTimeout = errors.New("no response headers within header_timeout")
+	errFirstByte     = errors.New("no response byte within first_byte_timeout")
+)
+
+// attempt sends the request to one channel and, if its answer is good,
+// commits it to the client.
+func (e *Engine) attempt(x *exchange, route *chain.Route, budget time.Duration) attemptResult {
+	ch := e.channels[route.Channel]
+	if f := e.overloaded(); f != nil {
+		return retryWith(f)
+	}
+	ctx, cancel := context.WithCancelCause(x.r.Context())
+	defer cancel(nil)
+	// Every timer below is stopped when the answer is committed: none of
+	// them may cut a stream that is already on its way to the client.
+	budgetTimer := time.AfterFunc(budget, func() { cancel(errBudget) })
+	defer budgetTimer.Stop()
+	headerTimer := time.AfterFunc(e.opts.HeaderTimeoutFor(streaming(x)), func() { cancel(errHeaderTimeout) })
+	var firstByte *time.Timer
+	if e.opts.FirstByteTimeout > 0 {
+		firstByte = time.AfterFunc(e.opts.FirstByteTimeout, func() { cancel(errFirstByte) })
+		defer firstByte.Stop()
+	}
+
+	body, req := x.body, x.req
+	if x.mode == modeContinue {
+		body, req = x.resume.body, x.resume.req
+	}
+	if x.bill != nil {
+		body = x.bill.prepare(body)
+		x.meter = x.bill.meter
+	} else {
+		// Unbilled, the history still counts the output tokens: a meter
+		// reads the answer on its way past and asks the upstream nothing.
+		x.meter = x.api.NewMeter()
+	}
+	out, err := ch.Adapter.NewRequest(ctx, provider.Call{
+		API: x.api, Base: ch.Base, Client: x.r, Body: body, Request: req,
+		UpstreamModel: route.UpstreamModel, Header: ch.Header, PassHeader: ch.Extras.Request,
+		Continuation: x.mode == modeContinue,
+	})
+	if err != nil {
+		headerTimer.Stop()
+		return retryWith(&failure{reason: reasonNetwork, detail: "building the upstream request: " + err.Error()})
+	}
+	res, err := ch.Transport.RoundTrip(out)
+	headerTimer.Stop()
+	if err != nil {
+		return x.transportFailure(ctx, err)
+	}
+	defer res.Body.Close()
+
+	if res.StatusCode < len(e.retry) && e.retry[res.StatusCode] {
+		return retryWith(statusFailure(x.api, res))
+	}
+	if x.mode == modeContinue && (res.StatusCode != http.StatusOK || !ch.Adapter.IsStream(res.Header)) {
+		// A continuation joins a stream the client already has: anything
+		// but a stream (a refused prefill's 400) is this channel's failure,
+		// never the client's answer.
+		return retryWith(statusFailure(x.api, res))
+	}
+	src := ch.Adapter.ResponseBody(res)
+	if route.UpstreamModel != "" && route.UpstreamModel != x.req.Model {
+		// The client sees the model it asked for, never the route's rename.
+		src = provider.RestoreModel(src, x.req.Model)
+	}
+	if firstByte != nil {
+		src = &firstByteReader{r: src, t: firstByte}
+	}
+	commit := func() {
+		x.committedAt = time.Now()
+		budgetTimer.Stop()
+		if firstByte != nil {
+			firstByte.Stop()
+		}
+		x.setVar("http.llm_failover.channel", ch.Name)
+		if x.bill != nil && res.StatusCode >= 200 && res.StatusCode < 300 {
+			// Only a successful answer that reached the client is billed:
+			// an error the upstream passed back cost it nothing.
+			x.bill.servedBy(ch.Name, upstreamModel(route, x.req.Model))
+		}
+	}
+	switch {
+	case res.StatusCode >= 300 && res.StatusCode < 400:
+		// No LLM API redirects; a channel that does is misconfigured or
+		// compromised, and its Location must not steer the client.
+		return retryWith(&failure{reason: reasonRedirect, status: res.StatusCode})
+	case res.StatusCode < 200 || res.StatusCode >= 300:
+		// Not retryable and not a success: every channel would say the
+		// same, so the client gets this answer, secrets masked.
+		return e.relayError(ctx, x, ch, res, src, commit)
+	case ch.Adapter.IsStream(res.Header):
+		return e.relayStream(ctx, cancel, x, ch, res, src, commit)
+	case provider.IsLineStream(ch.Adapter, res.Header):
+		commit()
+		idle := newIdleReader(src, e.opts.StreamIdleTimeout, cancel)
+		defer idle.stop()
+		e.passThrough(x, ch, res, idle)
+		return attemptResult{verdict: served}
+	case ch.Adapter.IsJSON(res.Header):
+		return e.relayJSON(ctx, x, ch, res, src, commit)
+	default:
+		// A CDN's HTML page or a captive portal, not an API answer.
+		return retryWith(&failure{reason: reasonContentType, status: res.StatusCode,
+			detail: "content type " + strconv.Quote(res.Header.Get("Content-Type"))})
+	}
+}
+
+// relayError passes back an error answer every channel would give (a 4xx),
+// read whole and bounded so that a credential the upstream echoed in it is
+// masked before the client sees it.
+func (e *Engine) relayError(ctx context.Context, x *exchange, ch *Channel, res *http.Response, src io.Reader, commit func()) attemptResult {
+	body, fail := e.readAnswer(ctx, x, res, src)
+	if fail != nil {
+		return *fail
+	}
+	body = []byte(e.secrets.String(string(body)))
+	commit()
+	out := e.writeAnswer(x, ch, res, body)
+	if out.verdict == served {
+		out = attemptResult{verdict: passed, status: res.StatusCode}
+	}
+	return out
+}
+
+// relayStream holds an SSE answer in the stream gate until it shows
+// content (commit) or an error (fail over).
+func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc, x *exchange, ch *Channel, res *http.Response, src io.Reader, commit func()) attemptResult {
+	client := &idleWriter{w: x.w, rc: http.NewResponseController(x.w), idle: e.opts.StreamIdleTimeout}
+	defer client.done()
+	opts := x.api.GateOptions()
+	release, over := e.holdFrames(streamgate.DefaultMaxHeld)
+	if over != nil {
+		return retryWith(over)
+	}
+	defer release()
+	var d streamgate.Downstream = &downstream{w: client, res: res, onCommit: func() { release(); commit() },
+		copyHeader: func(dst, src http.Header) { e.copyResponseHeader(ch, dst, src) }}
+	continuing := x.mode == modeContinue
+	if continuing {
+		d = &spliced{w: client, seam: seamComment(x.resume.from, ch.Name), splice: x.resume.splice, onCommit: func() { release(); commit() }}
+	}
+	opts.GateTimeout = e.opts.StreamGate
+	opts.GateFailover = e.opts.StreamGateFailover
+	opts.IdleTimeout = e.opts.StreamIdleTimeout
+	if x.bill != nil {
+		x.bill.streamOptions(&opts)
+	} else {
+		opts.Observe = x.meter.Event
+	}
+	d = e.watchForResume(x, &opts, d)
+	out := streamgate.Relay(src, cancel, d, opts)
+	// How the stream ended decides whose doing it was, before whether the
+	// client is still there: a client that hangs up right after an
+	// upstream cut must not turn the cut into its own departure.
+	switch out.Outcome {
+	case streamgate.Complete:
+		return attemptResult{verdict: served}
+	case streamgate.ClientGone:
+		return attemptResult{verdict: clientGone}
+	case streamgate.Truncated, streamgate.Stalled:
+		if out.Outcome == streamgate.Truncated && cancelledByClient(x, out.Err) {
+			// The read failed because the client left and took the
+			// upstream request with it.
+			return attemptResult{verdict: clientGone}
+		}
+		f := &failure{reason: reasonTruncated}
+		if out.Outcome == streamgate.Stalled {
+			f.reason = reasonStalled
+		}
+		if !continuing && e.broke(x, ch, out) {
+			return attemptResult{verdict: broken, fail: f}
+		}
+		if out.Deferred != nil {
+			// Nothing will continue it: end it as without stream_resume.
+			if _, err := client.Write(out.Deferred); err == nil {
+				_ = client.Flush()
+			}
+		}
+		e.logger.Warn("committed stream ended abnormally; error event sent to the client",
+			zap.String("model", x.req.Model), zap.String("channel", ch.Name),
+			zap.String("outcome", out.Outcome.String()), zap.Int64("bytes_sent", out.BytesSent), zap.String("error", e.secrets.String(errString(out.Err))))
+		return attemptResult{verdict: broken, fail: f}
+	case streamgate.UpstreamError:
+		f := &failure{reason: reasonErrorFrame, message: x.api.UpstreamMessage(out.ErrorData), frameStatus: x.api.ErrorFrameStatus(out.ErrorData)}
+		if out.Committed {
+			// The error event was forwarded and ended a stream the client
+			// already has: it cannot fail over, only count against the
+			// channel.
+			if !continuing && e.broke(x, ch, out) {
+				return attemptResult{verdict: broken, fail: f}
+			}
+			if out.Deferred != nil {
+				// Held back for a resume that will not happen: forward it.
+				if _, err := client.Write(out.Deferred); err == nil {
+					_ = client.Flush()
+				}
+			}
+			return attemptResult{verdict: broken, fail: f}
+		}
+		if status := x.api.ErrorFrameRefusal(out.ErrorData); status != 0 && !continuing {
+			// The upstream refused the request itself: every channel would.
+			_ = e.refuse(x, provider.Error{Status: status, Message: f.message})
+			return attemptResult{verdict: passed, status: status}
+		}
+		return retryWith(f)
+	case streamgate.GateTimeout:
+		return retryWith(&failure{reason: reasonGateTimeout, timeout: true})
+	case streamgate.Oversized:
+		return retryWith(&failure{reason: reasonLineTooLarge,
+			detail: fmt.Sprintf("a line over %d bytes before any content", streamgate.DefaultMaxHeld)})
+	default: // ClosedEarly
+		if x.r.Context().Err() != nil {
+			return attemptResult{verdict: clientGone}
+		}
+		if f := causeFailure(ctx); f != nil {
+			return retryWith(f)
+		}
+		return retryWith(&failure{reason: reasonClosedEarly})
+	}
+}
+
+// cancelledByClient reports whether a read failed because the client left:
+// its request's context ended, and the error is that cancellation rather
+// than anything the upstream did.
+func cancelledByClient(x *exchange, err error) bool {
+	return x.r.Context().Err() != nil && errors.Is(err, context.Canceled)
+}
+
+// relayJSON reads a whole non-streaming answer before committing it, so a
+// body cut mid-way or a 200 that carries an error object fails over
+// instead of reaching the client.
+func (e *Engine) relayJSON(ctx context.Context, x *exchange, ch *Channel, res *http.Response, src io.Reader, commit func()) attemptResult {
+	body, fail := e.readAnswer(ctx, x, res, src)
+	if fail != nil {
+		return *fail
+	}
+	switch err := x.api.CheckBody(body); {
+	case errors.Is(err, provider.ErrErrorBody):
+		return retryWith(&failure{reason: reasonErrorBody, status: res.StatusCode, message: x.api.UpstreamMessage(body)})
+	case err != nil:
+		return retryWith(&failure{reason: reasonBadBody, status: res.StatusCode, detail: err.Error()})
+	}
+	x.meter.Body(body)
+	commit()
+	return e.writeAnswer(x, ch, res, body)
+}
+
+// readAnswer reads a whole answer, at most max_response_body of it; a
+// failure says why it could not.
+func (e *Engine) readAnswer(ctx context.Context, x *exchange, res *http.Response, src io.Reader) ([]byte, *attemptResult) {
+	held := &heldReader{r: src, memory: e.memory}
+	// The answer is held until written; the count is released when this
+	// attempt ends, which is after the write.
+	x.held = append(x.held, held)
+	body, err := io.ReadAll(io.LimitReader(held, e.opts.MaxResponseBody+1))
+	switch {
+	case errors.Is(err, failoverapp.ErrMemoryFull):
+		return nil, &attemptResult{verdict: retry, fail: overloadedFailure()}
+	case err != nil && x.r.Context().Err() != nil:
+		return nil, &attemptResult{verdict: clientGone}
+	case err != nil:
+		if f := causeFailure(ctx); f != nil {
+			return nil, &attemptResult{verdict: retry, fail: f}
+		}
+		return nil, &attemptResult{verdict: retry, fail: &failure{reason: reasonBadBody, status: res.StatusCode, detail: "reading body: " + err.Error()}}
+	case int64(len(body)) > e.opts.MaxResponseBody:
+		return nil, &attemptResult{verdict: retry, fail: &failure{reason: reasonTooLarge, status: res.StatusCode}}
+	}
+	return body, nil
+}
+
+// writeAnswer sends a whole answer to the client.
+func (e *Engine) writeAnswer(x *exchange, ch *Channel, res *http.Response, body []byte) attemptResult {
+	hdr := x.w.Header()
+	e.copyResponseHeader(ch, hdr, res.Header)
+	hdr.Set("Content-Length", strconv.Itoa(len(body)))
+	x.w.WriteHeader(res.StatusCode)
+	if _, err := x.w.Write(body); err != nil {
+		return attemptResult{verdict: clientGone}
+	}
+	// Not flushed: the handler returns at once (a billed answer's
+	// settlement is written after it, see bill.close), and the server
+	// sends headers and body in one write.
+	return attemptResult{verdict: served}
+}
+
+// passThrough copies an answer the gateway does not inspect, flushing as
+// bytes arrive so that unknown streaming formats still stream.
+func (e *Engine) passThrough(x *exchange, ch *Channel, res *http.Response, src io.Reader) {
+	e.copyResponseHeader(ch, x.w.Header(), res.Header)
+	if res.ContentLength >= 0 && !res.Uncompressed {
+		x.w.Header().Set("Content-Length", strconv.FormatInt(res.ContentLength, 10))
+	}
+	x.w.WriteHeader(res.StatusCode)
+	out := &idleWriter{w: x.w, rc: http.NewResponseController(x.w), idle: e.opts.StreamIdleTimeout}
+	defer out.done()
+	buf := make([]byte, 16<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if _, werr := out.Write(buf[:n]); werr != nil {
+				return
+			}
+			_ = out.Flush()
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// transportFailure classifies an error from RoundTrip.
+func (x *exchange) transportFailure(ctx context.Context, err error) attemptResult {
+	if x.r.Context().Err() != nil {
+		return attemptResult{verdict: clientGone}
+	}
+	if f := causeFailure(ctx); f != nil {
+		return retryWith(f)
+	}
+	var dial reverseproxy.DialError
+	if errors.As(err, &dial) {
+		return retryWith(&failure{reason: reasonDial, detail: err.Error()})
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return retryWith(&failure{reason: reasonHeaderTimeout, detail: err.Error(), timeout: true})
+	}
+	return retryWith(&failure{reason: reasonNetwork, detail: err.Error()})
+}
+
+// causeFailure reports the failure behind one of the attempt's own timers.
+func causeFailure(ctx context.Context) *failure {
+	switch cause := context.Cause(ctx); {
+	case errors.Is(cause, errBudget):
+		return &failure{reason: reasonBudget, detail: cause.Error(), timeout: true}
+	case errors.Is(cause, errHeaderTimeout):
+		return &failure{reason: reasonHeaderTimeout, detail: cause.Error(), timeout: true}
+	case errors.Is(cause, errFirstByte):
+		return &failure{reason: reasonFirstByte, detail: cause.Error(), timeout: true}
+	}
+	return nil
+}
+
+// statusFailure reads (a bounded part of) a retryable error answer so that
+// its message can be logged and quoted to the client.
+func statusFailure(api provider.API, res *http.Response) *failure {
+	f := &failure{reason: reasonStatus, status: res.StatusCode}
+	if ra, ok := provider.RetryAfter(res.Header, time.Now()); ok {
+		f.retryAfter = ra
+	}
+	if b, err := io.ReadAll(io.LimitReader(res.Body, 64<<10)); err == nil || len(b) > 0 {
+		f.message = api.UpstreamMessage(b)
+	}
+	return f
+}
+
+// downstream lets the stream gate commit and write to the client.
+type downstream struct {
+	w        *idleWriter
+	res      *http.Response
+	onCommit func()
+	// copyHeader copies the answer's headers a client may see.
+	copyHeader func(dst, src http.Header)
+}
+
+func (d *downstream) Commit() error {
+	d.onCommit()
+	d.copyHeader(d.w.w.Header(), d.res.Header)
+	d.w.w.WriteHeader(d.res.StatusCode)
+	return d.w.Flush()
+}
+
+func (d *downstream) Write(p []byte) (int, error) { return d.w.Write(p) }
+func (d *downstream) Flush() error                { return d.w.Flush() }
+
+// firstByteReader stops the first-byte watchdog at the first byte.
+type firstByteReader struct {
+	r    io.Reader
+	t    *time.Timer
+	seen bool
+}
+
+func (f *firstByteReader) Read(p []byte) (int, error) {
+	n, err := f.r.Read(p)
+	if n > 0 && !f.seen {
+		f.seen = true
+		f.t.Stop()
+	}
+	return n, err
+}

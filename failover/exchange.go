@@ -1,0 +1,205 @@
+package failover
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/llmfailover/caddy-llm-failover/chain"
+	"github.com/llmfailover/caddy-llm-failover/history"
+	"github.com/llmfailover/caddy-llm-failover/provider"
+)
+
+// reason names what became of an attempt, in logs, metrics, the
+// decision journal, the history and the runbooks (docs/runbooks/<reason>.md):
+// a failure's cause, or one of the outcomes that are not failures.
+type reason string
+
+// Failure reasons.
+const (
+	reasonStatus        reason = "status"
+	reasonDial          reason = "dial_error"
+	reasonNetwork       reason = "network_error"
+	reasonHeaderTimeout reason = "header_timeout"
+	reasonBudget        reason = "budget_exhausted"
+	reasonFirstByte     reason = "first_byte_timeout"
+	reasonErrorFrame    reason = "stream_error_frame"
+	reasonClosedEarly   reason = "stream_closed_early"
+	reasonGateTimeout   reason = "stream_gate_timeout"
+	reasonErrorBody     reason = "error_body"
+	reasonBadBody       reason = "malformed_body"
+	reasonTooLarge      reason = "response_too_large"
+	reasonLineTooLarge  reason = "stream_line_too_large"
+	reasonRedirect      reason = "redirect"
+	reasonContentType   reason = "unexpected_content_type"
+	reasonOverloaded    reason = "gateway_overloaded"
+	// A committed stream the upstream cut, or left silent.
+	reasonTruncated reason = "truncated"
+	reasonStalled   reason = "stalled"
+)
+
+// Outcomes that are not failures of the channel.
+const (
+	outcomeOK          reason = "ok"
+	outcomeClientGone  reason = "client_gone"
+	outcomeRateLimited reason = "rate_limited"
+	// reasonResumed journals a broken stream continued on another channel.
+	reasonResumed reason = "resumed"
+	// reasonProbeFailed opens a channel whose synthetic check failed.
+	reasonProbeFailed reason = "probe_failed"
+	// reasonNoWorkingChannel is a model incident: every channel was open.
+	reasonNoWorkingChannel reason = history.NoWorkingChannel
+)
+
+// reasons lists every reason but outcomeOK: each is shown to operators
+// somewhere (a log line, a metric label, the journal, the status page)
+// and has a runbook, docs/runbooks/<reason>.md.
+var reasons = []reason{
+	reasonStatus, reasonDial, reasonNetwork, reasonHeaderTimeout, reasonBudget, reasonFirstByte,
+	reasonErrorFrame, reasonClosedEarly, reasonGateTimeout, reasonErrorBody, reasonBadBody,
+	reasonTooLarge, reasonLineTooLarge, reasonRedirect, reasonContentType, reasonOverloaded,
+	reasonTruncated, reasonStalled,
+	outcomeClientGone, outcomeRateLimited, reasonResumed, reasonProbeFailed, reasonNoWorkingChannel,
+}
+
+// failure is one failure of one attempt.
+type failure struct {
+	reason  reason
+	status  int    // upstream status; 0 when no response arrived
+	message string // the upstream's own error message, when it sent one
+	// detail is what went wrong locally (a dial error, a timeout). It names
+	// internal addresses, so it goes to logs, never to clients.
+	detail     string
+	retryAfter time.Duration
+	timeout    bool
+	// frameStatus is the HTTP status an in-stream error event stood for
+	// (provider.API.ErrorFrameStatus); 0 for other failures.
+	frameStatus int
+	// delivered: for a resumed stream, the tokens the client had when it
+	// broke (journaled with reason "resumed").
+	delivered int64
+}
+
+// channelFault reports whether the failure says something about the
+// channel's health. An answer over max_response_body is the request's
+// doing (it asked for that much), and a gateway over max_held_bytes the
+// load's, so they fail over without counting.
+func (f *failure) channelFault() bool {
+	return f.reason != reasonTooLarge && f.reason != reasonOverloaded
+}
+
+func (f *failure) String() string {
+	if f.status != 0 {
+		return fmt.Sprintf("%s %d", f.reason, f.status)
+	}
+	return string(f.reason)
+}
+
+// mode is what an exchange is doing, which decides how its attempts are
+// admitted, retried and recorded.
+type mode uint8
+
+const (
+	// modeChain: a client request walking its model's chain.
+	modeChain mode = iota
+	// modeLastResort: every channel was open; the request is the one
+	// last-resort trial of the channel whose cooldown ends first.
+	modeLastResort
+	// modeContinue: a committed stream broke and is being continued on
+	// another channel (stream_resume).
+	modeContinue
+	// modeSynthetic: a synthetic check (probe.go), recorded apart from
+	// real traffic and judged by its own rules.
+	modeSynthetic
+)
+
+// exchange is one request on its way through the chain.
+type exchange struct {
+	w        http.ResponseWriter
+	r        *http.Request
+	repl     *caddy.Replacer
+	api      provider.API
+	req      provider.Request
+	body     []byte
+	model    *Model
+	mode     mode
+	start    time.Time
+	deadline time.Time
+	attempts int
+	bill     *bill
+	// meter counts the current attempt's usage (the bill's meter when a
+	// wallet bills the request).
+	meter *provider.Meter
+	// committedAt is when the current attempt's answer was committed to
+	// the client: its time to first content.
+	committedAt time.Time
+	held        []*heldReader
+	// resume follows a stream that may be continued elsewhere (resume.go).
+	resume *resumeState
+}
+
+// newExchange starts an exchange for r, answered through w.
+func newExchange(w http.ResponseWriter, r *http.Request, api provider.API, m mode) *exchange {
+	x := &exchange{w: w, r: r, api: api, mode: m, start: time.Now()}
+	x.repl, _ = r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	return x
+}
+
+// releaseHeld gives back the bytes of the attempt's buffered answers.
+func (x *exchange) releaseHeld() {
+	for _, hr := range x.held {
+		hr.release()
+	}
+	x.held = x.held[:0]
+}
+
+// verdict is what became of one attempt.
+type verdict uint8
+
+const (
+	// retry: it failed before anything reached the client; the next
+	// candidate may answer.
+	retry verdict = iota
+	// served: the client has the channel's answer.
+	served
+	// passed: the client has an error answer every channel would give (a
+	// non-retryable 4xx), passed through.
+	passed
+	// broken: the client has part of an answer the upstream then cut,
+	// left silent or ended with an error event: too late to fail over.
+	broken
+	// clientGone: the client left; it says nothing about the channel.
+	clientGone
+)
+
+// attemptResult says what became of one attempt.
+type attemptResult struct {
+	verdict verdict
+	fail    *failure // retry and broken: what went wrong
+	status  int      // passed: the status the client got
+}
+
+// done reports whether the exchange is over: the client has an answer,
+// or is gone.
+func (r attemptResult) done() bool { return r.verdict != retry }
+
+func retryWith(f *failure) attemptResult { return attemptResult{verdict: retry, fail: f} }
+
+// upstreamModel is the name the route's channel knows the client's model
+// by: the route's upstream_model, else the client's own. The answer always
+// names the client's model; the ledger, the failover log line and the
+// attempt event name this one, so an operator can match them with the
+// provider's own bills and logs.
+func upstreamModel(route *chain.Route, model string) string {
+	if route.UpstreamModel != "" {
+		return route.UpstreamModel
+	}
+	return model
+}
+
+// streaming reports whether the client asked for a stream.
+func streaming(x *exchange) bool {
+	return provider.Streaming(x.r.URL.Path, x.req)
+}

@@ -1,0 +1,35 @@
+package faultupstream
+
+import (
+	"testing"
+	"time"
+)
+
+// Start starts a server with b for the test t; it closes when t ends.
+func Start(t testing.TB, b Behavior) *Server {
+	t.Helper()
+	s := New(b)
+	t.Cleanup(s.Close)
+	return s
+}
+
+// WantHits fails t unless the server got exactly want requests.
+func (s *Server) WantHits(t testing.TB, want int64) {
+	t.Helper()
+	if got := s.Hits(); got != want {
+		t.Fatalf("upstream %s got %d requests, want %d", s.URL, got, want)
+	}
+}
+
+// Eventually polls cond every 10ms for up to d, failing t when it never
+// holds; what says what was waited for.
+func Eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
