@@ -99,7 +99,7 @@ func compile(h *Handler) (failover.Plan, error) {
 		}
 		p.Models = append(p.Models, pm)
 	}
-	p.Owner = "the llm_failover handler serving " + strings.Join(names, ", ")
+	p.Owner = "serving " + strings.Join(names, ", ")
 	return p, nil
 }
 

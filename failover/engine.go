@@ -88,8 +88,8 @@ type Plan struct {
 	Channels []*Channel
 	Models   []*Model
 	Wallet   *WalletConfig // nil: unbilled
-	// Owner describes the handler in config errors that involve another
-	// one (a channel both declare).
+	// Owner describes the handler ("serving <models>") in config errors
+	// that involve another one (a channel both declare).
 	Owner string
 }
 
@@ -122,12 +122,13 @@ func New(ctx caddy.Context, p Plan) (*Engine, error) {
 	}
 	e.app = app.(*failoverapp.App)
 	e.memory = e.app.Memory()
+	owner := e.app.Handler(p.Owner)
 	var secrets []string
 	for _, ch := range e.channels {
 		creds := provider.ChannelCredentials(ch.Header, ch.Adapter)
 		secrets = append(secrets, creds...)
 		id := failoverapp.NewChannelID(ch.Name, ch.Base, creds)
-		if ch.health, err = e.app.Channel(id, e.opts.Breaker, p.Owner); err != nil {
+		if ch.health, err = e.app.Channel(id, e.opts.Breaker, owner); err != nil {
 			return nil, err
 		}
 	}

@@ -73,6 +73,7 @@ type App struct {
 	released   bool // Cleanup gave the status reference back
 
 	mu       sync.Mutex
+	handlers int // Handler's count
 	channels []*registeredChannel
 	models   []Model
 	probes   []probe.Target

@@ -131,6 +131,16 @@ type Model struct {
 	Channels []*Channel
 }
 
+// Handler names a handler of this config for config errors that involve
+// another one: its place among the config's llm_failover handlers, in the
+// order they provision (the JSON's), and what it says of itself.
+func (a *App) Handler(describe string) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.handlers++
+	return fmt.Sprintf("llm_failover handler #%d (%s)", a.handlers, describe)
+}
+
 // Model registers a model.
 func (a *App) Model(m Model) {
 	a.mu.Lock()

@@ -390,7 +390,7 @@ http://%s:%d {
 	if code == http.StatusOK {
 		t.Fatal("a config giving one channel two breaker settings was loaded")
 	}
-	for _, want := range []string{`channel \"shared\"`, "different breaker settings", "serving first-model", "serving second-model", "failures 3", "failures 5"} {
+	for _, want := range []string{`channel \"shared\"`, "different breaker settings", "handler #1 (serving ", "handler #2 (serving ", "first-model", "second-model", "failures 3", "failures 5"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("the refusal does not say %q: %s", want, body)
 		}
