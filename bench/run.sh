@@ -42,6 +42,16 @@
 #                    scripts/pg-test-server.sh start; target
 #                    llm_failover+wallet_pg) or "off" (no site C: A and B
 #                    only, as before)
+#   BENCH_FAILOVER   1 (or status): site C is no wallet but the path where
+#                    every request fails over once (target
+#                    llm_failover+failover_once): its first channel answers
+#                    503 (the upstream's /fail path), its second serves, and
+#                    its breaker never opens (failures 64 in a 1ms window),
+#                    so each request pays a failed attempt, its log line and
+#                    journal entry and a second attempt. "refused": the
+#                    first channel's port refuses connections instead
+#                    (target llm_failover+failover_refused). Needs
+#                    BENCH_WALLET=off or unset.
 #   BENCH_INSTANCES  with BENCH_WALLET=postgres: run sites B and C on this
 #                    many Caddy processes (default 1, at most 9), site C's
 #                    sharing the database, instance k pinned to CPU (k-1)
@@ -78,6 +88,7 @@ ROLE_CHUNK="${BENCH_ROLE_CHUNK:-0}"
 PORT="${BENCH_PORT:-18080}"
 PROFILE="${BENCH_PROFILE:-}"
 WALLET="${BENCH_WALLET:-sqlite}"
+FAILOVER="${BENCH_FAILOVER:-0}"
 INSTANCES="${BENCH_INSTANCES:-1}"
 OUT="${BENCH_OUT:-$ROOT/bench/results}"
 GO="${GO:-go}"
@@ -104,6 +115,19 @@ postgres)
 off) TARGET_C="" ;;
 *) die "BENCH_WALLET: want sqlite, postgres or off, got '$WALLET'" ;;
 esac
+case "$FAILOVER" in
+0) ;;
+1 | status) FAILOVER=status TARGET_C=llm_failover+failover_once ;;
+refused) TARGET_C=llm_failover+failover_refused ;;
+*) die "BENCH_FAILOVER: want 0, 1 (status) or refused, got '$FAILOVER'" ;;
+esac
+if [ "$FAILOVER" != 0 ]; then
+	[ "${BENCH_WALLET:-off}" = off ] || die "BENCH_FAILOVER=$FAILOVER takes site C: set BENCH_WALLET=off (or leave it unset)"
+	WALLET=off
+fi
+# HAS_WALLET: site C is the wallet's (the load sends it an API key).
+HAS_WALLET=""
+[ -z "$TARGET_C" ] || [ "$WALLET" = off ] || HAS_WALLET=1
 TARGETS="reverse_proxy llm_failover $TARGET_C"
 case "$INSTANCES" in
 [1-9]) ;;
@@ -125,7 +149,7 @@ PORTS_B=("" "$PORT_B") PORTS_C=("" "$PORT_C") PORTS_ADMIN=("" "$PORT_ADMIN")
 for k in $(seq 2 "$INSTANCES"); do
 	PORTS_C[k]=$((PORT + 20 + k)) PORTS_ADMIN[k]=$((PORT + 30 + k)) PORTS_B[k]=$((PORT + 40 + k))
 done
-for p in "$PORT_A" "$PORT_B" "$PORT_UP" "${PORTS_C[@]:1}" "${PORTS_ADMIN[@]:1}" "${PORTS_B[@]:2}"; do
+for p in "$PORT_A" "$PORT_B" "$PORT_UP" "$((PORT + 9))" "${PORTS_C[@]:1}" "${PORTS_ADMIN[@]:1}" "${PORTS_B[@]:2}"; do
 	if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
 		die "port $p is already in use (set BENCH_PORT)"
 	fi
@@ -175,7 +199,7 @@ sqlite) WALLET_STORE="store sqlite $WORK/wallet.db" ;;
 postgres) WALLET_STORE="store postgres {env.LLMF_TEST_POSTGRES_DSN}" ;;
 esac
 WALLET_OPTION=""
-if [ -n "$TARGET_C" ]; then
+if [ -n "$HAS_WALLET" ]; then
 	WALLET_OPTION="llm_wallet {
 		$WALLET_STORE
 	}"
@@ -234,7 +258,35 @@ http://127.0.0.1:$1 {
 }
 EOF
 }
-[ -z "$TARGET_C" ] || site_c "$PORT_C" >>"$WORK/Caddyfile"
+# The failing channel: the upstream's 503 path, or a port nothing listens on.
+DOWN_URL="http://127.0.0.1:$PORT_UP/fail"
+[ "$FAILOVER" != refused ] || DOWN_URL="http://127.0.0.1:$((PORT + 9))"
+site_failover() { # site_failover PORT: every request fails over once
+	cat <<EOF
+
+# Site C: every request fails over once (BENCH_FAILOVER=$FAILOVER).
+http://127.0.0.1:$1 {
+	bind 127.0.0.1
+	llm_failover {
+		channel down $DOWN_URL
+		channel backup http://127.0.0.1:$PORT_UP
+		model m {
+			route down cost 1 1
+			route backup cost 2 2
+		}
+		breaker {
+			failures 64
+			window 1ms
+		}
+	}
+}
+EOF
+}
+if [ "$FAILOVER" != 0 ]; then
+	site_failover "$PORT_C" >>"$WORK/Caddyfile"
+elif [ -n "$TARGET_C" ]; then
+	site_c "$PORT_C" >>"$WORK/Caddyfile"
+fi
 # The other instances of sites B and C: the same wallet, nothing else.
 for k in $(seq 2 "$INSTANCES"); do
 	{
@@ -322,7 +374,7 @@ fi
 # database may keep the account of an earlier run: 409 on creation is fine.
 ADMIN="http://127.0.0.1:$PORT_ADMIN/llm_wallet"
 AUTH=()
-if [ -n "$TARGET_C" ]; then
+if [ -n "$HAS_WALLET" ]; then
 	code="$(curl -sS -o "$WORK/account.json" -w '%{http_code}' -d '{"id":"bench"}' "$ADMIN/accounts")"
 	case "$code" in
 	201 | 409) ;;
@@ -376,7 +428,7 @@ done
 
 compact() { tr -d '\n\t' | sed 's/  */ /g'; }
 reserved_zero() { case "$1" in *'"reserved": "0"'* | *'"reserved":"0"'*) return 0 ;; esac; return 1; }
-[ -z "$TARGET_C" ] || WALLET_BEFORE="$(curl -fsS "$ADMIN/accounts/bench" | compact)"
+[ -z "$HAS_WALLET" ] || WALLET_BEFORE="$(curl -fsS "$ADMIN/accounts/bench" | compact)"
 
 load() { # load TARGET BODY LABEL [extra args]
 	local target=$1 body=$2 label=$3 extra=()
@@ -446,7 +498,7 @@ for mode in $MODES; do
 	done
 done
 LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
-if [ -n "$TARGET_C" ]; then
+if [ -n "$HAS_WALLET" ]; then
 	# Every reservation must have been settled: nothing left reserved
 	# (settlement follows the answer, so give the last ones a moment).
 	for _ in $(seq 1 50); do
@@ -471,7 +523,10 @@ fi
 	echo "load:        bench/load (Go, closed loop), $CONC clients, keep-alive, ${DURATION} measured after ${WARMUP} warm-up, $REPS runs per target alternating $(echo $TARGETS $(for t in $FLEETS; do echo "${INSTANCES}x$t"; done) | sed 's/ /, /g')"
 	echo "upstream:    bench/upstream, JSON answer $(curl -fsS -d "$BODY_JSON" "$URL_A" | wc -c) bytes; SSE $CHUNKS content chunks + finish + [DONE], event delay $EVENT_DELAY, role-only first chunk: $([ "$ROLE_CHUNK" = 1 ] && echo yes || echo no)"
 	echo "targets:     reverse_proxy (flush_interval -1) vs llm_failover (1 channel, stream gate on, no wallet); access logs off"
-	if [ -n "$TARGET_C" ]; then
+	if [ "$FAILOVER" != 0 ]; then
+		echo "             $TARGET_C: two channels, the first $([ "$FAILOVER" = refused ] && echo "refusing connections" || echo "answering 503") (breaker never opens): every request fails over once"
+	fi
+	if [ -n "$HAS_WALLET" ]; then
 		echo "             $TARGET_C: llm_failover + wallet $WALLET (price 3 15, API key per request); the load sends Authorization: Bearer <key>"
 		[ -z "$FLEET_TARGET" ] ||
 			echo "             $FLEET_TARGET: site C on $INSTANCES Caddy processes sharing the database, loaded together, $CONC clients split evenly; ${INSTANCES}xllm_failover: site B on the same processes, the machine's own scaling with no database"
@@ -487,7 +542,7 @@ fi
 	echo
 	echo "Targets: llm_failover >= 0.9x reverse_proxy requests/s on one core; < 0.2 ms added p50"
 	echo "latency; stream time to first byte within 1 ms of reverse_proxy."
-	[ -z "$TARGET_C" ] || echo "Wallet: must not become the gateway's bottleneck (see bench/README.md)."
+	[ -z "$HAS_WALLET" ] || echo "Wallet: must not become the gateway's bottleneck (see bench/README.md)."
 	echo "raw runs:    $RAW"
 } >"$TXT"
 
@@ -511,7 +566,7 @@ cat "$TXT"
 
 # A benchmark that lost money is a failed one: after the load, nothing may
 # stay reserved and the audit must be clean.
-if [ -n "$TARGET_C" ]; then
+if [ -n "$HAS_WALLET" ]; then
 	reserved_zero "$WALLET_AFTER" || die "after the runs the account still has money reserved: $WALLET_AFTER"
 	case "$WALLET_AUDIT" in
 	*'"clean": true'* | *'"clean":true'*) ;;

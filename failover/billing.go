@@ -361,13 +361,19 @@ func clientKey(r *http.Request) string {
 	return r.Header.Get("Api-Key")
 }
 
+// requestID is the request's ID, the {http.request.uuid} the access log
+// and X-Request-Id show, made once per request: Caddy generates it on
+// first use, and a failover decision and the ledger both need it.
 func requestID(x *exchange) string {
-	if x.repl != nil {
-		if v, ok := x.repl.GetString("http.request.uuid"); ok && v != "" {
-			return v
+	if x.id == "" {
+		if x.repl != nil {
+			x.id, _ = x.repl.GetString("http.request.uuid")
+		}
+		if x.id == "" {
+			x.id = fmt.Sprintf("req-%d", time.Now().UnixNano())
 		}
 	}
-	return fmt.Sprintf("req-%d", time.Now().UnixNano())
+	return x.id
 }
 
 // charge explains a settlement that is not simply the upstream's report:

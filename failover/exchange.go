@@ -120,6 +120,7 @@ type exchange struct {
 	w        http.ResponseWriter
 	r        *http.Request
 	repl     *caddy.Replacer
+	id       string // requestID's, once made
 	api      provider.API
 	req      provider.Request
 	body     []byte

@@ -1,11 +1,14 @@
 package provider
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"unicode/utf8"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/jsonscan"
 )
 
 // Error is an error the gateway itself answers, rendered in the format of
@@ -107,37 +110,85 @@ func (API) UpstreamMessage(body []byte) string {
 }
 
 func upstreamMessage(body []byte) string {
+	b := trimWS(body)
 	// Google wraps its error objects in an array:
 	// [{"error":{"code":429,"message":"...","status":"RESOURCE_EXHAUSTED"}}].
-	if b := trimWS(body); len(b) > 0 && b[0] == '[' {
-		var arr []struct {
-			Error json.RawMessage `json:"error"`
-		}
-		if json.Unmarshal(b, &arr) != nil || len(arr) == 0 || len(arr[0].Error) == 0 {
+	if len(b) > 0 && b[0] == '[' {
+		arr, ok := jsonscan.Array(b)
+		if _, ok = arr.Next(); !ok || arr.Peek() != '{' {
 			return ""
 		}
-		body = append(append([]byte(`{"error":`), arr[0].Error...), '}')
+		errVal, _, ok := messageMembers(arr.Value())
+		if !ok || len(errVal) == 0 {
+			return ""
+		}
+		msg, _ := errorMessage(errVal)
+		return msg
 	}
-	var v struct {
-		Error   json.RawMessage `json:"error"`
-		Message string          `json:"message"`
-	}
-	if json.Unmarshal(body, &v) != nil {
+	errVal, msgVal, ok := messageMembers(b)
+	if !ok {
 		return ""
 	}
-	if len(v.Error) > 0 {
-		var d struct {
-			Message string `json:"message"`
-		}
-		if json.Unmarshal(v.Error, &d) == nil && d.Message != "" {
-			return d.Message
-		}
-		var s string
-		if json.Unmarshal(v.Error, &s) == nil && s != "" {
-			return s
+	if msg, ok := errorMessage(errVal); ok && msg != "" {
+		return msg
+	}
+	msg, _ := jsonString(msgVal)
+	return msg
+}
+
+// messageMembers finds the "error" and "message" members of the object in
+// b (keys matched without regard to case, the last one winning, as
+// encoding/json reads them into a struct). ok is false when b is not a
+// well-formed object, or when its "message" is neither a string nor null.
+func messageMembers(b []byte) (errVal, msgVal []byte, ok bool) {
+	it, ok := jsonscan.Object(b)
+	if !ok {
+		return nil, nil, false
+	}
+	for key, more := it.Next(); more; key, more = it.Next() {
+		switch {
+		case bytes.EqualFold(key, []byte("error")):
+			errVal = it.Value()
+		case bytes.EqualFold(key, []byte("message")):
+			msgVal = it.Value()
 		}
 	}
-	return v.Message
+	if !it.Finished() {
+		return nil, nil, false
+	}
+	if _, isString := jsonString(msgVal); !isString && len(msgVal) > 0 && !jsonscan.IsNull(msgVal) {
+		return nil, nil, false
+	}
+	return errVal, msgVal, true
+}
+
+// errorMessage is the message an "error" member carries: its "message"
+// when it is an object, itself when it is a string.
+func errorMessage(v []byte) (string, bool) {
+	if len(v) > 0 && v[0] == '{' {
+		_, msg, ok := messageMembers(v)
+		if !ok {
+			return "", false
+		}
+		return jsonString(msg)
+	}
+	return jsonString(v)
+}
+
+// jsonString decodes a JSON string value; false when v is not one.
+func jsonString(v []byte) (string, bool) {
+	raw := jsonscan.StringValue(v)
+	if raw == nil {
+		return "", false
+	}
+	if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
+		return string(raw), true
+	}
+	var s string
+	if json.Unmarshal(v, &s) != nil {
+		return "", false
+	}
+	return s, true
 }
 
 // errorFrameStatuses are the HTTP statuses that in-stream error types

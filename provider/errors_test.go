@@ -195,3 +195,59 @@ func TestErrorFrameStatus(t *testing.T) {
 		}
 	}
 }
+
+// upstreamMessageReference is how upstreamMessage read messages with
+// encoding/json, before it walked them with jsonscan: the reference
+// FuzzUpstreamMessage compares with.
+func upstreamMessageReference(body []byte) string {
+	// Google wraps its error objects in an array:
+	// [{"error":{"code":429,"message":"...","status":"RESOURCE_EXHAUSTED"}}].
+	if b := trimWS(body); len(b) > 0 && b[0] == '[' {
+		var arr []struct {
+			Error json.RawMessage `json:"error"`
+		}
+		if json.Unmarshal(b, &arr) != nil || len(arr) == 0 || len(arr[0].Error) == 0 {
+			return ""
+		}
+		body = append(append([]byte(`{"error":`), arr[0].Error...), '}')
+	}
+	var v struct {
+		Error   json.RawMessage `json:"error"`
+		Message string          `json:"message"`
+	}
+	if json.Unmarshal(body, &v) != nil {
+		return ""
+	}
+	if len(v.Error) > 0 {
+		var d struct {
+			Message string `json:"message"`
+		}
+		if json.Unmarshal(v.Error, &d) == nil && d.Message != "" {
+			return d.Message
+		}
+		var s string
+		if json.Unmarshal(v.Error, &s) == nil && s != "" {
+			return s
+		}
+	}
+	return v.Message
+}
+
+// FuzzUpstreamMessage: on any valid JSON the walker finds the message
+// encoding/json found.
+func FuzzUpstreamMessage(f *testing.F) {
+	for _, s := range []string{`{"error":{"message":"Rate limit reached","type":"requests"}}`, `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`,
+		`{"error":"upstream connect error"}`, `{"error":{"message":""},"message":"outer"}`, `{"error":500,"message":"outer"}`, `{"message":{"text":"x"}}`,
+		`[{"error":{"code":429,"message":"Quota","status":"RESOURCE_EXHAUSTED"}}]`, `{"error":{"message":"a \"quoted\" \u00e9"}}`, `{"MESSAGE":"upper","Error":null}`,
+		`{"message":"first","message":"second"}`, `[{"message":"x"}]`, `{"error":{"message":"\ud800"}}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if !json.Valid(body) {
+			return
+		}
+		if got, want := upstreamMessage(body), upstreamMessageReference(body); got != want {
+			t.Fatalf("upstreamMessage(%s) = %q, encoding/json read %q", body, got, want)
+		}
+	})
+}

@@ -8,7 +8,8 @@
 //
 //   - llm_failover against reverse_proxy (column "llmf vs rp");
 //   - every "llm_failover+<x>" target (e.g. llm_failover+wallet) against
-//     plain llm_failover (column "on vs off"): the cost of the option x;
+//     plain llm_failover (column "on vs off"): the cost of the option x,
+//     and against reverse_proxy (column "vs rp");
 //   - every fleet run "<n>x<target>/<i>" (instance i of n, loaded at the
 //     same time, bench/run.sh BENCH_INSTANCES=n) against <target> on one
 //     instance (column "n vs 1"): per instance and all n together.
@@ -221,7 +222,8 @@ func main() {
 		cmps := []comparison{{base: base, test: test, head: "llmf vs rp"}}
 		for _, t := range d.targets[mode] {
 			if opt, found := strings.CutPrefix(t, optPrefix); found {
-				cmps = append(cmps, comparison{base: test, test: t, head: "on vs off", title: opt + " on vs off"})
+				cmps = append(cmps, comparison{base: test, test: t, head: "on vs off", title: opt + " on vs off"},
+					comparison{base: base, test: t, head: "vs rp", title: opt + " vs reverse_proxy"})
 			}
 		}
 		for _, c := range cmps {

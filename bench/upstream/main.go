@@ -4,6 +4,10 @@
 // for "stream": true, a fixed OpenAI-style SSE stream of -chunks content
 // chunks, a finish chunk and "data: [DONE]", flushed event by event.
 //
+// POST /fail/v1/chat/completions answers 503 with a small OpenAI-style
+// error, as an overloaded provider does: the channel a failover benchmark
+// fails over from.
+//
 // Every response is built once at start-up; a request costs one pooled
 // body read and the writes. It is meant to cost far less CPU than the
 // proxy under test.
@@ -132,6 +136,19 @@ func handle(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// overloaded is the failing path's answer.
+var overloaded = []byte(`{"error":{"message":"The server is overloaded, please try again later.","type":"server_error","param":null,"code":null}}` + "\n")
+
+// fail answers 503, after reading the body as a real upstream would.
+func fail(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, 1<<20))
+	h := w.Header()
+	h["Content-Type"] = hdrJSON
+	h["Content-Length"] = []string{strconv.Itoa(len(overloaded))}
+	w.WriteHeader(http.StatusServiceUnavailable)
+	_, _ = w.Write(overloaded)
+}
+
 func main() {
 	listen := flag.String("listen", "127.0.0.1:18090", "address to listen on (loopback only)")
 	chunks := flag.Int("chunks", 20, "content chunks per SSE stream (plus a finish chunk and [DONE])")
@@ -150,6 +167,7 @@ func main() {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/chat/completions", handle)
+	mux.HandleFunc("/fail/v1/chat/completions", fail)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
 	fmt.Fprintf(os.Stderr, "upstream: listening on %s (json %d bytes, stream %d events)\n", ln.Addr(), len(completion), len(events))
 	log.Fatal(srv.Serve(ln))

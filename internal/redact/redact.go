@@ -108,6 +108,12 @@ var (
 
 // Shapes masks credential-shaped strings in s.
 func Shapes(s string) string {
+	if !mayHoldShape(s) {
+		// Most messages ("The server is overloaded") hold none: this
+		// scan costs a fraction of the two regular expressions, which
+		// every failover's message would otherwise pay.
+		return s
+	}
 	s = credentialShapes.ReplaceAllLiteralString(s, Mask)
 	return longTokens.ReplaceAllStringFunc(s, func(m string) string {
 		if mixed(m) {
@@ -115,6 +121,52 @@ func Shapes(s string) string {
 		}
 		return m
 	})
+}
+
+// shapeStarts are the lower-case words every credentialShapes match
+// begins with, at a word boundary.
+var shapeStarts = [...]string{"bearer", "basic", "token", "sk", "pk", "rk", "key", "api", "xai", "gsk", "akia", "aiza"}
+
+// mayHoldShape reports whether s could hold a match of credentialShapes or
+// longTokens: one of shapeStarts at a word boundary (in any case, as the
+// expression's (?i) reads it), or a run of 32 longTokens characters.
+// False means Shapes has nothing to mask. Any byte beyond ASCII makes it
+// true: (?i) folds some non-ASCII letters onto ASCII ones (ſ is s, the
+// Kelvin sign k), which only the expressions get right.
+func mayHoldShape(s string) bool {
+	run := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x80 {
+			return true
+		}
+		if isTokenChar(c) {
+			if run++; run >= 32 {
+				return true
+			}
+		} else {
+			run = 0
+		}
+		if (i == 0 || !isWordChar(s[i-1])) && isWordChar(c) {
+			for _, w := range shapeStarts {
+				if len(s)-i >= len(w) && strings.EqualFold(s[i:i+len(w)], w) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// isTokenChar is longTokens' character class.
+func isTokenChar(c byte) bool {
+	return isWordChar(c) || c == '+' || c == '/' || c == '=' || c == '-'
+}
+
+// isWordChar is what \b takes for a word character: ASCII letters, digits
+// and the underscore.
+func isWordChar(c byte) bool {
+	return c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_'
 }
 
 func mixed(s string) bool {

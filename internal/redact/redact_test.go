@@ -70,3 +70,30 @@ func FuzzMessage(f *testing.F) {
 		}
 	})
 }
+
+// FuzzShapesFastPath: when the scan says a string can hold no shape, the
+// regular expressions indeed mask nothing in it.
+func FuzzShapesFastPath(f *testing.F) {
+	for _, s := range []string{"The server is overloaded, please try again later.", "Incorrect API key provided: sk-proj-abcdefghij1234",
+		"x-Bearer abcdefghij", "tokens", "AKIAABCDEFGHIJKLMNOP", "aizaSyabcdefghijklmnopqrstu", strings.Repeat("a1", 16), "ümlaut basic 12345678", "ſk-abcdefghij", "\u212aey-abcdefghij"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		if mayHoldShape(in) {
+			return
+		}
+		if credentialShapes.MatchString(in) || longTokens.MatchString(in) {
+			t.Fatalf("mayHoldShape(%q) is false, but an expression matches it", in)
+		}
+	})
+}
+
+func BenchmarkShapes(b *testing.B) {
+	for _, in := range []string{"The server is overloaded, please try again later.", "Incorrect API key provided: sk-proj-abcdefghij1234"} {
+		b.Run(strings.Fields(in)[1], func(b *testing.B) {
+			for b.Loop() {
+				_ = Shapes(in)
+			}
+		})
+	}
+}
