@@ -547,7 +547,7 @@ func resumeArg(d *caddyfile.Dispenser) (string, error) {
 	if err := caddykit.NoMoreArgs(d); err != nil {
 		return "", err
 	}
-	if err := checkResume(v); err != nil {
+	if err := compileResume(v); err != nil {
 		return "", d.Errf("stream_resume: %v", err)
 	}
 	return v, nil

@@ -42,7 +42,7 @@ func routeKey(model, channel string) string { return "route " + model + "\x00" +
 
 // compile turns the handler's config into the engine's plan, defaults
 // applied, or finds its first mistake, keyed by the element it is about.
-// It is the one place the config is checked, whether it came from a
+// It is the one place the config is validated, whether it came from a
 // Caddyfile (the parser calls it and names the line) or from JSON
 // (Provision calls it and keeps the plan). It touches nothing outside the
 // config: the channels' adapters are decoded, not provisioned, and their
@@ -149,7 +149,7 @@ func compileOptions(h *Handler) (failover.Options, error) {
 	if o.RetrySame, err = compileRetrySame(h.RetrySame, o.RetryStatus); err != nil {
 		return o, mistake(optionKey("retry_same"), "retry_same: %w", err)
 	}
-	if err := checkResume(h.StreamResume); err != nil {
+	if err := compileResume(h.StreamResume); err != nil {
 		return o, mistake(optionKey("stream_resume"), "stream_resume: %w", err)
 	}
 	if o.Breaker, err = compileBreaker(h.Breaker); err != nil {
@@ -193,8 +193,8 @@ func compileRetrySame(r *RetrySame, retried []int) (*failover.RetrySame, error) 
 	return &failover.RetrySame{Statuses: r.Statuses, MaxWait: time.Duration(r.MaxWait)}, nil
 }
 
-// checkResume vets a stream_resume value.
-func checkResume(v string) error {
+// compileResume refuses a stream_resume value that is neither mode.
+func compileResume(v string) error {
 	if v != "" && v != failover.ResumeContinue && v != failover.ResumeOff {
 		return fmt.Errorf("unknown mode %q (want continue or off)", v)
 	}
@@ -254,7 +254,7 @@ func compileModel(h *Handler, m *Model, index map[string]int, channels []*failov
 	if resume == "" {
 		resume = h.StreamResume
 	}
-	if err := checkResume(m.StreamResume); err != nil {
+	if err := compileResume(m.StreamResume); err != nil {
 		return nil, mistake(at, "model %q: stream_resume: %w", m.Name, err)
 	}
 	pm := &failover.Model{Name: m.Name, MaxOutput: m.MaxOutputTokens, MaxInput: m.MaxInputTokens, Resume: resume}

@@ -23,15 +23,15 @@ import (
 type prober struct{ e *Engine }
 
 // Checks lists one check per route of every model that probes.
-func (p prober) Checks() []probe.Check {
-	var out []probe.Check
+func (p prober) Routes() []probe.Route {
+	var out []probe.Route
 	for _, name := range p.e.modelList {
 		m := p.e.models[name]
 		if m.Probe == nil {
 			continue
 		}
 		for i, r := range m.Chain.Routes {
-			out = append(out, probe.Check{Model: name, Channel: r.Name, Plan: *m.Probe, ID: i})
+			out = append(out, probe.Route{Model: name, Channel: r.Name, Plan: *m.Probe, ID: i})
 		}
 	}
 	return out
@@ -42,7 +42,7 @@ func (p prober) Checks() []probe.Check {
 // client request is sent to a channel that may still be broken), or
 // closed without real traffic for an interval. An open or parked channel
 // may be sent nothing, and a busy one tells by itself.
-func (p prober) Quiet(c probe.Check, now time.Time) bool {
+func (p prober) Quiet(c probe.Route, now time.Time) bool {
 	m := p.e.models[c.Model]
 	ch := p.e.channels[m.Chain.Routes[c.ID].Channel]
 	switch ch.health.Breaker.State(now) {
@@ -57,8 +57,8 @@ func (p prober) Quiet(c probe.Check, now time.Time) bool {
 	return ok
 }
 
-// Probe sends the check.
-func (p prober) Probe(ctx context.Context, c probe.Check) (probe.Result, bool) {
+// Probe sends one probe of the route.
+func (p prober) Probe(ctx context.Context, c probe.Route) (probe.Result, bool) {
 	m := p.e.models[c.Model]
 	return p.e.probeChannel(ctx, m, &m.Chain.Routes[c.ID])
 }

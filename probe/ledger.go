@@ -85,7 +85,7 @@ func (l *Ledger) overBudget(channel string, budget wallet.Micros, now time.Time)
 }
 
 // finished records one probe's result and cost.
-func (l *Ledger) finished(c Check, res Result, at time.Time) {
+func (l *Ledger) finished(c Route, res Result, at time.Time) {
 	l.mu.Lock()
 	r := l.record(c.Channel)
 	if day := at.UTC().Format(time.DateOnly); r.Day != day {

@@ -1,10 +1,10 @@
-// Package probe schedules synthetic checks of the channels that serve a
-// model: which check is due (its interval has passed, nothing else tells
+// Package probe schedules synthetic checks (probes) of the channels that
+// serve a model: which is due (its interval has passed, nothing else tells
 // about its channel's health, its daily budget is not spent), rounds of
 // them, and on a fleet sharing a database, only on the instance that
 // leads. It keeps the process's record of what probes found and spent.
 //
-// It knows a Target, which sends a check and judges its answer, never
+// It knows a Target, which sends a probe and judges its answer, never
 // the handler that implements one; it knows nothing of Caddy, HTTP or
 // the wallet's stores.
 package probe
@@ -76,9 +76,9 @@ type Outcome string
 const (
 	// Passed: content committed with a 2xx.
 	Passed Outcome = "passed"
-	// Failed: the channel failed the check; it opens at once.
+	// Failed: the channel failed the probe; it opens at once.
 	Failed Outcome = "failed"
-	// Limited: the channel rate-limited the check.
+	// Limited: the channel rate-limited the probe.
 	Limited Outcome = "rate_limited"
 	// ConfigError: the probe itself was refused (its parameters, or the
 	// probe account), which says nothing of the channel.

@@ -13,12 +13,12 @@ import (
 	"github.com/llmfailover/caddy-llm-failover/wallet"
 )
 
-// Check is one synthetic check a Target offers: one channel of one model.
-type Check struct {
+// Route is one channel of one model a Target offers to probe.
+type Route struct {
 	Model   string
 	Channel string
 	Plan    Plan
-	// ID is the Target's own handle on the check (its route).
+	// ID is the Target's own handle on the route.
 	ID int
 }
 
@@ -33,19 +33,20 @@ type Result struct {
 	TTFT time.Duration
 }
 
-// Target sends synthetic checks and judges their answers exactly as it
-// judges real traffic.
+// Target sends probes and judges their answers exactly as it judges real
+// traffic.
 type Target interface {
-	// Checks lists the checks the target offers.
-	Checks() []Check
-	// Quiet reports whether nothing but a probe tells about the check's
+	// Routes lists the routes the target offers to probe.
+	Routes() []Route
+	// Quiet reports whether nothing but a probe tells about the route's
 	// channel at now: it is half-open (the probe is then its trial), or
-	// closed with no real traffic for the check's interval. An open or
+	// closed with no real traffic for the route's interval. An open or
 	// parked channel, or one no probe can be written for, is never quiet.
-	Quiet(c Check, now time.Time) bool
-	// Probe sends the check; sent is false when the channel's breaker
-	// admitted nothing (its trial slots are taken by clients).
-	Probe(ctx context.Context, c Check) (r Result, sent bool)
+	Quiet(r Route, now time.Time) bool
+	// Probe sends one probe of the route; sent is false when the
+	// channel's breaker admitted nothing (its trial slots are taken by
+	// clients).
+	Probe(ctx context.Context, r Route) (res Result, sent bool)
 }
 
 // Leader is the election of the one instance of a fleet that probes.
@@ -56,7 +57,7 @@ type Leader interface {
 	Resign()
 }
 
-// Scheduler runs rounds of the checks that are due. It is made for one
+// Scheduler runs rounds of the probes that are due. It is made for one
 // config and run by it until that config stops.
 type Scheduler struct {
 	targets []Target
@@ -66,29 +67,29 @@ type Scheduler struct {
 	every   time.Duration
 
 	mu   sync.Mutex
-	last map[checkKey]time.Time // when each check last ran
+	last map[routeKey]time.Time // when each route was last probed
 
 	// Only the round goroutine touches these.
 	campaigned time.Time // when this instance last asked to lead
 	leading    bool
 }
 
-type checkKey struct {
+type routeKey struct {
 	target         int
 	model, channel string
 }
 
-// NewScheduler returns the scheduler of the targets' checks, recording
-// into ledger; nil when no target offers a check.
+// NewScheduler returns the scheduler of the targets' routes, recording
+// into ledger; nil when no target offers one.
 func NewScheduler(targets []Target, ledger *Ledger, leader Leader, logger *zap.Logger) *Scheduler {
-	s := &Scheduler{ledger: ledger, leader: leader, logger: logger, last: map[checkKey]time.Time{}}
+	s := &Scheduler{ledger: ledger, leader: leader, logger: logger, last: map[routeKey]time.Time{}}
 	for _, t := range targets {
-		checks := t.Checks()
-		if len(checks) == 0 {
+		routes := t.Routes()
+		if len(routes) == 0 {
 			continue
 		}
 		s.targets = append(s.targets, t)
-		for _, c := range checks {
+		for _, c := range routes {
 			if s.every == 0 || c.Plan.Interval < s.every {
 				s.every = c.Plan.Interval
 			}
@@ -100,7 +101,7 @@ func NewScheduler(targets []Target, ledger *Ledger, leader Leader, logger *zap.L
 	return s
 }
 
-// Every is the shortest interval of any check: how often the job is
+// Every is the shortest interval of any route: how often the job is
 // meant to run.
 func (s *Scheduler) Every() time.Duration { return s.every }
 
@@ -110,7 +111,7 @@ func (s *Scheduler) Run(ctx context.Context, job *jobs.Job) {
 	if s.leader != nil {
 		defer s.leader.Resign()
 	}
-	// The tick is a fraction of the shortest interval, so that a check
+	// The tick is a fraction of the shortest interval, so that a route
 	// falls due at most a tick late.
 	t := time.NewTicker(max(s.every/4, 10*time.Millisecond))
 	defer t.Stop()
@@ -124,7 +125,7 @@ func (s *Scheduler) Run(ctx context.Context, job *jobs.Job) {
 	}
 }
 
-// Round probes every check that is due, concurrently, and waits for them.
+// Round probes every route that is due, concurrently, and waits for them.
 func (s *Scheduler) Round(ctx context.Context) (jobs.Summary, error) {
 	if s.leader != nil {
 		// Once per interval, not per tick: a follower's campaign opens a
@@ -148,8 +149,8 @@ func (s *Scheduler) Round(ctx context.Context) (jobs.Summary, error) {
 	var mu sync.Mutex
 	counts := map[Outcome]int{}
 	for i, t := range s.targets {
-		for _, c := range t.Checks() {
-			key := checkKey{i, c.Model, c.Channel}
+		for _, c := range t.Routes() {
+			key := routeKey{i, c.Model, c.Channel}
 			if !s.due(t, c, key, now) {
 				continue
 			}
@@ -177,10 +178,10 @@ func (s *Scheduler) Round(ctx context.Context) (jobs.Summary, error) {
 		counts[Passed], counts[Failed], counts[Limited], counts[ConfigError])), nil
 }
 
-// due decides whether the check runs now: its interval has passed since
-// it last ran, its channel is quiet, and its channel's daily budget is
+// due decides whether the route is probed now: its interval has passed
+// since its last probe, its channel is quiet, and its channel's daily budget is
 // not spent.
-func (s *Scheduler) due(t Target, c Check, key checkKey, now time.Time) bool {
+func (s *Scheduler) due(t Target, c Route, key routeKey, now time.Time) bool {
 	s.mu.Lock()
 	last := s.last[key]
 	s.mu.Unlock()
