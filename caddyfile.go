@@ -66,6 +66,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			cooldown  <duration>
 //			ratio     <min_calls> <failure_ratio>
 //			max_park  <duration>
+//			park      <duration>
 //			trials    <n>
 //		}
 //		wallet [<name>] {
@@ -211,7 +212,7 @@ var singleArgument = map[string]bool{
 	"max_hops": true, "header_timeout": true, "stream_header_timeout": true, "deadline": true, "first_byte_timeout": true,
 	"max_request_body": true, "max_response_body": true, "stream_idle_timeout": true,
 	"auth": true, "request_body_timeout": true, "probe_account": true,
-	"window": true, "failures": true, "cooldown": true, "max_park": true, "trials": true,
+	"window": true, "failures": true, "cooldown": true, "max_park": true, "park": true, "trials": true,
 }
 
 func (h *Handler) unmarshalChannel(d *caddyfile.Dispenser, at map[string]string) error {
@@ -423,6 +424,8 @@ func (h *Handler) unmarshalBreaker(d *caddyfile.Dispenser) error {
 			b.Cooldown, err = caddykit.DurationArg(d)
 		case "max_park":
 			b.MaxPark, err = caddykit.DurationArg(d)
+		case "park":
+			b.Park, err = caddykit.DurationArg(d)
 		case "trials":
 			b.Trials, err = caddykit.IntArg(d, 1)
 		case "ratio":

@@ -205,7 +205,7 @@ func compileBreaker(b *Breaker) (breaker.Config, error) {
 	var c breaker.Config
 	if b != nil {
 		c = breaker.Config{Window: time.Duration(b.Window), Failures: b.Failures, Cooldown: time.Duration(b.Cooldown),
-			MaxPark: time.Duration(b.MaxPark), Trials: b.Trials}
+			MaxPark: time.Duration(b.MaxPark), Park: time.Duration(b.Park), Trials: b.Trials}
 		if b.Ratio != nil {
 			c.MinCalls, c.FailureRatio = b.Ratio.MinCalls, b.Ratio.FailureRatio
 		}

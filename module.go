@@ -210,6 +210,10 @@ type Breaker struct {
 	// MaxPark caps how long a 429's Retry-After parks a channel.
 	// Default: 5m.
 	MaxPark caddy.Duration `json:"max_park,omitempty"`
+	// Park is how long a rate limit parks a channel when the upstream
+	// names no wait (no Retry-After, no reset header): a rate limit is
+	// never counted as an outage. Default: 10s.
+	Park caddy.Duration `json:"park,omitempty"`
 	// Trials is how many requests a recovering channel is sent at once;
 	// the others go to the next channel. Default: 1.
 	Trials int `json:"trials,omitempty"`

@@ -278,8 +278,20 @@ func (b *Breaker) RecordFailure(now time.Time) Transition {
 	return Transition{From: from, To: b.stateLocked(n)}
 }
 
+// ParkFor is how long a rate limit parks the channel: what the upstream
+// asked for (hinted), or the configured Park when it named no wait. A
+// rate limit is never an outage, hint or no hint.
+func (b *Breaker) ParkFor(wait time.Duration, hinted bool) time.Duration {
+	if hinted {
+		return wait
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.cfg.Park
+}
+
 // Park takes the channel out of rotation for retryAfter (capped at
-// MaxPark) without counting an outage failure, for a 429 with Retry-After.
+// MaxPark) without counting an outage failure, for a rate limit.
 // An existing longer park is kept. until is the park deadline in force
 // afterwards, zero if the channel is not parked (retryAfter <= 0 and no
 // earlier park).

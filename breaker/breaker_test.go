@@ -41,7 +41,7 @@ func TestStateString(t *testing.T) {
 
 func TestConfigDefaultsAndValidate(t *testing.T) {
 	d := Config{}.WithDefaults()
-	want := Config{Window: 5 * time.Minute, Failures: 3, Cooldown: 60 * time.Second, MaxPark: 5 * time.Minute, Trials: 1}
+	want := Config{Window: 5 * time.Minute, Failures: 3, Cooldown: 60 * time.Second, MaxPark: 5 * time.Minute, Park: 10 * time.Second, Trials: 1}
 	if d != want {
 		t.Fatalf("WithDefaults = %+v, want %+v", d, want)
 	}
@@ -64,6 +64,7 @@ func TestConfigDefaultsAndValidate(t *testing.T) {
 		{"negative window", Config{Window: -time.Second}, false},
 		{"negative cooldown", Config{Cooldown: -time.Second}, false},
 		{"negative max park", Config{MaxPark: -time.Second}, false},
+		{"negative park", Config{Park: -time.Second}, false},
 		{"negative trials", Config{Trials: -1}, false},
 		{"several trials", Config{Trials: 4}, true},
 		{"min calls over ring", Config{MinCalls: 101, FailureRatio: 0.5}, false},
@@ -744,5 +745,24 @@ func TestAdmitLastResortOncePerTrip(t *testing.T) {
 	p.Park(t0, 2*time.Minute)
 	if _, ok := p.AdmitLastResort(at(time.Second)); ok {
 		t.Fatal("last resort of a parked channel admitted")
+	}
+}
+
+// A rate limit parks for what the upstream asked, or for Park when it
+// named no wait; never counted as a failure either way.
+func TestParkFor(t *testing.T) {
+	b := New(Config{Park: 7 * time.Second})
+	if d := b.ParkFor(3*time.Second, true); d != 3*time.Second {
+		t.Errorf("hinted: %s", d)
+	}
+	if d := b.ParkFor(0, false); d != 7*time.Second {
+		t.Errorf("no hint: %s, want the configured park", d)
+	}
+	if d := New(Config{}).ParkFor(0, false); d != DefaultPark {
+		t.Errorf("default: %s", d)
+	}
+	until, tr := b.Park(t0, b.ParkFor(0, false))
+	if !until.Equal(at(7*time.Second)) || tr.To != Parked || b.Snapshot(t0).FailuresInWindow != 0 {
+		t.Fatalf("parked until %v (%v), %+v", until, tr, b.Snapshot(t0))
 	}
 }

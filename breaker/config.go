@@ -12,6 +12,10 @@ const (
 	DefaultFailures = 3
 	DefaultCooldown = 60 * time.Second
 	DefaultMaxPark  = 5 * time.Minute
+	// DefaultPark is how long a rate limit that names no wait parks a
+	// channel: long enough to stop hammering a quota, short enough that a
+	// per-minute quota is tried again within its minute.
+	DefaultPark = 10 * time.Second
 	DefaultTrials   = 1
 )
 
@@ -47,6 +51,9 @@ type Config struct {
 
 	// MaxPark caps how long a Retry-After can park the channel.
 	MaxPark time.Duration
+	// Park is how long a rate limit parks the channel when the upstream
+	// says nothing of when to come back (ParkFor).
+	Park time.Duration
 	// Trials is how many requests a half-open channel (or the last resort
 	// of an open one) may have in flight at once; every other request is
 	// refused until one of them ends.
@@ -67,6 +74,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxPark == 0 {
 		c.MaxPark = DefaultMaxPark
+	}
+	if c.Park == 0 {
+		c.Park = DefaultPark
 	}
 	if c.Trials == 0 {
 		c.Trials = DefaultTrials
@@ -94,6 +104,9 @@ func (c Config) Validate() error {
 	if d.MaxPark < 0 {
 		bad("max_park must be positive, got %s", d.MaxPark)
 	}
+	if d.Park < 0 {
+		bad("park must be positive, got %s", d.Park)
+	}
 	if d.Trials < 1 {
 		bad("trials must be at least 1, got %d", d.Trials)
 	}
@@ -120,6 +133,9 @@ func (c Config) sanitize() Config {
 	}
 	if c.MaxPark < 0 {
 		c.MaxPark = DefaultMaxPark
+	}
+	if c.Park < 0 {
+		c.Park = DefaultPark
 	}
 	c.Failures = min(max(c.Failures, 1), MaxFailures)
 	c.Trials = max(c.Trials, 1)

@@ -367,11 +367,15 @@ func causeFailure(ctx context.Context) *failure {
 }
 
 // statusFailure reads (a bounded part of) a retryable error answer so that
-// its message can be logged and quoted to the client.
+// its message can be logged and quoted to the client, and when it asks to
+// be left alone: Retry-After, or for a 429 without one, the provider's
+// rate-limit reset headers.
 func statusFailure(api provider.API, res *http.Response) *failure {
 	f := &failure{reason: reasonStatus, status: res.StatusCode}
-	if ra, ok := provider.RetryAfter(res.Header, time.Now()); ok {
-		f.retryAfter = ra
+	now := time.Now()
+	f.retryAfter, f.hinted = provider.RetryAfter(res.Header, now)
+	if !f.hinted && res.StatusCode == http.StatusTooManyRequests {
+		f.retryAfter, f.hinted = provider.RateLimitReset(res.Header, now)
 	}
 	if b, err := io.ReadAll(io.LimitReader(res.Body, 64<<10)); err == nil || len(b) > 0 {
 		f.message = api.UpstreamMessage(b)

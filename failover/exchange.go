@@ -72,7 +72,10 @@ type failure struct {
 	// detail is what went wrong locally (a dial error, a timeout). It names
 	// internal addresses, so it goes to logs, never to clients.
 	detail     string
+	// retryAfter is how long the upstream asked to be left alone; hinted
+	// says whether it asked at all.
 	retryAfter time.Duration
+	hinted     bool
 	timeout    bool
 	// frameStatus is the HTTP status an in-stream error event stood for
 	// (provider.API.ErrorFrameStatus); 0 for other failures.
@@ -80,6 +83,13 @@ type failure struct {
 	// delivered: for a resumed stream, the tokens the client had when it
 	// broke (journaled with reason "resumed").
 	delivered int64
+}
+
+// rateLimited reports whether the failure is a rate limit: a 429, or an
+// in-stream error event standing for one. A rate limit is never an
+// outage: it parks the channel instead of counting against it.
+func (f *failure) rateLimited() bool {
+	return f.status == http.StatusTooManyRequests || f.frameStatus == http.StatusTooManyRequests
 }
 
 // channelFault reports whether the failure says something about the

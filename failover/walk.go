@@ -188,12 +188,13 @@ func (e *Engine) record(x *exchange, route *chain.Route, res attemptResult, took
 				cause = "last_resort_succeeded"
 			}
 		}
-	case f.status == http.StatusTooManyRequests && f.retryAfter > 0:
+	case f.rateLimited():
 		// A rate limit is not an outage: park the channel for as long as
-		// it asked, without counting a failure.
+		// it asked (or the configured park when it named no wait),
+		// without counting a failure.
 		outcome, status = outcomeRateLimited, f.status
 		var until time.Time
-		until, tr = ch.health.Breaker.Park(now, f.retryAfter)
+		until, tr = ch.health.Breaker.Park(now, ch.health.Breaker.ParkFor(f.retryAfter, f.hinted))
 		if tr.Changed() {
 			e.logger.Info("channel parked by Retry-After", zap.String("channel", ch.Name), zap.Time("until", until))
 		}

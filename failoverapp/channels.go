@@ -106,7 +106,7 @@ func (a *App) Channel(id ChannelID, cfg breaker.Config, owner string) (*Channel,
 }
 
 func describeBreaker(c breaker.Config) string {
-	s := fmt.Sprintf("failures %d, window %s, cooldown %s, trials %d, max_park %s", c.Failures, c.Window, c.Cooldown, c.Trials, c.MaxPark)
+	s := fmt.Sprintf("failures %d, window %s, cooldown %s, trials %d, max_park %s, park %s", c.Failures, c.Window, c.Cooldown, c.Trials, c.MaxPark, c.Park)
 	if c.MinCalls > 0 {
 		s += fmt.Sprintf(", ratio %d %g", c.MinCalls, c.FailureRatio)
 	}

@@ -396,6 +396,65 @@ func TestBreakerRetryAfterParks(t *testing.T) {
 	}
 }
 
+// 6b. A rate limit is never an outage, whatever it says of when to come
+// back: a 429 with no Retry-After parks for the breaker's park (Vertex
+// often sends none), one with only a provider's reset header parks until
+// that reset, and an in-stream rate-limit error event parks like a 429.
+// None counts a failure, so the channel never opens on a quota burst.
+func TestBreakerRateLimitsAlwaysPark(t *testing.T) {
+	rateLimitFrame := fu.BehaviorFunc(func(w http.ResponseWriter, r *http.Request, _ int64) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"rate_limit_error\",\"message\":\"Number of request tokens has exceeded your per-minute rate limit\"}}\n\n")
+	})
+	resetIn3s := func() fu.Behavior {
+		return fu.Status(429, "").WithHeader("Anthropic-Ratelimit-Tokens-Reset", time.Now().Add(3*time.Second).UTC().Format(time.RFC3339)).
+			WithHeader("Anthropic-Ratelimit-Tokens-Remaining", "0")
+	}
+	for _, tc := range []struct {
+		name   string
+		a      func() fu.Behavior
+		claude bool
+		park   time.Duration // at least
+	}{
+		{"no hint", func() fu.Behavior {
+			return fu.Status(429, fu.OpenAIErrorBody("Quota exceeded", "rate_limit_exceeded", "rate_limit_exceeded"))
+		}, false, 1500 * time.Millisecond},
+		{"reset header", resetIn3s, false, 2 * time.Second},
+		{"error event", func() fu.Behavior { return rateLimitFrame }, true, 1500 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := upstream(t, tc.a())
+			b := upstream(t, fu.OKNamed("backup"))
+			gateway(t, twoChannels, a.URL, b.URL, "breaker {\n\t\t\tpark 1500ms\n\t\t}")
+			parked := time.Now()
+			chat := func() (*http.Response, []byte) {
+				if tc.claude {
+					return post(t, "/v1/messages", fu.MessagesRequest("claude", true), "Anthropic-Version", "2023-06-01")
+				}
+				return brkChat(t)
+			}
+			for range 4 {
+				if res, body := chat(); res.StatusCode != 200 || res.Header.Get("X-Served-By") != "b" {
+					t.Fatalf("status %d served by %q: %s", res.StatusCode, res.Header.Get("X-Served-By"), body)
+				}
+			}
+			hits(t, a, 1) // parked after the first
+			st := brkState(t, "a")
+			if st.State != "parked" || *st.Failures != 0 || st.TimesOpened != 0 {
+				t.Fatalf("after a rate limit: %+v", st)
+			}
+			a.Set(fu.OKNamed("primary"))
+			eventually(t, 6*time.Second, "the park to end", func() bool {
+				res, _ := chat()
+				return res.StatusCode == 200 && res.Header.Get("X-Served-By") == "a"
+			})
+			if el := time.Since(parked); el < tc.park {
+				t.Fatalf("the primary was tried again after %s, want a park of at least %s", el, tc.park)
+			}
+		})
+	}
+}
+
 // 7. Ratio mode: scattered failures among many successes do not open a
 // busy channel, a channel failing half its calls does.
 func TestBreakerRatioMode(t *testing.T) {

@@ -3,8 +3,10 @@ package provider
 import (
 	"bytes"
 	"encoding/json"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 )
 
@@ -250,4 +252,32 @@ func FuzzUpstreamMessage(f *testing.F) {
 			t.Fatalf("upstreamMessage(%s) = %q, encoding/json read %q", body, got, want)
 		}
 	})
+}
+
+// A 429 without Retry-After still says when its limit resets, in the
+// provider's own headers: the exhausted limit's reset wins.
+func TestRateLimitReset(t *testing.T) {
+	now := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	for _, tt := range []struct {
+		name string
+		h    http.Header
+		want time.Duration
+		ok   bool
+	}{
+		{"none", http.Header{}, 0, false},
+		{"openai tokens exhausted", http.Header{"X-Ratelimit-Reset-Requests": {"1s"}, "X-Ratelimit-Remaining-Requests": {"59"},
+			"X-Ratelimit-Reset-Tokens": {"6m0s"}, "X-Ratelimit-Remaining-Tokens": {"0"}}, 6 * time.Minute, true},
+		{"openai none exhausted: the soonest", http.Header{"X-Ratelimit-Reset-Requests": {"20ms"}, "X-Ratelimit-Reset-Tokens": {"2.5s"}}, 20 * time.Millisecond, true},
+		{"anthropic output tokens exhausted", http.Header{
+			"Anthropic-Ratelimit-Requests-Reset": {"2026-12-06T12:00:01Z"}, "Anthropic-Ratelimit-Requests-Remaining": {"49"},
+			"Anthropic-Ratelimit-Output-Tokens-Reset": {"2026-12-06T12:00:30Z"}, "Anthropic-Ratelimit-Output-Tokens-Remaining": {"0"}}, 30 * time.Second, true},
+		{"reset in the past", http.Header{"Anthropic-Ratelimit-Tokens-Reset": {"2026-12-06T11:59:00Z"}}, 0, true},
+		{"unparsable", http.Header{"X-Ratelimit-Reset-Tokens": {"soon"}, "Anthropic-Ratelimit-Tokens-Reset": {"tomorrow"}}, 0, false},
+		{"negative", http.Header{"X-Ratelimit-Reset-Tokens": {"-1s"}}, 0, false},
+	} {
+		got, ok := RateLimitReset(tt.h, now)
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("%s: RateLimitReset = %s, %v; want %s, %v", tt.name, got, ok, tt.want, tt.ok)
+		}
+	}
 }

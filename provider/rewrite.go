@@ -92,6 +92,62 @@ func RetryAfter(h http.Header, now time.Time) (time.Duration, bool) {
 	return breaker.ParseRetryAfter(h.Get("Retry-After"), now)
 }
 
+// rateLimitResets are the headers in which providers say when each of an
+// account's limits resets, with the header saying how much of it is left:
+// Anthropic's as RFC 3339 times, OpenAI's (and the hosts that copy it) as
+// durations ("1s", "6m0s", "20ms").
+var rateLimitResets = []struct {
+	reset, remaining string
+	rfc3339          bool
+}{
+	{"Anthropic-Ratelimit-Requests-Reset", "Anthropic-Ratelimit-Requests-Remaining", true},
+	{"Anthropic-Ratelimit-Tokens-Reset", "Anthropic-Ratelimit-Tokens-Remaining", true},
+	{"Anthropic-Ratelimit-Input-Tokens-Reset", "Anthropic-Ratelimit-Input-Tokens-Remaining", true},
+	{"Anthropic-Ratelimit-Output-Tokens-Reset", "Anthropic-Ratelimit-Output-Tokens-Remaining", true},
+	{"X-Ratelimit-Reset-Requests", "X-Ratelimit-Remaining-Requests", false},
+	{"X-Ratelimit-Reset-Tokens", "X-Ratelimit-Remaining-Tokens", false},
+}
+
+// RateLimitReset reads, from a 429 that carries no Retry-After, when the
+// exhausted limit resets: the latest reset among the limits whose
+// remaining count is 0, or, when no header says which is exhausted, the
+// soonest reset given. false when the answer names no reset.
+func RateLimitReset(h http.Header, now time.Time) (time.Duration, bool) {
+	var exhausted, soonest time.Duration
+	var anyExhausted, any bool
+	for _, r := range rateLimitResets {
+		v := strings.TrimSpace(h.Get(r.reset))
+		if v == "" {
+			continue
+		}
+		var wait time.Duration
+		if r.rfc3339 {
+			at, err := time.Parse(time.RFC3339, v)
+			if err != nil {
+				continue
+			}
+			wait = max(at.Sub(now), 0)
+		} else {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 {
+				continue
+			}
+			wait = d
+		}
+		if !any || wait < soonest {
+			soonest = wait
+		}
+		any = true
+		if strings.TrimSpace(h.Get(r.remaining)) == "0" {
+			exhausted, anyExhausted = max(exhausted, wait), true
+		}
+	}
+	if anyExhausted {
+		return exhausted, true
+	}
+	return soonest, any
+}
+
 // maxErrorBody bounds how much of an upstream's error body is read to
 // translate it.
 const maxErrorBody = 64 << 10
