@@ -14,7 +14,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/llmfailover/caddy-llm-failover/chain"
-	"github.com/llmfailover/caddy-llm-failover/failoverapp"
 	"github.com/llmfailover/caddy-llm-failover/provider"
 	"github.com/llmfailover/caddy-llm-failover/streamgate"
 )
@@ -35,6 +34,9 @@ func (e *Engine) attempt(x *exchange, route *chain.Route, budget time.Duration) 
 	}
 	ctx, cancel := context.WithCancelCause(x.r.Context())
 	defer cancel(nil)
+	// What an adapter buffers to read the answer counts against the
+	// memory budget too.
+	ctx = provider.WithHolder(ctx, e.memory)
 	// Every timer below is stopped when the answer is committed: none of
 	// them may cut a stream that is already on its way to the client.
 	budgetTimer := time.AfterFunc(budget, func() { cancel(errBudget) })
@@ -189,8 +191,11 @@ func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc
 			return attemptResult{verdict: clientGone}
 		}
 		f := &failure{reason: reasonTruncated}
-		if out.Outcome == streamgate.Stalled {
+		switch {
+		case out.Outcome == streamgate.Stalled:
 			f.reason = reasonStalled
+		case errors.Is(out.Err, provider.ErrMemoryBudget):
+			f = overloadedFailure() // the load's doing, not the channel's
 		}
 		if !continuing && e.broke(x, ch, out) {
 			return attemptResult{verdict: broken, fail: f}
@@ -237,6 +242,9 @@ func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc
 		if x.r.Context().Err() != nil {
 			return attemptResult{verdict: clientGone}
 		}
+		if errors.Is(out.Err, provider.ErrMemoryBudget) {
+			return retryWith(overloadedFailure())
+		}
 		if f := causeFailure(ctx); f != nil {
 			return retryWith(f)
 		}
@@ -279,7 +287,7 @@ func (e *Engine) readAnswer(ctx context.Context, x *exchange, res *http.Response
 	x.held = append(x.held, held)
 	body, err := io.ReadAll(io.LimitReader(held, e.opts.MaxResponseBody+1))
 	switch {
-	case errors.Is(err, failoverapp.ErrMemoryFull):
+	case errors.Is(err, provider.ErrMemoryBudget):
 		return nil, &attemptResult{verdict: retry, fail: overloadedFailure()}
 	case err != nil && x.r.Context().Err() != nil:
 		return nil, &attemptResult{verdict: clientGone}

@@ -71,7 +71,7 @@ type failure struct {
 	message string // the upstream's own error message, when it sent one
 	// detail is what went wrong locally (a dial error, a timeout). It names
 	// internal addresses, so it goes to logs, never to clients.
-	detail     string
+	detail string
 	// retryAfter is how long the upstream asked to be left alone; hinted
 	// says whether it asked at all.
 	retryAfter time.Duration

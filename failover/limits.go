@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/llmfailover/caddy-llm-failover/failoverapp"
+	"github.com/llmfailover/caddy-llm-failover/provider"
 )
 
 // This file bounds what one request can hold of the gateway: the bytes of
@@ -20,7 +21,7 @@ import (
 // not let start, or go on: it is nobody's fault but the load's, and a 503
 // tells the client to come back.
 func overloadedFailure() *failure {
-	return &failure{reason: reasonOverloaded, status: http.StatusServiceUnavailable, message: failoverapp.ErrMemoryFull.Error()}
+	return &failure{reason: reasonOverloaded, status: http.StatusServiceUnavailable, message: provider.ErrMemoryBudget.Error()}
 }
 
 // overloaded reports the failure of an attempt that must not start while
@@ -55,7 +56,7 @@ func (hr *heldReader) Read(p []byte) (int, error) {
 	n, err := hr.r.Read(p)
 	hr.held += int64(n)
 	if hr.memory.Hold(int64(n)) {
-		return n, failoverapp.ErrMemoryFull
+		return n, provider.ErrMemoryBudget
 	}
 	return n, err
 }
@@ -116,3 +117,7 @@ func (e *Engine) readBodyBounded(w http.ResponseWriter, r *http.Request) ([]byte
 	defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
 	return readBody(w, r, e.opts.MaxRequestBody)
 }
+
+// Interface guard: the memory budget is what adapters count their
+// buffers against.
+var _ provider.Holder = (*failoverapp.Memory)(nil)

@@ -1,21 +1,15 @@
 package failoverapp
 
-import (
-	"errors"
-	"sync/atomic"
-)
+import "sync/atomic"
 
 // heldBytes counts the bytes of answers held in memory and not yet sent,
 // across every request of the process: memory is one budget, whatever
 // config or handler holds it.
 var heldBytes atomic.Int64
 
-// ErrMemoryFull is the failure of an attempt that would hold more than
-// the budget allows.
-var ErrMemoryFull = errors.New("the gateway holds its limit of buffered answers")
-
 // Memory is one config's limit (max_held_bytes) on the process's held
-// bytes.
+// bytes. It is the provider.Holder the engine hands adapters (without
+// importing provider here: the interface is satisfied by its shape).
 type Memory struct{ limit int64 }
 
 // Full reports whether the process holds the limit already.

@@ -1,8 +1,10 @@
 package integration_test
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -128,4 +130,51 @@ func TestRouteSkippedWhenProviderDoesNotServeAPI(t *testing.T) {
 		t.Errorf("error %q (%s) does not name the model and the API", msg, typ)
 	}
 	hits(t, claude, 1)
+}
+
+// A Bedrock stream whose frame claims 256 MiB is refused at its prelude:
+// the request fails over to the next channel, and the gateway's heap does
+// not grow by the frame (the decoder used to buffer it whole, max_held_bytes
+// never seeing it: +767 MiB for one request).
+func TestBedrockHugeFrameFailsOverWithBoundedMemory(t *testing.T) {
+	hostile := upstream(t, fu.BehaviorFunc(func(w http.ResponseWriter, r *http.Request, _ int64) {
+		w.Header().Set("Content-Type", "application/vnd.amazon.eventstream")
+		var prelude [4]byte
+		binary.BigEndian.PutUint32(prelude[:], 256<<20)
+		_, _ = w.Write(prelude[:])
+		zeros := make([]byte, 64<<10)
+		for sent := 0; sent < 256<<20 && r.Context().Err() == nil; sent += len(zeros) {
+			if _, err := w.Write(zeros); err != nil {
+				return
+			}
+		}
+	}))
+	backup := upstream(t, fu.OKNamed("backup"))
+	gatewayWith(t, failoverOption("max_held_bytes 8MiB"), `
+		channel aws %s {
+			provider bedrock {
+				region us-east-1
+				api_key ABSK-test
+			}
+		}
+		channel backup %s
+		model claude {
+			route aws cost 1 1 upstream_model anthropic.claude-sonnet-4-5-20250929-v1:0
+			route backup cost 2 2
+		}
+		auth off
+	`, hostile.URL, backup.URL)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	s := streamPost(t, nil, "/v1/messages", fu.MessagesRequest("claude", true), "", "anthropic-version", "2023-06-01")
+	runtime.ReadMemStats(&after)
+	if s.res.StatusCode != 200 || s.res.Header.Get("X-Served-By") != "backup" {
+		t.Fatalf("status %d served by %q: %s", s.res.StatusCode, s.res.Header.Get("X-Served-By"), s.body)
+	}
+	mustContain(t, s.body, "event: message_stop")
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 64<<20 {
+		t.Fatalf("one request with a 256 MiB frame allocated %d MiB", grew>>20)
+	}
+	hits(t, hostile, 1)
 }

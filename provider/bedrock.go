@@ -187,7 +187,11 @@ func (Bedrock) IsStream(h http.Header) bool { return isAWSEventStream(h) || isEv
 func (b *Bedrock) ResponseBody(res *http.Response) io.Reader {
 	switch {
 	case res.StatusCode < 300 && isAWSEventStream(res.Header):
-		return newEventStreamSSE(res.Body)
+		ctx := context.Background()
+		if res.Request != nil {
+			ctx = res.Request.Context()
+		}
+		return newEventStreamSSE(ctx, res.Body)
 	case res.StatusCode >= 400 && isJSON(res.Header):
 		return translateError(res, AnthropicMessages, func(msg string) string {
 			msg = bedrockHint(msg)

@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -631,5 +634,89 @@ func TestBedrockCredentials(t *testing.T) {
 	}
 	if got := ChannelCredentials(nil, &Bedrock{APIKey: "ABSK-key"}); !reflect.DeepEqual(got, []string{"ABSK-key"}) {
 		t.Errorf("channel credentials %q", got)
+	}
+}
+
+// countingHolder is a memory budget of limit bytes that remembers the
+// most it was asked to hold at once.
+type countingHolder struct {
+	limit, held, most int64
+}
+
+func (h *countingHolder) Hold(n int64) bool {
+	h.held += n
+	h.most = max(h.most, h.held)
+	return h.held > h.limit
+}
+
+func (h *countingHolder) Release(n int64) { h.held -= n }
+
+// hugeFrame is the start of a frame whose prelude claims size bytes and
+// whose body is an endless run of zeros.
+func hugeFrame(size uint32) io.Reader {
+	var prelude [4]byte
+	binary.BigEndian.PutUint32(prelude[:], size)
+	return io.MultiReader(bytes.NewReader(prelude[:]), zeros{})
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
+// TestBedrockEventStreamFrameBound: a frame is read whole, so its length
+// prefix is bounded before anything is read (a 256 MiB frame used to be
+// buffered whole), and what a frame holds while it is read counts against
+// the memory budget: over it, the stream ends with ErrMemoryBudget.
+func TestBedrockEventStreamFrameBound(t *testing.T) {
+	b := &Bedrock{logger: zap.NewNop()}
+	res := eventStreamResponse()
+	res.Body = io.NopCloser(io.MultiReader(bytes.NewReader(chunkFrame(t, `{"type":"ping"}`)), hugeFrame(256<<20)))
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	got, err := readSSE(b, res)
+	runtime.ReadMemStats(&after)
+	if err == nil || !strings.Contains(err.Error(), "over the 1048576 a frame may have") || got != "event: ping\ndata: {\"type\":\"ping\"}\n\n" {
+		t.Fatalf("read %q, %v", got, err)
+	}
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 8<<20 {
+		t.Fatalf("reading a 256 MiB frame's prelude allocated %d bytes", grew)
+	}
+
+	frames := bytes.Join([][]byte{chunkFrame(t, `{"type":"ping"}`), chunkFrame(t, `{"type":"message_stop"}`)}, nil)
+	h := &countingHolder{limit: 1 << 20}
+	res = eventStreamResponse()
+	res.Body = io.NopCloser(bytes.NewReader(frames))
+	res.Request = httptest.NewRequest(http.MethodPost, "/", nil).WithContext(WithHolder(context.Background(), h))
+	if _, err := readSSE(b, res); err != nil {
+		t.Fatal(err)
+	}
+	if one := max(len(chunkFrame(t, `{"type":"ping"}`)), len(chunkFrame(t, `{"type":"message_stop"}`))); h.held != 0 || h.most != int64(one) {
+		t.Fatalf("held %d at the end, at most %d; want 0, one frame", h.held, h.most)
+	}
+	res = eventStreamResponse()
+	res.Body = io.NopCloser(bytes.NewReader(frames))
+	res.Request = httptest.NewRequest(http.MethodPost, "/", nil).WithContext(WithHolder(context.Background(), &countingHolder{limit: 10}))
+	if _, err := readSSE(b, res); !errors.Is(err, ErrMemoryBudget) {
+		t.Fatalf("over the budget: %v, want ErrMemoryBudget", err)
+	}
+}
+
+// TestBedrockChunkWithLineBreaks: an event whose JSON holds line breaks
+// is sent on one data line; SSE would end the event at the first one.
+func TestBedrockChunkWithLineBreaks(t *testing.T) {
+	got, err := readSSE(&Bedrock{logger: zap.NewNop()}, eventStreamResponse(
+		chunkFrame(t, "{\"type\":\"content_block_delta\",\r\n \"delta\":{\"type\":\"text_delta\",\"text\":\"a\\nb\"}\n}")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"a\\nb\"}}\n\n"; got != want {
+		t.Fatalf("SSE %q, want %q", got, want)
+	}
+	if _, err := readSSE(&Bedrock{logger: zap.NewNop()}, eventStreamResponse(chunkFrame(t, "{\"type\":\n"))); err == nil {
+		t.Fatal("a chunk of broken JSON with a line break was relayed")
 	}
 }

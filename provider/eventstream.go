@@ -1,6 +1,9 @@
 package provider
 
 import (
+	"bytes"
+	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,18 +29,26 @@ var bedrockExceptions = map[string]string{
 	"validationException":         "invalid_request_error",
 }
 
+// maxFrame bounds one event-stream frame: a frame is read whole before it
+// is decoded, and its length prefix would let an upstream make the
+// gateway hold up to 4 GiB. A real one carries a chunk of a few tokens;
+// none comes near this.
+const maxFrame = 1 << 20
+
 // eventStreamSSE reads AWS event-stream frames and yields one SSE event
 // per frame. An exception ends the stream after its error event.
 type eventStreamSSE struct {
 	src     io.Reader
+	hold    Holder
 	dec     *eventstream.Decoder
+	frame   []byte
 	payload []byte
 	pending []byte
 	done    error
 }
 
-func newEventStreamSSE(src io.Reader) *eventStreamSSE {
-	return &eventStreamSSE{src: src, dec: eventstream.NewDecoder()}
+func newEventStreamSSE(ctx context.Context, src io.Reader) *eventStreamSSE {
+	return &eventStreamSSE{src: src, hold: holderFrom(ctx), dec: eventstream.NewDecoder()}
 }
 
 func (e *eventStreamSSE) Read(p []byte) (int, error) {
@@ -53,13 +64,35 @@ func (e *eventStreamSSE) Read(p []byte) (int, error) {
 }
 
 // next decodes one frame into SSE bytes; a non-nil error ends the stream
-// once the bytes are read.
+// once the bytes are read. The frame is read whole, at most maxFrame of
+// it, and counted against the memory budget while it is.
 func (e *eventStreamSSE) next() ([]byte, error) {
-	msg, err := e.dec.Decode(e.src, e.payload[:0])
-	if err != nil {
+	var prelude [4]byte
+	if _, err := io.ReadFull(e.src, prelude[:]); err != nil {
 		if errors.Is(err, io.EOF) { // at a frame boundary; a cut frame is an error
 			return nil, io.EOF
 		}
+		return nil, fmt.Errorf("bedrock event stream: %w", err)
+	}
+	n := binary.BigEndian.Uint32(prelude[:])
+	if n > maxFrame {
+		return nil, fmt.Errorf("bedrock event stream: a frame of %d bytes, over the %d a frame may have", n, maxFrame)
+	}
+	if e.hold.Hold(int64(n)) {
+		e.hold.Release(int64(n))
+		return nil, fmt.Errorf("bedrock event stream: %w", ErrMemoryBudget)
+	}
+	defer e.hold.Release(int64(n))
+	if cap(e.frame) < int(n) {
+		e.frame = make([]byte, n)
+	}
+	frame := e.frame[:max(n, 4)]
+	copy(frame, prelude[:])
+	if _, err := io.ReadFull(e.src, frame[4:]); err != nil {
+		return nil, fmt.Errorf("bedrock event stream: %w", err)
+	}
+	msg, err := e.dec.Decode(bytes.NewReader(frame), e.payload[:0])
+	if err != nil {
 		return nil, fmt.Errorf("bedrock event stream: %w", err)
 	}
 	e.payload = msg.Payload
@@ -73,6 +106,15 @@ func (e *eventStreamSSE) next() ([]byte, error) {
 		}
 		if err := json.Unmarshal(msg.Payload, &chunk); err != nil || len(chunk.Bytes) == 0 {
 			return nil, fmt.Errorf("bedrock event stream: malformed chunk")
+		}
+		if bytes.ContainsAny(chunk.Bytes, "\r\n") {
+			// An SSE data line ends at a line break: the event's JSON must
+			// be on one line, whatever whitespace the upstream put in it.
+			var flat bytes.Buffer
+			if json.Compact(&flat, chunk.Bytes) != nil {
+				return nil, fmt.Errorf("bedrock event stream: malformed chunk")
+			}
+			chunk.Bytes = flat.Bytes()
 		}
 		t := scanTop(chunk.Bytes)
 		out := make([]byte, 0, len(chunk.Bytes)+len(t.typ)+16)
