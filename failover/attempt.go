@@ -155,7 +155,10 @@ func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc
 	client := &idleWriter{w: x.w, rc: http.NewResponseController(x.w), idle: e.opts.StreamIdleTimeout}
 	defer client.done()
 	opts := x.api.GateOptions()
-	release, over := e.holdFrames(streamgate.DefaultMaxHeld)
+	// The stream's own buffers are reserved now; what the gate holds back
+	// while it waits for the first token is counted as it grows (Hold):
+	// max_held_bytes bounds memory, not the streams waiting at once.
+	release, over := e.holdFrames(streamBase)
 	if over != nil {
 		return retryWith(over)
 	}
@@ -169,6 +172,7 @@ func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc
 	opts.GateTimeout = e.opts.StreamGate
 	opts.GateFailover = e.opts.StreamGateFailover
 	opts.IdleTimeout = e.opts.StreamIdleTimeout
+	opts.Hold = e.gateHold
 	if x.bill != nil {
 		x.bill.streamOptions(&opts)
 	} else {

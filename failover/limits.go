@@ -33,9 +33,24 @@ func (e *Engine) overloaded() *failure {
 	return overloadedFailure()
 }
 
-// holdFrames reserves what a stream attempt may hold before it commits
-// (the gate's cap), and returns its release, which runs once: at commit or
-// when the attempt ends. Beyond max_held_bytes the attempt does not start.
+// streamBase is what a stream waiting in the gate costs before it holds
+// anything: its read buffer and its parser's.
+const streamBase = 32 << 10
+
+// gateHold is the stream gate's Options.Hold: what it holds back before
+// commit counts against the memory budget, and when the budget is spent
+// the stream commits instead of holding more.
+func (e *Engine) gateHold(n int64) bool {
+	if n < 0 {
+		e.memory.Release(-n)
+		return true
+	}
+	return !e.memory.Hold(n)
+}
+
+// holdFrames reserves n bytes for a stream attempt (its base, streamBase),
+// and returns their release, which runs once: at commit or when the
+// attempt ends. Beyond max_held_bytes the attempt does not start.
 func (e *Engine) holdFrames(n int64) (release func(), f *failure) {
 	if !e.memory.Reserve(n) {
 		return func() {}, overloadedFailure()

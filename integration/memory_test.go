@@ -2,6 +2,7 @@ package integration_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/llmfailover/caddy-llm-failover/failoverapp"
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
+	"github.com/llmfailover/caddy-llm-failover/internal/shapes"
 )
 
 // TestHostileLinesKeepMemoryBounded: 20 streams whose upstream sends one
@@ -118,22 +120,26 @@ func TestOverlongLineBeforeContentFailsOver(t *testing.T) {
 	}
 }
 
-// A stream held by the gate counts against max_held_bytes like a buffered
-// answer: past the cap, a new attempt gets 503 instead of more memory.
-func TestHeldStreamsCountAgainstTheCap(t *testing.T) {
+// A stream held by the gate counts the bytes it holds against
+// max_held_bytes, not a fixed reservation: a stream whose preamble alone
+// passes the budget is committed (the client gets what was held, then the
+// rest) instead of taking more memory, and gives its bytes back.
+func TestHeldStreamsCountWhatTheyHold(t *testing.T) {
 	release := make(chan struct{})
+	preamble := strings.Repeat(": "+strings.Repeat("p", 1000)+"\n\n", 600) // ~600 KB, no content
 	hold := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
-		_, _ = io.WriteString(w, ": ping\n\n")
+		_, _ = io.WriteString(w, preamble)
 		w.(http.Flusher).Flush()
 		select {
 		case <-release:
 		case <-r.Context().Done():
+			return
 		}
+		_, _ = io.WriteString(w, "data: "+shapes.ChatContent+"\n\ndata: [DONE]\n\n")
 	}))
 	defer hold.Close()
-	defer close(release)
-	gatewayWith(t, failoverOption("max_held_bytes 1MiB"), `
+	gatewayWith(t, failoverOption("max_held_bytes 512KiB"), `
 		channel a %s
 		model m {
 			route a
@@ -141,24 +147,80 @@ func TestHeldStreamsCountAgainstTheCap(t *testing.T) {
 		stream_gate 1m
 		auth off
 	`, hold.URL)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	first := make(chan struct{})
-	go func() {
-		defer close(first)
-		if res, err := http.DefaultClient.Do(newPost(t, ctx, "/v1/chat/completions", fu.ChatRequest("m", true))); err == nil {
-			res.Body.Close()
+	res, err := http.DefaultClient.Do(newPost(t, context.Background(), "/v1/chat/completions", fu.ChatRequest("m", true)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	// Committed before its first token: the headers come while the
+	// upstream still thinks.
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", res.StatusCode)
+	}
+	if held := failoverapp.HeldBytes(); held > 512<<10 {
+		t.Fatalf("%d bytes held for one stream, over max_held_bytes", held)
+	}
+	close(release)
+	body, _ := io.ReadAll(res.Body)
+	if !strings.HasPrefix(string(body), preamble) || !strings.Contains(string(body), "Hello") || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+		t.Fatalf("body %.200q … %q", body, body[max(0, len(body)-100):])
+	}
+	eventually(t, 5*time.Second, "the held bytes to be given back", func() bool { return failoverapp.HeldBytes() == 0 })
+}
+
+// Streams waiting for their first token are bounded by the memory they
+// hold, not by their number: 2,000 at once, whose upstream sent its
+// preamble and then thought (as reasoning models do), are all served with
+// the default max_held_bytes. Each used to count 1 MiB, so the 257th was
+// refused with 503 (1,744 of 2,000 within 0.4 s).
+func TestTwoThousandStreamsWaitingForTheirFirstToken(t *testing.T) {
+	const streams = 2000
+	release := make(chan struct{})
+	up := upstream(t, fu.BehaviorFunc(func(w http.ResponseWriter, r *http.Request, _ int64) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: "+shapes.ChatRole+"\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
 		}
-	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for failoverapp.HeldBytes() == 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
+		_, _ = io.WriteString(w, "data: "+shapes.ChatContent+"\n\ndata: [DONE]\n\n")
+	}))
+	gateway(t, oneChannel, up.URL, "stream_gate 1m")
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: streams}}
+	defer client.CloseIdleConnections()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	statuses := map[int]int{}
+	complete := 0
+	for range streams {
+		wg.Go(func() {
+			res, err := client.Do(newPost(t, context.Background(), "/v1/chat/completions", fu.ChatRequest("m", true)))
+			status := 0
+			var body []byte
+			if err == nil {
+				status = res.StatusCode
+				body, _ = io.ReadAll(res.Body)
+				res.Body.Close()
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			statuses[status]++
+			if status == 200 && strings.Contains(string(body), "Hello") && strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+				complete++
+			}
+		})
 	}
-	began := time.Now()
-	res, body := post(t, "/v1/chat/completions", fu.ChatRequest("m", true))
-	if res.StatusCode != http.StatusServiceUnavailable || time.Since(began) > 5*time.Second {
-		t.Fatalf("second held stream: status %d after %v: %s", res.StatusCode, time.Since(began), body)
+	eventually(t, 60*time.Second, fmt.Sprintf("%d streams to wait at the upstream at once", streams), func() bool {
+		mu.Lock()
+		refused := len(statuses)
+		mu.Unlock()
+		return up.InFlight() == streams || refused > 0
+	})
+	close(release)
+	wg.Wait()
+	if complete != streams {
+		t.Fatalf("%d of %d streams complete; statuses %v", complete, streams, statuses)
 	}
-	cancel()
-	<-first
 }

@@ -127,6 +127,13 @@ type Options struct {
 	// MaxHeld bounds the bytes held before commit; 0 means 1 MiB. Reaching
 	// it commits, so memory stays bounded.
 	MaxHeld int
+	// Hold, if set, is told by how much the bytes held back before commit
+	// grow (n > 0) or shrink (n < 0): the caller's memory budget, so that
+	// a stream waiting for its first token costs what it holds, not its
+	// MaxHeld. It counts n either way and reports whether the budget
+	// still holds; when it does not, the stream commits, as at MaxHeld.
+	// Everything counted is given back at commit, or when Relay returns.
+	Hold func(n int64) bool
 	// Observe, if set, sees every dispatched event, before and after commit
 	// (including events of an attempt that then fails over). It must not
 	// retain ev.Data.
@@ -266,6 +273,8 @@ type relay struct {
 	held        []byte
 	werr        error
 	sent        int64
+	// accounted is what opts.Hold was told is held.
+	accounted int64
 
 	decided  bool // a decisive event was seen; commit after this chunk
 	failed   bool // error frame before commit
@@ -343,6 +352,36 @@ func (r *relay) now() int64 { return int64(time.Since(r.start)) + 1 }
 // hold handles a chunk read before commit; r.mu is held. It reports whether
 // the relay must stop.
 func (r *relay) hold(c []byte) bool {
+	stop := r.holdChunk(c)
+	if !stop && !r.committed && !r.account() {
+		// The caller's memory budget is spent: commit what is held, as
+		// at MaxHeld, rather than hold more.
+		r.commitLocked(nil)
+		stop = r.clientGone
+	}
+	return stop
+}
+
+// account tells opts.Hold what is held back now (nothing once committed);
+// it reports whether the caller's budget still holds.
+func (r *relay) account() bool {
+	if r.opts.Hold == nil {
+		return true
+	}
+	var now int64
+	if !r.committed && !r.done {
+		now = int64(len(r.held) + len(r.pending))
+	}
+	d := now - r.accounted
+	if d == 0 {
+		return true
+	}
+	r.accounted = now
+	return r.opts.Hold(d) || d < 0
+}
+
+// holdChunk is hold's work on the chunk itself.
+func (r *relay) holdChunk(c []byte) bool {
 	if r.gateExpired || r.clientGone {
 		return true
 	}
@@ -528,6 +567,7 @@ func (r *relay) commitLocked(extra []byte) {
 		r.flush()
 	}
 	r.held = nil
+	r.account() // what was held is the client's now
 	if !r.clientGone {
 		r.idle = time.AfterFunc(r.opts.IdleTimeout, r.onIdle)
 	}
@@ -618,6 +658,7 @@ func (r *relay) callCancel(cause error) {
 func (r *relay) finish(readErr error) Result {
 	r.mu.Lock()
 	r.done = true
+	r.account() // gives back what was still held
 	r.gate.Stop()
 	if r.idle != nil {
 		r.idle.Stop()
