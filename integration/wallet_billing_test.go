@@ -6,7 +6,6 @@ import (
 	"database/sql"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -14,7 +13,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -413,70 +411,12 @@ func TestWalletImplausibleUsage(t *testing.T) {
 	})
 }
 
-// delayProxy forwards TCP to target, holding every chunk the client sends
-// for delay: with a database behind it, each statement's round trip takes
-// at least delay.
-type delayProxy struct {
-	ln     net.Listener
-	target string
-	delay  atomic.Int64
-}
-
-func newDelayProxy(t *testing.T, target string) *delayProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &delayProxy{ln: ln, target: target}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go p.serve(c)
-		}
-	}()
-	return p
-}
-
-func (p *delayProxy) serve(c net.Conn) {
-	defer c.Close()
-	u, err := net.Dial("tcp", p.target)
-	if err != nil {
-		return
-	}
-	defer u.Close()
-	go func() { _, _ = io.Copy(c, u); c.Close() }()
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := c.Read(buf)
-		if n > 0 {
-			time.Sleep(time.Duration(p.delay.Load()))
-			if _, werr := u.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
 // TestWalletFailoverDoesNotWaitOnTheStore: with a store that takes a
 // second per statement, the gap between a failed attempt and the next
 // channel stays what it is without a wallet; the failed attempt's row
 // still lands.
 func TestWalletFailoverDoesNotWaitOnTheStore(t *testing.T) {
-	dsn := freshSchema(t, postgresDSN(t))
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := newDelayProxy(t, net.JoinHostPort(cfg.Host, fmt.Sprint(cfg.Port)))
-	host, port, _ := net.SplitHostPort(proxy.ln.Addr().String())
-	slow := strings.Replace(strings.Replace(dsn, cfg.Host, host, 1), fmt.Sprint(cfg.Port), port, 1)
+	proxy, slow := pgProxy(t, freshSchema(t, postgresDSN(t)))
 	t.Setenv("LLMF_IT_WALLET_DSN", slow)
 
 	var mu sync.Mutex
@@ -495,7 +435,7 @@ func TestWalletFailoverDoesNotWaitOnTheStore(t *testing.T) {
 	}))
 	gatewayWith(t, walletOptions("postgres {env.LLMF_IT_WALLET_DSN}", "\t\tadmission_timeout 60s"), walletChannels, a.URL, b.URL)
 	secret, _ := newWalletAccount(t, "acct", "1")
-	proxy.delay.Store(int64(time.Second))
+	proxy.Delay(time.Second)
 	res, got := post(t, "/v1/chat/completions", fu.ChatRequest("m", false), bearer(secret)...)
 	if res.StatusCode != 200 || res.Header.Get("X-Served-By") != "b" {
 		t.Fatalf("status %d served by %q: %s", res.StatusCode, res.Header.Get("X-Served-By"), got)
@@ -507,7 +447,7 @@ func TestWalletFailoverDoesNotWaitOnTheStore(t *testing.T) {
 	if gap > 500*time.Millisecond {
 		t.Errorf("failing over took %s: it waited on the store", gap)
 	}
-	proxy.delay.Store(0)
+	proxy.Delay(0)
 	eventually(t, 60*time.Second, "the failed attempt's row and the charge", func() bool {
 		return len(requestRows(t, "acct")) == 2
 	})
