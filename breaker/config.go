@@ -15,8 +15,8 @@ const (
 	// DefaultPark is how long a rate limit that names no wait parks a
 	// channel: long enough to stop hammering a quota, short enough that a
 	// per-minute quota is tried again within its minute.
-	DefaultPark = 10 * time.Second
-	DefaultTrials   = 1
+	DefaultPark   = 10 * time.Second
+	DefaultTrials = 1
 )
 
 // MaxFailures bounds Config.Failures: the failure timestamps live in a

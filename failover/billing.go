@@ -147,7 +147,9 @@ func (rt *walletRuntime) admit(x *exchange, resumable bool) (*bill, *provider.Er
 		walletTotal.WithLabelValues("reserve", "unknown_account").Inc()
 		return nil, &provider.Error{Status: http.StatusUnauthorized, Message: fmt.Sprintf("unknown account %q", account)}
 	case err != nil:
-		return rt.storeError(x, "reserve", err)
+		// The client is known: its key was just authenticated (or the
+		// account comes from Caddy's own authentication).
+		return rt.storeError(x, "reserve", err, account)
 	}
 	rt.reservedOK.Inc()
 	// While the request runs, its reservation is kept from expiring; only
@@ -183,22 +185,34 @@ func (rt *walletRuntime) authenticate(ctx context.Context, x *exchange) (account
 		walletTotal.WithLabelValues("authenticate", "revoked").Inc()
 		return "", "", &provider.Error{Status: http.StatusUnauthorized, Message: "this API key has been revoked"}
 	case err != nil:
-		_, refusal = rt.storeError(x, "authenticate", err)
+		// Only a key this instance verified recently may be served
+		// unbilled: an outage must not turn the gateway into an open
+		// relay for any well-formed key.
+		known := ""
+		if k, ok := rt.w.KnownKey(secret); ok {
+			known = k.Account
+		}
+		_, refusal = rt.storeError(x, "authenticate", err, known)
 		return "", "", refusal
 	}
 	return k.Account, k.ID, nil
 }
 
-// storeError applies on_store_error: refuse (503) or serve unbilled.
-func (rt *walletRuntime) storeError(x *exchange, op string, err error) (*bill, *provider.Error) {
+// storeError applies on_store_error: refuse (503), or serve unbilled a
+// client whose account is known without the store (allow).
+func (rt *walletRuntime) storeError(x *exchange, op string, err error, knownAccount string) (*bill, *provider.Error) {
 	walletTotal.WithLabelValues(op, "store_error").Inc()
-	if rt.allow && !errors.Is(err, walletapp.ErrUnloaded) {
+	if rt.allow && knownAccount != "" && !errors.Is(err, walletapp.ErrUnloaded) {
 		rt.logger.Error("wallet store unavailable; serving unbilled (on_store_error allow)",
-			zap.String("op", op), zap.String("model", x.req.Model), zap.Error(err))
+			zap.String("op", op), zap.String("model", x.req.Model), zap.String("account", knownAccount), zap.Error(err))
 		return nil, nil
 	}
-	rt.logger.Error("wallet store unavailable; refusing", zap.String("op", op), zap.Error(err))
-	return nil, &provider.Error{Status: http.StatusServiceUnavailable, Message: "billing is temporarily unavailable; no upstream was called"}
+	msg := "billing is temporarily unavailable; no upstream was called"
+	if rt.allow {
+		msg = "billing is temporarily unavailable and this API key was not verified recently; no upstream was called"
+	}
+	rt.logger.Error("wallet store unavailable; refusing", zap.String("op", op), zap.Bool("allow", rt.allow), zap.Error(err))
+	return nil, &provider.Error{Status: http.StatusServiceUnavailable, Message: msg}
 }
 
 // prepare readies the body for one attempt and starts a fresh meter: a

@@ -151,11 +151,13 @@ func New(ctx caddy.Context, p Plan) (*Engine, error) {
 			return nil, fmt.Errorf("wallet: %w", err)
 		}
 		e.useWallet(rt)
-		if !p.Wallet.Allow {
-			// A wallet that refuses requests without its store makes the
-			// gateway unready without it.
-			w := e.wallet.w
-			e.app.Readiness(failoverapp.ReadinessCheck{Name: "wallet " + w.Name(), Check: func(ctx context.Context) error {
+		// A wallet that refuses requests without its store makes the
+		// instance unready without it, unless the store is shared by
+		// every instance (PostgreSQL): then its outage is reported, and
+		// billed requests meet on_store_error.
+		w := e.wallet.w
+		e.app.Readiness(failoverapp.ReadinessCheck{Name: "wallet " + w.Name(), Shared: p.Wallet.Allow || w.Remote(),
+			Check: func(ctx context.Context) error {
 				st, err := w.Store()
 				if err == nil {
 					err = st.Ping(ctx)
@@ -165,7 +167,6 @@ func New(ctx caddy.Context, p Plan) (*Engine, error) {
 				}
 				return nil
 			}})
-		}
 	}
 	if probing {
 		e.app.Probes(prober{e})

@@ -1,6 +1,7 @@
 package failoverapp
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -14,7 +15,9 @@ import (
 
 	"github.com/llmfailover/caddy-llm-failover/history"
 	"github.com/llmfailover/caddy-llm-failover/history/store"
+	"github.com/llmfailover/caddy-llm-failover/internal/backoff"
 	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
+	"github.com/llmfailover/caddy-llm-failover/internal/pgconf"
 	"github.com/llmfailover/caddy-llm-failover/jobs"
 	"github.com/llmfailover/caddy-llm-failover/journal"
 )
@@ -37,6 +40,11 @@ type HistoryBackend interface {
 	PoolKey() string
 	// Open opens (creating or migrating) the database.
 	Open() (*store.Store, error)
+	// Remote reports whether the database is reached over the network
+	// and may be down for a while: the history then starts in memory and
+	// the store connects in the background, instead of refusing the
+	// config.
+	Remote() bool
 }
 
 // HistorySQLite keeps the history in an SQLite file: one instance's.
@@ -73,6 +81,10 @@ func (s *HistorySQLite) Provision(caddy.Context) error {
 // Kind implements HistoryBackend.
 func (*HistorySQLite) Kind() string { return "sqlite" }
 
+// Remote implements HistoryBackend: a file cannot be down, so failing to
+// open it is the config's mistake.
+func (*HistorySQLite) Remote() bool { return false }
+
 // PoolKey implements HistoryBackend.
 func (s *HistorySQLite) PoolKey() string { return "sqlite:" + s.abs }
 
@@ -104,12 +116,18 @@ func (p *HistoryPostgres) Provision(caddy.Context) error {
 		// The DSN may hold a password; only its unresolved form is shown.
 		return errors.New("history postgres: the DSN is empty or has an unresolved placeholder")
 	}
+	if err := pgconf.Validate(dsn); err != nil {
+		return fmt.Errorf("history postgres: %w", err)
+	}
 	p.dsn = dsn
 	return nil
 }
 
 // Kind implements HistoryBackend.
 func (*HistoryPostgres) Kind() string { return "postgres" }
+
+// Remote implements HistoryBackend.
+func (*HistoryPostgres) Remote() bool { return true }
 
 // PoolKey implements HistoryBackend.
 func (p *HistoryPostgres) PoolKey() string { return "postgres:" + p.dsn }
@@ -141,15 +159,20 @@ const HistoryFlushJob = "history_flush"
 // reload keeping the database keeps its flusher.
 var historyStores = caddy.NewUsagePool()
 
-// historyHolder is one open history store and its flush job.
+// historyHolder is one history store and its flush job.
 type historyHolder struct {
-	store  *store.Store
-	state  *statusState
-	logger *zap.Logger
-	job    *jobs.Job
-	stop   chan struct{}
-	done   chan struct{}
-	runs   int
+	// mu guards store: nil while a remote store is being connected in the
+	// background (the history stays in memory meanwhile).
+	mu      sync.Mutex
+	store   *store.Store
+	openErr error
+	closed  bool
+	state   *statusState
+	logger  *zap.Logger
+	job     *jobs.Job
+	stop    chan struct{}
+	done    chan struct{}
+	runs    int
 }
 
 // startHistory opens the config's history store (in Start, so that
@@ -163,13 +186,12 @@ func (a *App) startHistory() error {
 	}
 	key := a.history.PoolKey()
 	v, _, err := historyStores.LoadOrNew(key, func() (caddy.Destructor, error) {
-		st, err := a.history.Open()
-		if err != nil {
-			return nil, err
-		}
-		h := &historyHolder{store: st, state: a.status, logger: a.logger.Named("history"),
+		h := &historyHolder{state: a.status, logger: a.logger.Named("history"),
 			job:  caddykit.Jobs.Job(HistoryFlushJob, historyFlushEvery),
 			stop: make(chan struct{}), done: make(chan struct{})}
+		if err := h.connect(a.history); err != nil {
+			return nil, err
+		}
 		// The job is this holder's while it runs: once the last config
 		// using the store lets it go, the job leaves the jobs view and
 		// readiness with it.
@@ -184,6 +206,59 @@ func (a *App) startHistory() error {
 	a.status.attach(v.(*historyHolder))
 	return nil
 }
+
+// connect opens the store. A remote one that does not answer within
+// backoff's start wait is connected in the background until Destruct,
+// while the history stays in memory and flushes wait for it: a database
+// outage at start must not refuse the config (every site of this Caddy
+// would go down with it).
+func (h *historyHolder) connect(b HistoryBackend) error {
+	if !b.Remote() {
+		st, err := b.Open()
+		h.store = st
+		return err
+	}
+	failures := 0
+	backoff.Connect(h.stop, historyStartWait, func() bool {
+		st, err := b.Open()
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		switch {
+		case err != nil:
+			if failures++; failures == 1 {
+				h.logger.Error("the history store cannot be reached; the history is kept in memory and the store tried again in the background", zap.Error(err))
+			}
+			h.openErr = err
+			return false
+		case h.closed:
+			_ = st.Close()
+		default:
+			h.store = st
+			if failures > 0 {
+				h.logger.Warn("the history store answers again", zap.Int("failed_attempts", failures))
+			}
+		}
+		return true
+	})
+	return nil
+}
+
+// opened is the store, or nil and why while it is not connected.
+func (h *historyHolder) opened() (*store.Store, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.store == nil {
+		return nil, fmt.Errorf("the history store is not connected yet: %w", cmp.Or(h.openErr, errConnecting))
+	}
+	return h.store, nil
+}
+
+// errConnecting is why a store whose first attempt has not ended yet is
+// not there.
+var errConnecting = errors.New("connecting")
+
+// historyStartWait is how long a remote history store may hold up Start.
+const historyStartWait = 3 * time.Second
 
 // releaseHistory gives this config's store reference back.
 func (a *App) releaseHistory() {
@@ -236,15 +311,19 @@ func (h *historyHolder) flush(ctx context.Context) (jobs.Summary, error) {
 	if st.attached() != h {
 		return "detached", nil
 	}
+	db, err := h.opened()
+	if err != nil {
+		return "", err // the changes wait in memory
+	}
 	now := time.Now()
 	deltas, decisions := st.history.TakeChanges(), st.journal.TakeChanges()
-	if err := h.store.Flush(ctx, deltas, decisions); err != nil {
+	if err := db.Flush(ctx, deltas, decisions); err != nil {
 		st.history.PutBack(deltas, now)
 		st.journal.PutBack(decisions)
 		return "", err
 	}
 	if h.runs++; h.runs%pruneEvery == 1 {
-		if err := h.store.Prune(ctx, now); err != nil {
+		if err := db.Prune(ctx, now); err != nil {
 			return "", err
 		}
 	}
@@ -259,6 +338,12 @@ func (h *historyHolder) Destruct() error {
 	h.flushRecovering()
 	h.job.Release()
 	h.state.detach(h)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closed = true
+	if h.store == nil {
+		return nil
+	}
 	return h.store.Close()
 }
 
@@ -270,6 +355,10 @@ type historyReader struct {
 	read    time.Time
 	history *history.Recorder
 	journal *journal.Journal
+	// reading is set while one page view reads the store; failed is when
+	// the last read failed (zero after a success).
+	reading bool
+	failed  time.Time
 }
 
 // attach makes h the store the history flushes to (nil: none).
@@ -306,26 +395,51 @@ func (s *statusState) store() (*historyHolder, *historyReader) {
 	return s.holder, s.reader
 }
 
-// sources returns the history and journal to show: this process's own
-// when there is no store, or when the store cannot be read (logged);
-// otherwise the fleet's.
+// History read bounds: one read at a time, each bounded; after a failed
+// one the page shows this instance's history for a while without asking,
+// so that a store that hangs costs one bounded wait per retry interval,
+// not one per page view.
+const (
+	historyReadTimeout = 2 * time.Second
+	historyReadRetry   = 10 * time.Second
+)
+
+// sources returns the history and journal to show: the fleet's from the
+// store, or this process's own when there is no store or it cannot be
+// read (logged). A page view never waits behind another's read: while one
+// is under way the others get the last one read, or this process's own.
 func (s *statusState) sources(now time.Time) (*history.Recorder, *journal.Journal) {
 	h, r := s.store()
 	if h == nil {
 		return s.history, s.journal
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.history != nil && now.Sub(r.read) < historyReadCache && !now.Before(r.read) {
-		return r.history, r.journal
+	fresh := r.history != nil && now.Sub(r.read) < historyReadCache && !now.Before(r.read)
+	resting := !r.failed.IsZero() && now.Sub(r.failed) < historyReadRetry && !now.Before(r.failed)
+	if fresh || resting || r.reading {
+		rec, jr := r.history, r.journal
+		r.mu.Unlock()
+		if rec == nil || resting {
+			return s.history, s.journal
+		}
+		return rec, jr
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	r.reading = true
+	r.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), historyReadTimeout)
 	defer cancel()
 	rec, jr, err := h.fleet(ctx, now, s)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reading = false
 	if err != nil {
-		h.logger.Error("reading the history store; showing this instance's history", zap.Error(err))
+		h.logger.Error("reading the history store; showing this instance's history", zap.Error(err),
+			zap.Duration("next_try_in", historyReadRetry))
+		r.failed = now
 		return s.history, s.journal
 	}
+	r.failed = time.Time{}
 	r.read, r.history, r.journal = now, rec, jr
 	return rec, jr
 }
@@ -333,11 +447,15 @@ func (s *statusState) sources(now time.Time) (*history.Recorder, *journal.Journa
 // fleet reads every instance's flushed history and decisions and adds
 // this one's pending changes.
 func (h *historyHolder) fleet(ctx context.Context, now time.Time, s *statusState) (*history.Recorder, *journal.Journal, error) {
-	ds, err := h.store.Buckets(ctx, now)
+	db, err := h.opened()
 	if err != nil {
 		return nil, nil, err
 	}
-	decisions, err := h.store.Decisions(ctx, journal.DefaultSize)
+	ds, err := db.Buckets(ctx, now)
+	if err != nil {
+		return nil, nil, err
+	}
+	decisions, err := db.Decisions(ctx, journal.DefaultSize)
 	if err != nil {
 		return nil, nil, err
 	}

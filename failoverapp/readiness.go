@@ -18,6 +18,12 @@ type ReadinessCheck struct {
 	Name string
 	// Check returns why it is not ready, nil when it is.
 	Check func(ctx context.Context) error
+	// Shared marks a dependency every instance shares (a PostgreSQL
+	// database) or one the instance serves without (on_store_error
+	// allow): its failure is reported, but does not make the instance
+	// unready. Every instance would go unready at once, and a load
+	// balancer would drop every site this Caddy serves.
+	Shared bool
 }
 
 // Readiness registers a check.
@@ -27,18 +33,34 @@ func (a *App) Readiness(c ReadinessCheck) {
 	a.checks = append(a.checks, c)
 }
 
-// Ready returns why the running config is not ready: a background job
-// that is overdue (it has not succeeded for two of its intervals), or a
-// registered check that fails. Nothing means ready.
-func Ready(ctx context.Context) (reasons []string) {
+// Ready returns why the running config cannot serve (unready: a
+// background job that stopped running, or a failing check of the
+// instance's own), and what it serves despite (degraded: a job that runs
+// but fails, or a failing Shared check). Both empty means ready.
+//
+// A job that runs on schedule but fails is failing on what it talks to,
+// and what it talks to is shared (a database, an upstream): making every
+// instance unready for it would only take the sites down with it. A job
+// that stopped running is this process's own fault.
+func Ready(ctx context.Context) (unready, degraded []string) {
+	now := time.Now()
 	for _, s := range caddykit.Jobs.Statuses() {
-		if s.Overdue {
-			reasons = append(reasons, fmt.Sprintf("job %s is overdue (last success %s)", s.Name, s.LastSuccess.UTC().Format(time.RFC3339)))
+		if !s.Overdue {
+			continue
+		}
+		last := s.LastSuccess.UTC().Format(time.RFC3339)
+		if s.LastSuccess.IsZero() {
+			last = "never"
+		}
+		if now.Sub(s.LastStart) <= 2*s.Every {
+			degraded = append(degraded, fmt.Sprintf("job %s is failing (last success %s)", s.Name, last))
+		} else {
+			unready = append(unready, fmt.Sprintf("job %s is overdue (last success %s)", s.Name, last))
 		}
 	}
 	a := active()
 	if a == nil {
-		return reasons
+		return unready, degraded
 	}
 	a.mu.Lock()
 	checks := append([]ReadinessCheck(nil), a.checks...)
@@ -47,9 +69,13 @@ func Ready(ctx context.Context) (reasons []string) {
 		ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 		err := c.Check(ctx)
 		cancel()
-		if err != nil {
-			reasons = append(reasons, fmt.Sprintf("%s: %v", c.Name, err))
+		switch {
+		case err == nil:
+		case c.Shared:
+			degraded = append(degraded, fmt.Sprintf("%s: %v", c.Name, err))
+		default:
+			unready = append(unready, fmt.Sprintf("%s: %v", c.Name, err))
 		}
 	}
-	return reasons
+	return unready, degraded
 }

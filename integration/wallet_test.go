@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/llmfailover/caddy-llm-failover/internal/faultproxy"
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
 	"github.com/llmfailover/caddy-llm-failover/walletapp"
@@ -842,66 +842,6 @@ func TestWalletInvariantPostgres(t *testing.T) {
 	}
 }
 
-// tcpProxy forwards to target and can be taken down (every connection
-// closed, new ones refused) and brought back, to make a database
-// unreachable under a running gateway.
-type tcpProxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	down   bool
-	conns  map[net.Conn]bool
-}
-
-func newTCPProxy(t *testing.T, target string) *tcpProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &tcpProxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
-	go p.serve()
-	t.Cleanup(func() { ln.Close(); p.setDown(true) })
-	return p
-}
-
-func (p *tcpProxy) serve() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.down {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		p.mu.Unlock()
-		u, err := net.Dial("tcp", p.target)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns[c], p.conns[u] = true, true
-		p.mu.Unlock()
-		go func() { _, _ = io.Copy(u, c); u.Close(); c.Close() }()
-		go func() { _, _ = io.Copy(c, u); u.Close(); c.Close() }()
-	}
-}
-
-func (p *tcpProxy) setDown(down bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = down
-	if down {
-		for c := range p.conns {
-			c.Close()
-		}
-		p.conns = map[net.Conn]bool{}
-	}
-}
-
 const storeErrorConfig = `
 		channel a %s
 		model m {
@@ -913,53 +853,109 @@ const storeErrorConfig = `
 		}
 `
 
-// A database that is down when the config loads: the store is opened (and
-// migrated) at provisioning, so the load fails, whatever on_store_error
-// says, and the running config, with its own wallet, stays in service.
-func TestWalletStoreDownAtLoad(t *testing.T) {
+// pgProxy puts a fault proxy in front of the PostgreSQL server of dsn and
+// returns it with dsn rewritten to go through it.
+func pgProxy(t *testing.T, dsn string) (*faultproxy.Proxy, string) {
+	t.Helper()
+	p, via, err := faultproxy.Postgres(dsn)
+	if err != nil {
+		t.Fatalf("proxying %s: %v", dsn, err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p, via
+}
+
+// walletAccountIn creates an account with credit and a key directly in
+// the wallet database at dsn, for tests whose gateway cannot reach it.
+func walletAccountIn(t *testing.T, dsn, id string, credit wallet.Micros) (secret string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := wallet.OpenPostgres(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.CreateAccount(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Credit(ctx, id, credit, "test"); err != nil {
+		t.Fatal(err)
+	}
+	secret, _, err = st.CreateKey(ctx, id, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return secret
+}
+
+// A database that is down when the config loads does not refuse it (a
+// restart during an outage would take every site of the server down):
+// billed requests follow on_store_error, allow serving no key this
+// instance never verified, and the wallet connects in the background and
+// bills as soon as the database answers, with no reload. A DSN that can
+// never work is still refused at load, without showing its password.
+func TestWalletStoreDownAtStart(t *testing.T) {
 	a := upstream(t, fu.OKNamed("a"))
-	b := upstream(t, fu.OKNamed("b"))
-	walletGateway(t, a, b)
-	secret, _ := newWalletAccount(t, "acct", "1")
-	for _, mode := range []string{"deny", "allow"} {
-		st, msg := tryLoadWith(t, storeOption("postgres postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=2"), storeErrorConfig, a.URL, mode)
-		if st == 200 || !strings.Contains(msg, "opening postgres store") {
-			t.Fatalf("on_store_error %s with a down database: load answered %d %s", mode, st, msg)
+	dsn := freshSchema(t, postgresDSN(t))
+	secret := walletAccountIn(t, dsn, "acct", money(t, "1"))
+	proxy, viaProxy := pgProxy(t, dsn)
+	proxy.Refuse(true)
+
+	for _, mode := range []string{"allow", "deny"} {
+		began := time.Now()
+		gatewayWith(t, storeOption("postgres "+viaProxy), storeErrorConfig, a.URL, mode)
+		if took := time.Since(began); took > 5*time.Second {
+			t.Errorf("%s: loading took %v with the database down", mode, took)
+		}
+		res, body := post(t, "/v1/chat/completions", fu.ChatRequest("m", false), bearer(secret)...)
+		msg, _, _ := openAIError(t, body)
+		if res.StatusCode != http.StatusServiceUnavailable || !strings.Contains(msg, "billing is temporarily unavailable") {
+			t.Fatalf("%s with the store down since start: %d %s", mode, res.StatusCode, body)
+		}
+		if mode == "allow" && !strings.Contains(msg, "not verified recently") {
+			t.Errorf("allow refuses a key it never verified, but says %q", msg)
 		}
 	}
-	res, body := postSettled(t, "acct", "/v1/chat/completions", fu.ChatRequest("m", false), bearer(secret)...)
-	if res.StatusCode != 200 {
-		t.Fatalf("the running config stopped serving: status %d: %s", res.StatusCode, body)
+	hits(t, a, 0)
+
+	proxy.Refuse(false)
+	began := time.Now()
+	eventually(t, 15*time.Second, "billed requests to be served once the database answers", func() bool {
+		res, _ := post(t, "/v1/chat/completions", fu.ChatRequest("m", false), bearer(secret)...)
+		return res.StatusCode == 200
+	})
+	t.Logf("served %v after the database came back", time.Since(began).Round(100*time.Millisecond))
+	waitUnreserved(t, "acct")
+	if bal, _ := balanceOf(t, "acct"); bal != money(t, "1")-priceM.Cost(fu.DefaultPromptTokens, fu.DefaultCompletionTokens) {
+		t.Errorf("balance %s: the request served after recovery was not billed once", bal)
 	}
-	if bal, reserved := balanceOf(t, "acct"); bal != money(t, "1")-priceM.Cost(fu.DefaultPromptTokens, fu.DefaultCompletionTokens) || reserved != 0 {
-		t.Fatalf("balance %s reserved %s", bal, reserved)
+
+	st, msg := tryLoadWith(t, storeOption("postgres postgres://u:hunter2@db.example:notaport/w"), storeErrorConfig, a.URL, "deny")
+	if st == 200 || !strings.Contains(msg, "does not parse") || strings.Contains(msg, "hunter2") {
+		t.Errorf("a DSN that cannot parse: load answered %d %s", st, msg)
 	}
 }
 
 // A database that goes away under a running gateway: deny answers 503
-// without calling an upstream, allow serves unbilled.
+// without calling an upstream; allow serves unbilled the keys this
+// instance verified recently, and refuses every other key; the store is
+// used again as soon as it answers.
 func TestWalletOnStoreError(t *testing.T) {
 	a := upstream(t, fu.OKNamed("a"))
-	dsn := freshSchema(t, postgresDSN(t))
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := newTCPProxy(t, net.JoinHostPort(cfg.Host, fmt.Sprint(cfg.Port)))
-	viaProxy := strings.Replace(dsn, net.JoinHostPort(cfg.Host, fmt.Sprint(cfg.Port)), proxy.ln.Addr().String(), 1)
-	if viaProxy == dsn {
-		t.Skipf("cannot rewrite the host of DSN %q", dsn)
-	}
+	proxy, viaProxy := pgProxy(t, freshSchema(t, postgresDSN(t)))
 
 	gatewayWith(t, storeOption("postgres "+viaProxy), storeErrorConfig, a.URL, "deny")
 	secret, _ := newWalletAccount(t, "acct", "1")
+	// A key that exists but this instance never saw.
+	unseen, _ := newWalletAccount(t, "other", "1")
 	res, body := postSettled(t, "acct", "/v1/chat/completions", fu.ChatRequest("m", false), bearer(secret)...)
 	if res.StatusCode != 200 {
 		t.Fatalf("status %d: %s", res.StatusCode, body)
 	}
 	want := priceM.Cost(fu.DefaultPromptTokens, fu.DefaultCompletionTokens)
 
-	proxy.setDown(true)
+	proxy.Refuse(true)
 	res, body = post(t, "/v1/chat/completions", fu.ChatRequest("m", false), bearer(secret)...)
 	if res.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("deny with the store down: status %d: %s", res.StatusCode, body)
@@ -975,16 +971,25 @@ func TestWalletOnStoreError(t *testing.T) {
 	}
 
 	// Same database, on_store_error allow: the reload shares the open
-	// store, and a request is served unbilled while it is unreachable.
+	// store, and what it verified.
 	gatewayWith(t, storeOption("postgres "+viaProxy), storeErrorConfig, a.URL, "allow")
-	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
+	// Past the Authenticate cache: the database must be asked again.
+	time.Sleep(wallet.DefaultAuthCacheTTL)
 	res, body = post(t, "/v1/chat/completions", fu.ChatRequest("m", false), bearer(secret)...)
 	if res.StatusCode != 200 {
-		t.Fatalf("allow with the store down: status %d: %s", res.StatusCode, body)
+		t.Fatalf("allow, a key verified before the outage: status %d: %s", res.StatusCode, body)
+	}
+	hits(t, a, 2)
+	made := wallet.KeyPrefix + strings.Repeat("x", 40)
+	for name, key := range map[string]string{"made-up": made, "never seen": unseen} {
+		res, body = post(t, "/v1/chat/completions", fu.ChatRequest("m", false), bearer(key)...)
+		if res.StatusCode != http.StatusServiceUnavailable {
+			t.Errorf("allow, a %s key during the outage: status %d: %s", name, res.StatusCode, body)
+		}
 	}
 	hits(t, a, 2)
 
-	proxy.setDown(false)
+	proxy.Refuse(false)
 	eventually(t, 10*time.Second, "the store to be reachable again", func() bool {
 		var s map[string]any
 		return walletCall(t, http.MethodGet, "status", nil, &s) == 200 && s["reachable"] == true
@@ -993,12 +998,16 @@ func TestWalletOnStoreError(t *testing.T) {
 	if bal != money(t, "1")-want || reserved != 0 {
 		t.Fatalf("balance %s reserved %s: only the first request is billed", bal, reserved)
 	}
-	res, body = postSettled(t, "acct", "/v1/chat/completions", fu.ChatRequest("m", false), bearer(secret)...)
-	if res.StatusCode != 200 {
-		t.Fatalf("store back: status %d: %s", res.StatusCode, body)
-	}
-	if bal, _ := balanceOf(t, "acct"); bal != money(t, "1")-2*want {
-		t.Fatalf("balance %s after the store came back", bal)
+	// Billing resumes with the store. (The first write after the outage
+	// may meet a connection the outage broke; see issue 23's settlement
+	// retry, which makes it the first request.)
+	eventually(t, 10*time.Second, "a request billed once the store is back", func() bool {
+		res, _ := postSettled(t, "acct", "/v1/chat/completions", fu.ChatRequest("m", false), bearer(secret)...)
+		bal, _ := balanceOf(t, "acct")
+		return res.StatusCode == 200 && bal == money(t, "1")-2*want
+	})
+	if res, body := post(t, "/v1/chat/completions", fu.ChatRequest("m", false), bearer(unseen)...); res.StatusCode != 200 {
+		t.Errorf("the other key once the store is back: %d %s", res.StatusCode, body)
 	}
 }
 

@@ -8,15 +8,22 @@ import (
 )
 
 // serveReady answers a load balancer's readiness check, at any path of
-// the status page ending in /ready: 200 "ready", or 503 with one reason
-// per line (failoverapp.Ready).
+// the status page ending in /ready: 503 with one reason per line when
+// the instance cannot serve, else 200 "ready", followed by what it serves
+// despite ("degraded:", one line each; see failoverapp.Ready).
 func serveReady(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
-	if reasons := failoverapp.Ready(r.Context()); len(reasons) > 0 {
+	unready, degraded := failoverapp.Ready(r.Context())
+	var b strings.Builder
+	if len(unready) > 0 {
 		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = w.Write([]byte("not ready:\n" + strings.Join(reasons, "\n") + "\n"))
-		return
+		b.WriteString("not ready:\n" + strings.Join(unready, "\n") + "\n")
+	} else {
+		b.WriteString("ready\n")
 	}
-	_, _ = w.Write([]byte("ready\n"))
+	if len(degraded) > 0 {
+		b.WriteString("degraded:\n" + strings.Join(degraded, "\n") + "\n")
+	}
+	_, _ = w.Write([]byte(b.String()))
 }

@@ -14,6 +14,9 @@ const (
 	// authCacheMax bounds the cache; when it is full an arbitrary entry
 	// makes room.
 	authCacheMax = 10_000
+	// KnownKeyTTL is how long a key the database verified stays known to
+	// this Store when the database cannot be asked (see Store.KnownKey).
+	KnownKeyTTL = time.Hour
 )
 
 // authCache maps a key's SHA-256 hash to the key, for successful lookups
@@ -75,6 +78,14 @@ func (c *authCache) put(hash keyHash, k Key, now time.Time, gen uint64) {
 		}
 	}
 	c.m[hash] = authEntry{k: k, expires: now.Add(c.ttl)}
+}
+
+// forget forgets hash's entry.
+func (c *authCache) forget(hash keyHash) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gen++
+	delete(c.m, hash)
 }
 
 // invalidate forgets every entry. Revocations are rare, so clearing

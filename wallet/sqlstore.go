@@ -61,8 +61,11 @@ type sqlStore struct {
 	// in-process write queue: writers wait in a Go channel, not in SQLite's
 	// busy handler, which sleeps and polls. Other processes sharing the file
 	// still wait via busy_timeout.
-	w       *writer
-	auth    *authCache
+	w    *writer
+	auth *authCache
+	// known are the keys the database verified within KnownKeyTTL, for
+	// KnownKey; refreshed at most once per auth TTL per key.
+	known   *authCache
 	onClose func()
 	now     func() time.Time
 	// leases are this instance's credit leases and the live reservations
@@ -137,6 +140,7 @@ func (s *sqlStore) start(ctx context.Context) error {
 	}
 	s.w = newWriter(s.db, s.st, s.d.savepoints, s.d.retryable, s.d.writers)
 	s.auth = newAuthCache(DefaultAuthCacheTTL, authCacheMax)
+	s.known = newAuthCache(KnownKeyTTL, authCacheMax)
 	return nil
 }
 
@@ -560,6 +564,7 @@ func (s *sqlStore) RevokeKey(ctx context.Context, keyID string) error {
 	// Committed (or failed): either way nothing cached about this key may
 	// outlive the call, so the revocation applies to this store at once.
 	s.auth.invalidate()
+	s.known.invalidate()
 	return err
 }
 
@@ -618,19 +623,32 @@ func (s *sqlStore) Authenticate(ctx context.Context, plaintext string) (Key, err
 	if ok {
 		return k, nil
 	}
+	_, _, knownGen := s.known.get(hash, now)
 	var err error
 	k, err = scanKey(s.st.authenticate.QueryRowContext(ctx, hash.String()))
 	if errors.Is(err, sql.ErrNoRows) {
+		s.known.forget(hash)
 		return Key{}, fmt.Errorf("authenticating: %w", ErrUnknownKey)
 	}
 	if err != nil {
 		return Key{}, fmt.Errorf("authenticating: %w", err)
 	}
 	if k.RevokedAt != nil {
+		s.known.forget(hash)
 		return k, fmt.Errorf("authenticating key %s: %w", k.ID, ErrKeyRevoked)
 	}
 	s.auth.put(hash, k, now, gen)
+	s.known.put(hash, k, now, knownGen)
 	return k, nil
+}
+
+// KnownKey implements Store.
+func (s *sqlStore) KnownKey(plaintext string) (Key, bool) {
+	if !plausibleKey(plaintext) {
+		return Key{}, false
+	}
+	k, ok, _ := s.known.get(hashKey(plaintext), s.now())
+	return k, ok
 }
 
 // Usage page sizes: a default for callers that pass 0, and a ceiling so one

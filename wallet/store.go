@@ -186,6 +186,13 @@ type Store interface {
 	// gateway instance sharing PostgreSQL, another handle on the SQLite
 	// file) within that TTL. Unknown and revoked keys are never cached.
 	Authenticate(ctx context.Context, plaintext string) (Key, error)
+	// KnownKey returns the key if this Store's Authenticate found it in the
+	// database within KnownKeyTTL (1 h), from memory only: what a caller
+	// may trust while the database cannot be asked, so that an outage
+	// serves the clients it knows and nobody else. A revocation through
+	// this Store forgets it at once, one through another Store when this
+	// one next asks the database; at most authCacheMax keys are kept.
+	KnownKey(plaintext string) (Key, bool)
 	// Usage pages the account's ledger newest first: up to limit rows whose
 	// ID is below before (0 = start at the newest). Pass the last row's ID
 	// as before to get the next page.

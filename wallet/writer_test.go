@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -465,9 +466,19 @@ func TestAuthCache(t *testing.T) {
 				t.Fatal("key not cached after a successful Authenticate")
 			}
 
+			if k, ok := b.KnownKey(k2); !ok || k.ID != key2.ID {
+				t.Errorf("KnownKey after Authenticate: %+v %v", k, ok)
+			}
+			if _, ok := b.KnownKey(KeyPrefix + strings.Repeat("A", keyRandomLen)); ok {
+				t.Error("KnownKey knows a key nobody presented")
+			}
+
 			// Revoked on a: a refuses it at once.
 			if err := a.RevokeKey(ctx, key1.ID); err != nil {
 				t.Fatal(err)
+			}
+			if _, ok := a.KnownKey(k1); ok {
+				t.Error("a still knows the key it revoked")
 			}
 			k, err := a.Authenticate(ctx, k1)
 			wantErr(t, err, ErrKeyRevoked)
@@ -485,6 +496,9 @@ func TestAuthCache(t *testing.T) {
 			clock.advance(time.Millisecond)
 			_, err = b.Authenticate(ctx, k1)
 			wantErr(t, err, ErrKeyRevoked)
+			if _, ok := b.KnownKey(k1); ok {
+				t.Error("b still knows a key the database said was revoked")
+			}
 			// Revoked keys are not cached: still refused later.
 			clock.advance(time.Second)
 			_, err = b.Authenticate(ctx, k1)
@@ -494,6 +508,14 @@ func TestAuthCache(t *testing.T) {
 				if got, err := s.Authenticate(ctx, k2); err != nil || got.ID != key2.ID || got.Label != "two" {
 					t.Errorf("other key: %+v, %v", got, err)
 				}
+			}
+			// A key not verified for KnownKeyTTL is no longer known.
+			if _, ok := a.KnownKey(k2); !ok {
+				t.Error("a does not know k2, verified again after another key was revoked")
+			}
+			clock.advance(KnownKeyTTL)
+			if _, ok := b.KnownKey(k2); ok {
+				t.Error("b still knows k2 an hour after it last verified it")
 			}
 			// Revoking on b clears b's cache at once too.
 			if err := b.RevokeKey(ctx, key2.ID); err != nil {

@@ -201,10 +201,13 @@ func (a *App) Names() []string {
 }
 
 // Start opens every wallet's store (shared with the previous config when
-// it used the same database) and starts its sweeper.
+// it used the same database) and starts its sweeper. A remote store that
+// does not answer does not refuse the config: a restart during a database
+// outage must not take every site of this Caddy down. The wallet connects
+// in the background, and billed requests follow on_store_error meanwhile.
 func (a *App) Start() error {
 	for _, name := range a.Names() {
-		if _, err := a.wallets[name].Store(); err != nil {
+		if _, err := a.wallets[name].Store(); err != nil && !errors.Is(err, ErrUnavailable) {
 			return fmt.Errorf("wallet %q: %w", name, err)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/llmfailover/caddy-llm-failover/internal/pgconf"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
 )
 
@@ -28,6 +29,10 @@ type Backend interface {
 	PoolKey() string
 	// Open opens (creating or migrating) the database.
 	Open(o wallet.Options) (wallet.Store, error)
+	// Remote reports whether the database is reached over the network and
+	// may be down for a while: the wallet then starts without it and
+	// connects in the background, instead of refusing the config.
+	Remote() bool
 }
 
 // SQLite is the embedded store, for a single gateway instance.
@@ -70,6 +75,10 @@ func (s *SQLite) PoolKey() string { return "sqlite:" + s.abs }
 // Open implements Backend.
 func (s *SQLite) Open(o wallet.Options) (wallet.Store, error) { return wallet.OpenSQLite(s.abs, o) }
 
+// Remote implements Backend: a file cannot be down, so failing to open
+// it is the config's mistake.
+func (*SQLite) Remote() bool { return false }
+
 // Postgres is a store shared by several gateway instances.
 type Postgres struct {
 	// DSN is the connection string; it may be a placeholder such as
@@ -94,9 +103,17 @@ func (p *Postgres) Provision(caddy.Context) error {
 		// The DSN may hold a password; only its unresolved form is shown.
 		return errors.New("postgres DSN is empty or has an unresolved placeholder")
 	}
+	// A DSN that cannot parse is the config's mistake, refused now; a
+	// database that does not answer is an outage the wallet rides out.
+	if err := pgconf.Validate(dsn); err != nil {
+		return err
+	}
 	p.dsn = dsn
 	return nil
 }
+
+// Remote implements Backend.
+func (*Postgres) Remote() bool { return true }
 
 // Kind implements Backend.
 func (*Postgres) Kind() string { return "postgres" }

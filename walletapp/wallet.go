@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/llmfailover/caddy-llm-failover/internal/backoff"
 	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
 	"github.com/llmfailover/caddy-llm-failover/jobs"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
@@ -63,12 +64,26 @@ type Wallet struct {
 	leaseTTL         time.Duration
 	logger           *zap.Logger
 
-	once    sync.Once
-	holder  *storeHolder // set by once; nil when opening failed
-	openErr error
+	// first makes the first attempt to open the store, at Start or at the
+	// first request, whichever comes first.
+	first sync.Once
 
-	releaseOnce sync.Once
+	mu sync.Mutex
+	// holder is the open store; nil until an attempt succeeds.
+	holder *storeHolder
+	// openErr is why the store is not open: the last attempt's error
+	// (wrapping ErrUnavailable while a remote store is retried in the
+	// background), or ErrUnloaded once the wallet was released.
+	openErr error
+	// retrying is closed to stop the background attempts.
+	retrying chan struct{}
+	released bool
 }
+
+// ErrUnavailable wraps the error of a remote store that could not be
+// reached: the wallet keeps trying in the background, and a request meets
+// on_store_error meanwhile.
+var ErrUnavailable = errors.New("store unavailable")
 
 // Name is the wallet's name.
 func (w *Wallet) Name() string { return w.name }
@@ -85,8 +100,10 @@ func (w *Wallet) AdmissionContext(ctx context.Context) (context.Context, context
 	return withLazyDeadline(ctx, time.Now().Add(w.admissionTimeout))
 }
 
-// Store opens the wallet's store, once, or shares the one already open on
-// the same database.
+// Store is the wallet's store: opened at Start (or by the first request),
+// or shared with the one already open on the same database. A remote
+// store that could not be reached is retried in the background; until it
+// answers, Store returns an error wrapping ErrUnavailable.
 func (w *Wallet) Store() (wallet.Store, error) {
 	h, err := w.open()
 	if err != nil {
@@ -96,47 +113,124 @@ func (w *Wallet) Store() (wallet.Store, error) {
 }
 
 func (w *Wallet) open() (*storeHolder, error) {
-	w.once.Do(func() {
-		key := w.backend.PoolKey()
-		v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
-			st, err := w.backend.Open(wallet.Options{StatementTimeout: w.statementTimeout, LeaseTTL: w.leaseTTL})
-			if err != nil {
-				return nil, err
-			}
-			h := &storeHolder{store: st, kind: w.backend.Kind(), logger: w.logger,
-				job:      caddykit.Jobs.Job(SweepJobPrefix+w.name, SweepEvery),
-				leaseJob: caddykit.Jobs.Job(LeaseJobPrefix+w.name, leaseRenewEvery), opened: time.Now(),
-				stop: make(chan struct{}), done: make(chan struct{}), renewed: make(chan struct{}), drained: make(chan struct{})}
-			h.exitFunc = h.exit // made once: a method value per request allocates
-			h.endSettleFunc = h.endSettle
-			h.live.noteTTL(w.ttl) // before the sweeper reads its tick
-			// Released when the store closes: a closed store's jobs
-			// are retired, never overdue (see jobs.Job.Acquire).
-			h.job.Acquire()
-			h.leaseJob.Acquire()
-			go h.sweeper()
-			go h.renewer()
-			return h, nil
-		})
-		if err != nil {
-			w.openErr = fmt.Errorf("opening %s store: %w", w.backend.Kind(), err)
-			return
-		}
-		w.holder = v.(*storeHolder)
-		w.holder.live.noteTTL(w.ttl)
-	})
-	return w.holder, w.openErr
+	w.first.Do(w.attemptFirst)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.holder != nil {
+		return w.holder, nil
+	}
+	return nil, w.openErr
 }
 
-// release gives the pooled store back; once is spent so that a request
-// arriving after Cleanup cannot open it again.
-func (w *Wallet) release() {
-	w.releaseOnce.Do(func() {
-		w.once.Do(func() { w.openErr = fmt.Errorf("wallet %q: %w", w.name, ErrUnloaded) })
-		if w.holder != nil {
+// startWait is how long the first attempt to open a remote store may
+// hold up Start (or the first request) before the wallet starts without
+// it and keeps trying in the background.
+const startWait = 3 * time.Second
+
+// attemptFirst makes the first attempt to open the store. A local store
+// that fails is the config's error; a remote one is tried in the
+// background with backoff until it answers.
+func (w *Wallet) attemptFirst() {
+	if !w.backend.Remote() {
+		h, err := w.dial()
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.settle(h, err)
+		return
+	}
+	w.mu.Lock()
+	w.openErr = fmt.Errorf("%w: still connecting", ErrUnavailable)
+	w.retrying = make(chan struct{})
+	stop := w.retrying
+	w.mu.Unlock()
+	failures := 0
+	backoff.Connect(stop, startWait, func() bool {
+		h, err := w.dial()
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if !w.settle(h, err) {
+			w.openErr = fmt.Errorf("%w: %w", ErrUnavailable, err)
+			if failures++; failures == 1 {
+				w.logger.Error("the wallet's store cannot be reached; billed requests follow on_store_error until it answers, tried again in the background", zap.Error(err))
+			}
+			return false
+		}
+		if failures > 0 && h != nil && !w.released {
+			w.logger.Warn("the wallet's store answers again; billing resumed", zap.Int("failed_attempts", failures))
+		}
+		return true
+	})
+}
+
+// settle records an attempt's outcome under w.mu; it reports whether the
+// attempts are over: the store opened, or the wallet was released (an
+// attempt that opened it then gives it back).
+func (w *Wallet) settle(h *storeHolder, err error) bool {
+	switch {
+	case w.released:
+		if h != nil {
 			_, _ = stores.Delete(w.backend.PoolKey())
 		}
+		return true
+	case err != nil:
+		w.openErr = err
+		return false
+	}
+	w.holder, w.openErr = h, nil
+	h.live.noteTTL(w.ttl)
+	return true
+}
+
+// dial opens the store, or takes a reference on the one already open on
+// the same database.
+func (w *Wallet) dial() (*storeHolder, error) {
+	key := w.backend.PoolKey()
+	v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
+		st, err := w.backend.Open(wallet.Options{StatementTimeout: w.statementTimeout, LeaseTTL: w.leaseTTL})
+		if err != nil {
+			return nil, err
+		}
+		h := &storeHolder{store: st, kind: w.backend.Kind(), logger: w.logger,
+			job:      caddykit.Jobs.Job(SweepJobPrefix+w.name, SweepEvery),
+			leaseJob: caddykit.Jobs.Job(LeaseJobPrefix+w.name, leaseRenewEvery), opened: time.Now(),
+			stop: make(chan struct{}), done: make(chan struct{}), renewed: make(chan struct{}), drained: make(chan struct{})}
+		h.exitFunc = h.exit // made once: a method value per request allocates
+		h.endSettleFunc = h.endSettle
+		h.live.noteTTL(w.ttl) // before the sweeper reads its tick
+		// Released when the store closes: a closed store's jobs
+		// are retired, never overdue (see jobs.Job.Acquire).
+		h.job.Acquire()
+		h.leaseJob.Acquire()
+		go h.sweeper()
+		go h.renewer()
+		return h, nil
 	})
+	if err != nil {
+		return nil, fmt.Errorf("opening %s store: %w", w.backend.Kind(), err)
+	}
+	return v.(*storeHolder), nil
+}
+
+// release gives the pooled store back and stops the background attempts.
+// A request arriving after Cleanup cannot open the store any more; one of
+// this config still in flight keeps the store it has (its holder waits
+// for it before closing).
+func (w *Wallet) release() {
+	w.first.Do(func() {}) // no first attempt after release
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.released {
+		return
+	}
+	w.released = true
+	if w.retrying != nil {
+		close(w.retrying)
+	}
+	if w.holder != nil {
+		_, _ = stores.Delete(w.backend.PoolKey())
+		return
+	}
+	w.openErr = fmt.Errorf("wallet %q: %w", w.name, ErrUnloaded)
 }
 
 // Enter counts a request in flight on the wallet's store, from the moment
@@ -192,6 +286,24 @@ func (w *Wallet) Authenticate(ctx context.Context, secret string) (wallet.Key, e
 	}
 	return st.Authenticate(ctx, secret)
 }
+
+// KnownKey returns the key if this instance verified it against the
+// database within the last hour (wallet.Store.KnownKey): the clients
+// on_store_error allow may serve while the store cannot be asked. A store
+// that never opened knows no key.
+func (w *Wallet) KnownKey(secret string) (wallet.Key, bool) {
+	w.mu.Lock()
+	h := w.holder
+	w.mu.Unlock()
+	if h == nil {
+		return wallet.Key{}, false
+	}
+	return h.store.KnownKey(secret)
+}
+
+// Remote reports whether the store is reached over the network, shared
+// by every instance, and may be down for a while (see Backend.Remote).
+func (w *Wallet) Remote() bool { return w.backend.Remote() }
 
 // Reserve holds back the request's largest cost.
 func (w *Wallet) Reserve(ctx context.Context, r wallet.Reservation) error {
