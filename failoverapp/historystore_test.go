@@ -1,0 +1,113 @@
+package failoverapp
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/llmfailover/caddy-llm-failover/history"
+	"github.com/llmfailover/caddy-llm-failover/history/store"
+	"github.com/llmfailover/caddy-llm-failover/internal/faultproxy"
+	"github.com/llmfailover/caddy-llm-failover/journal"
+)
+
+// freshSchemaDSN returns the test PostgreSQL's DSN pointed at a new, empty
+// schema, or skips (fails in CI) without one.
+func freshSchemaDSN(t *testing.T) string {
+	t.Helper()
+	dsn := os.Getenv("LLMF_TEST_POSTGRES_DSN")
+	if dsn == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("LLMF_TEST_POSTGRES_DSN is not set in CI")
+		}
+		t.Skip("LLMF_TEST_POSTGRES_DSN is not set")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	schema := "llmf_hist_" + hex.EncodeToString(rnd[:])
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		if c, err := pgx.Connect(ctx, dsn); err == nil {
+			_, _ = c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
+			c.Close(ctx)
+		}
+	})
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	return dsn + sep + "search_path=" + schema
+}
+
+// A history store that stops answering costs the status page one bounded
+// read, not one per page view: concurrent views do not queue behind the
+// read, and views soon after a failed read do not try again.
+func TestHistoryReadsDoNotQueueBehindAHungStore(t *testing.T) {
+	proxy, dsn, err := faultproxy.Postgres(freshSchemaDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := store.OpenPostgres(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	s := &statusState{history: history.NewRecorder(), journal: journal.New(journal.DefaultSize),
+		since: map[string]time.Time{}, started: time.Now()}
+	s.attach(&historyHolder{store: st, state: s, logger: zap.NewNop()})
+	if rec, _ := s.sources(time.Now()); rec == s.history {
+		t.Fatal("with the store up, the page shows this instance's history only")
+	}
+
+	proxy.Freeze(true)
+	later := time.Now().Add(time.Minute) // past the read cache
+	began := time.Now()
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			if rec, _ := s.sources(later); rec == nil {
+				t.Error("no history")
+			}
+		})
+	}
+	wg.Wait()
+	// One bounded read (2 s) at most; queued views took 5 s each.
+	if took := time.Since(began); took > 4*time.Second {
+		t.Errorf("4 page views with the store hung took %v", took)
+	}
+	began = time.Now()
+	if rec, _ := s.sources(later.Add(time.Second)); rec != s.history {
+		t.Error("a view just after a failed read does not show this instance's history")
+	}
+	if took := time.Since(began); took > 500*time.Millisecond {
+		t.Errorf("a view just after a failed read waited %v on the store", took)
+	}
+
+	proxy.Freeze(false)
+	proxy.Reset() // the hung connections
+	if rec, _ := s.sources(later.Add(time.Minute)); rec == s.history {
+		t.Error("once the store answers again, the page still shows this instance's history only")
+	}
+}
