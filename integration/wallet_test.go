@@ -918,6 +918,10 @@ func TestWalletStoreDownAtStart(t *testing.T) {
 		}
 	}
 	hits(t, a, 0)
+	var status map[string]any
+	if code := walletCall(t, http.MethodGet, "status", nil, &status); code != 200 || status["reachable"] != false || status["error"] == nil {
+		t.Errorf("wallet status with the store down since start: %d %v", code, status)
+	}
 
 	proxy.Refuse(false)
 	began := time.Now()

@@ -89,14 +89,9 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	st, err := wal.Store()
-	if err != nil {
-		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: err}
-	}
 	ctx := r.Context()
-	parts := strings.Split(path, "/")
-	switch {
-	case path == "status":
+	st, err := wal.Store()
+	if path == "status" {
 		if err := caddykit.OnlyMethod(r, http.MethodGet); err != nil {
 			return err
 		}
@@ -105,11 +100,22 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 		if sweepErr != "" {
 			status["last_sweep_error"] = sweepErr
 		}
-		if err := st.Ping(ctx); err != nil {
+		if err == nil {
+			err = st.Ping(ctx)
+		}
+		if err != nil {
+			// A store that never answered since start is an outage
+			// to report, not an admin API failure.
 			status["reachable"] = false
 			status["error"] = err.Error()
 		}
 		return caddykit.WriteJSON(w, status)
+	}
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: err}
+	}
+	parts := strings.Split(path, "/")
+	switch {
 	case path == "accounts":
 		switch r.Method {
 		case http.MethodGet:
