@@ -160,16 +160,28 @@ func TestGeminiArrayWrapped429(t *testing.T) {
 			route ai-studio upstream_model gemini-2.5-flash
 		}
 	`, g.URL, o.URL)
-	res, body := post(t, "/v1/chat/completions", fu.ChatRequest("gemini-flash", false))
-	if res.StatusCode != 200 || res.Header.Get("X-Served-By") != "backup" {
-		t.Fatalf("status %d by %q: %s", res.StatusCode, res.Header.Get("X-Served-By"), body)
-	}
-	res, body = post(t, "/v1/chat/completions", fu.ChatRequest("gemini-only", false))
+	// The only channel's 429 goes back with Gemini's message.
+	res, body := post(t, "/v1/chat/completions", fu.ChatRequest("gemini-only", false))
 	if res.StatusCode != 429 {
 		t.Fatalf("status %d: %s", res.StatusCode, body)
 	}
 	if msg, _, _ := openAIError(t, body); !strings.Contains(msg, fakeproviders.GeminiQuotaMessage) {
 		t.Fatalf("message %q does not carry Gemini's", msg)
+	}
+	// The 429 parked the channel (a rate limit is no outage): the next
+	// request with a backup goes there without asking Gemini again, and
+	// one without waits for the park to end.
+	served := g.Hits()
+	res, body = post(t, "/v1/chat/completions", fu.ChatRequest("gemini-flash", false))
+	if res.StatusCode != 200 || res.Header.Get("X-Served-By") != "backup" {
+		t.Fatalf("status %d by %q: %s", res.StatusCode, res.Header.Get("X-Served-By"), body)
+	}
+	res, body = post(t, "/v1/chat/completions", fu.ChatRequest("gemini-only", false))
+	if res.StatusCode != 503 || res.Header.Get("Retry-After") == "" {
+		t.Fatalf("parked: status %d Retry-After %q: %s", res.StatusCode, res.Header.Get("Retry-After"), body)
+	}
+	if g.Hits() != served {
+		t.Errorf("Gemini was asked %d more times while parked", g.Hits()-served)
 	}
 }
 

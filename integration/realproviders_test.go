@@ -87,10 +87,22 @@ func TestClaudeAcrossAnthropicVertexBedrock(t *testing.T) {
 		t.Fatalf("not an Anthropic error: %s", body)
 	}
 
+	// The throttlingException parked Bedrock (a rate limit, not an
+	// outage): nothing is sent to it until the park ends or an operator
+	// resets it.
+	hitsBefore := f.bedrock.Hits()
+	_, _ = post(t, "/v1/messages", fu.MessagesRequest("claude-sonnet-4-5", false), "anthropic-version", "2023-06-01")
+	if f.bedrock.Hits() != hitsBefore {
+		t.Fatal("a parked Bedrock was asked")
+	}
+	if code, body := brkAdmin(t, http.MethodPost, "/llm_failover/channels/aws-bedrock/reset"); code != 200 {
+		t.Fatalf("reset: %d %s", code, body)
+	}
+
 	// A validationException before content is the client's error: 400 in
 	// Anthropic's format, not a failover.
 	f.bedrock.SetMode(fakeproviders.ValidationBeforeContent)
-	hitsBefore := f.bedrock.Hits()
+	hitsBefore = f.bedrock.Hits()
 	res, body = post(t, "/v1/messages", fu.MessagesRequest("claude-sonnet-4-5", true), "anthropic-version", "2023-06-01")
 	if res.StatusCode != http.StatusBadRequest {
 		t.Fatalf("status %d, want 400: %s", res.StatusCode, body)

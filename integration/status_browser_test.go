@@ -37,7 +37,7 @@ func chromiumPath(t *testing.T) string {
 
 func TestStatusPageInBrowser(t *testing.T) {
 	browser := chromiumPath(t)
-	a := upstream(t, fu.Sequence(fu.OK(), fu.OK(), fu.Status(503, ""), fu.Status(429, ""), fu.Status(503, ""), fu.Status(503, "")))
+	a := upstream(t, fu.Sequence(fu.OK(), fu.OK(), fu.Status(503, ""), fu.Status(503, ""), fu.Status(503, "")))
 	b := upstream(t, fu.OKNamed("backup"))
 	statusGateway(t, "br", a.URL, b.URL, "failures 3\n\t\t\tcooldown 5m")
 	for range 8 {

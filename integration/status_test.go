@@ -158,14 +158,19 @@ func TestStatusHistoryFromScriptedMix(t *testing.T) {
 	send(3, 200)
 	a.Set(fu.Status(503, ""))
 	send(2, 200)
+	// A 429 parks stA (a rate limit is no outage): the next request goes
+	// straight to stB; the operator's reset un-parks it.
 	a.Set(fu.Status(429, ""))
 	send(2, 200)
+	if code, body := brkAdmin(t, http.MethodPost, "/llm_failover/channels/stA/reset"); code != 200 {
+		t.Fatalf("reset: %d %s", code, body)
+	}
 	a.Set(fu.Status(400, fu.OpenAIErrorBody("bad request", "invalid_request_error", "")))
 	send(2, 400)
 	// An attempt is recorded once its answer is written: the client can
 	// read the last answer a moment before the history counts it.
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if channelWindow(t, fetchStatus(t, adminURL+"/llm_failover/status"), "stA", "5m").Attempts >= 9 {
+		if channelWindow(t, fetchStatus(t, adminURL+"/llm_failover/status"), "stA", "5m").Attempts >= 8 {
 			break
 		}
 	}
@@ -178,7 +183,7 @@ func TestStatusHistoryFromScriptedMix(t *testing.T) {
 			if key != "24h" {
 				got = [5]int64{w.Attempts, w.Successes, w.Down, w.Limited, w.Client}
 			}
-			if got != [5]int64{9, 3, 2, 2, 2} {
+			if got != [5]int64{8, 3, 2, 1, 2} {
 				t.Errorf("stA %s: attempts, successes, down, limited, client = %v", key, got)
 			}
 		}
@@ -186,17 +191,17 @@ func TestStatusHistoryFromScriptedMix(t *testing.T) {
 			t.Errorf("stB 5m: %+v", w)
 		}
 		m := v.Models[0]
-		if m.Windows["5m"].Attempts != 13 || len(m.Hourly) != 48 || len(m.Daily) != 90 {
+		if m.Windows["5m"].Attempts != 12 || len(m.Hourly) != 48 || len(m.Daily) != 90 {
 			t.Errorf("model stm: %+v, %d hourly, %d daily", m.Windows["5m"], len(m.Hourly), len(m.Daily))
 		}
-		if h := m.Hourly[47]; h.Attempts < 13 {
+		if h := m.Hourly[47]; h.Attempts < 12 {
 			t.Errorf("current hour bar %+v", h)
 		}
 		c := m.Channels[0]
 		if c.LastFailure == nil || c.LastFailure.Reason != "status" || c.LastFailure.Status != 429 || c.LastFailure.Runbook != "runbooks/status" {
 			t.Errorf("last failure %+v (a 400 is the client's, not the channel's)", c.LastFailure)
 		}
-		if len(c.Decisions) != 4 || c.Decisions[0].UpstreamStatus != 429 || c.Decisions[0].Next != "stB" {
+		if len(c.Decisions) != 3 || c.Decisions[0].UpstreamStatus != 429 || c.Decisions[0].Next != "stB" {
 			t.Errorf("recent decisions %+v", c.Decisions)
 		}
 		if c.Windows["5m"].TTFTp50 <= 0 {
@@ -212,17 +217,17 @@ func TestStatusHistoryFromScriptedMix(t *testing.T) {
 	if err := adminGet(t, "/llm_failover/decisions?channel=stA&since=1h&group_by=reason", &grouped); err != nil {
 		t.Fatal(err)
 	}
-	if grouped.Total != 4 || len(grouped.Counts) != 1 || grouped.Counts[0] != (struct {
+	if grouped.Total != 3 || len(grouped.Counts) != 1 || grouped.Counts[0] != (struct {
 		Key   string `json:"key"`
 		Count int    `json:"count"`
-	}{"status", 4}) {
+	}{"status", 3}) {
 		t.Errorf("grouped: %+v", grouped)
 	}
 	var rows failoverapp.DecisionsAnswer
 	if err := adminGet(t, "/llm_failover/decisions?model=stm&reason=status", &rows); err != nil {
 		t.Fatal(err)
 	}
-	if rows.Total != 4 || rows.Decisions[0].RequestID == "" || rows.Decisions[0].Remaining <= 0 {
+	if rows.Total != 3 || rows.Decisions[0].RequestID == "" || rows.Decisions[0].Remaining <= 0 {
 		t.Errorf("rows: %+v", rows)
 	}
 	if res, body := getBody(t, adminURL+"/llm_failover/decisions?group_by=upstream"); res.StatusCode != 400 {
@@ -233,7 +238,7 @@ func TestStatusHistoryFromScriptedMix(t *testing.T) {
 	if err := failoverapp.Command(&out, fmt.Sprintf("localhost:%d", adminPort), "decisions", "--channel", "stA", "--by", "reason"); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), "status") || !strings.Contains(out.String(), "4") {
+	if !strings.Contains(out.String(), "status  3") {
 		t.Errorf("CLI table:\n%s", out.String())
 	}
 

@@ -213,14 +213,23 @@ func TestStreamErrorAfterRoleFailsOver(t *testing.T) {
 	hits(t, a, 1)
 	hits(t, b, 1)
 
+	// Its error event was a rate limit, which parks the primary: the next
+	// request goes straight to the backup.
+	cleanChatFromBackup(t, streamPost(t, nil, "/v1/chat/completions", fu.ChatRequest("m", true), ""))
+	hits(t, a, 1)
+	hits(t, b, 2)
+	if code, body := brkAdmin(t, http.MethodPost, "/llm_failover/channels/a/reset"); code != 200 {
+		t.Fatalf("reset: %d %s", code, body)
+	}
+
 	// The same with the role chunk in a read of its own, so that the gate
-	// has to judge it alone.
+	// has to judge it alone, and a server error.
 	a.Set(sseScript(roleFrame+"\n\n", 100*time.Millisecond, errFrame+"\n\n"))
 	s = streamPost(t, nil, "/v1/chat/completions", fu.ChatRequest("m", true), "")
 	cleanChatFromBackup(t, s)
 	mustNotContain(t, s.body, "blew up")
 	hits(t, a, 2)
-	hits(t, b, 2)
+	hits(t, b, 3)
 }
 
 // 3. Anthropic: message_start and ping are preamble; the error after them
