@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -116,11 +117,14 @@ func TestSDKClaudeAcrossAnthropicVertexBedrock(t *testing.T) {
 	runSDKPhases(t, in, "chain-anthropic.mjs", []sdkPhase{
 		{"anthropic serves", func() {}, served("claude-sonnet-4-5", "ok", "anthropic-direct", "anthropic-direct")},
 		{"anthropic overloaded: vertex", func() { anthropic.Set(overloaded) }, served("claude-sonnet-4-5", "ok", "google-vertex", "google-vertex")},
-		{"bedrock throttled before content: vertex streams", func() { bedrock.SetMode(fakeproviders.ExceptionBeforeContent) },
-			served("claude-bedrock-first", "ok", "google-vertex", "aws-bedrock")},
+		// The throttlingException is a rate limit: it parks Bedrock, so the
+		// JSON request after the stream goes to Vertex without asking.
+		{"bedrock throttled before content: vertex", func() { bedrock.SetMode(fakeproviders.ExceptionBeforeContent) },
+			served("claude-bedrock-first", "ok", "google-vertex", "google-vertex")},
 		{"vertex out of quota: bedrock", func() {
 			vertex.SetMode(fakeproviders.RateLimited)
 			bedrock.SetMode(fakeproviders.OK)
+			in.admin(http.MethodPost, "/llm_failover/channels/aws-bedrock/reset", nil, http.StatusOK, nil)
 		}, served("claude-sonnet-4-5", "ok", "aws-bedrock", "aws-bedrock")},
 		{"bedrock validation: the client's 400", func() { bedrock.SetMode(fakeproviders.ValidationBeforeContent) },
 			[]string{"CHAIN_MODEL=claude-sonnet-4-5", "CHAIN_EXPECT=invalid", "ERROR_TEXT=roles must alternate"}},
