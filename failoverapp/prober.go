@@ -40,7 +40,10 @@ func proberLockKey() int64 {
 }
 
 // startProber starts the checks of targets, nil when none offers one.
-// With a leader DSN only the instance holding the lock probes.
+// With a leader DSN only the instance holding the lock probes, while it
+// proves itself alive (internal/leader: a frozen or partitioned leader is
+// replaced within about SessionTimeout + CampaignEvery); the scheduler
+// runs the election on its own goroutine and asks it before each probe.
 func startProber(targets []probe.Target, leaderDSN string, logger *zap.Logger) *prober {
 	var elector probe.Leader
 	if leaderDSN != "" {

@@ -1,6 +1,7 @@
 package probe
 
 import (
+	"context"
 	"sync"
 	"time"
 
@@ -18,11 +19,13 @@ type Ledger struct {
 	mu sync.Mutex
 	// channels are keyed by channel name.
 	channels map[string]*Record
+	// slots lets one probe of unknown cost per channel run at a time.
+	slots map[string]chan struct{}
 }
 
 // NewLedger returns an empty ledger.
 func NewLedger() *Ledger {
-	return &Ledger{history: history.NewRecorder(), channels: map[string]*Record{}}
+	return &Ledger{history: history.NewRecorder(), channels: map[string]*Record{}, slots: map[string]chan struct{}{}}
 }
 
 // Record is one channel's last probe and today's probe spend.
@@ -33,6 +36,8 @@ type Record struct {
 	Reason  string
 	Day     string // UTC date of Spent
 	Spent   wallet.Micros
+	// Held is what the probes in flight may still cost.
+	Held    wallet.Micros
 	Stopped bool // the day's budget is spent; logged once
 }
 
@@ -64,37 +69,109 @@ func (l *Ledger) View(channel string, now time.Time) (Record, bool) {
 	return c, true
 }
 
-// overBudget reports whether the channel's probes spent budget today; the
-// first time it does, in a day, stopped is true.
-func (l *Ledger) overBudget(channel string, budget wallet.Micros, now time.Time) (over, stopped bool, spent wallet.Micros) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	r := l.record(channel)
+// roll starts the channel's new day at now: the spend restarts; what
+// probes in flight hold stays held.
+func roll(r *Record, channel string, now time.Time) {
 	if day := now.UTC().Format(time.DateOnly); r.Day != day {
+		if r.Stopped {
+			budgetSpent.WithLabelValues(channel).Set(0)
+		}
 		r.Day, r.Spent, r.Stopped = day, 0, false
 	}
-	if r.Spent < budget {
-		return false, false, r.Spent
-	}
-	if !r.Stopped {
-		r.Stopped = true
-		budgetSpent.WithLabelValues(channel).Set(1)
-		return true, true, r.Spent
-	}
-	return true, false, r.Spent
 }
 
-// finished records one probe's result and cost.
-func (l *Ledger) finished(c Route, res Result, at time.Time) {
+// Hold is one probe's claim on its channel's daily budget, from the check
+// that let it go until it is settled to its real cost or released.
+type Hold struct {
+	l      *Ledger
+	route  Route
+	amount wallet.Micros
+	slot   chan struct{} // the channel's one slot for a probe of unknown cost; nil when the cost is known
+}
+
+// hold checks the route's daily budget and holds the probe's maximum cost
+// (Route.MaxCost) in one step, so that probes running at once cannot
+// together spend more than the budget: a probe goes only when what its
+// channel spent today, plus what probes in flight hold, plus its own
+// maximum fit in the budget. A probe whose maximum is unknown waits for
+// the channel's previous one of unknown cost to settle and goes while the
+// spend and the holds are under the budget: the budget is then overshot by
+// at most one probe, as when probes ran one after another.
+//
+// A nil hold is a probe that may not go now (or ctx ended while it
+// waited); stopped is true the first time in a day that the spend alone
+// leaves no room, and spent is the day's spend.
+func (l *Ledger) hold(ctx context.Context, c Route, budget wallet.Micros, now time.Time) (h *Hold, stopped bool, spent wallet.Micros) {
+	var slot chan struct{}
+	if c.MaxCost <= 0 {
+		l.mu.Lock()
+		slot = l.slots[c.Channel]
+		if slot == nil {
+			slot = make(chan struct{}, 1)
+			l.slots[c.Channel] = slot
+		}
+		l.mu.Unlock()
+		select {
+		case slot <- struct{}{}:
+		case <-ctx.Done():
+			return nil, false, 0
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.record(c.Channel)
+	roll(r, c.Channel, now)
+	// room is what is left of the budget; compared rather than summed
+	// so that no sum overflows.
+	room := budget - r.Spent
+	var fits, spentOut bool
+	if c.MaxCost > 0 {
+		fits = room-r.Held >= c.MaxCost
+		spentOut = room < c.MaxCost
+	} else {
+		fits = room-r.Held > 0
+		spentOut = room <= 0
+	}
+	if !fits {
+		if slot != nil {
+			<-slot
+		}
+		if spentOut && !r.Stopped {
+			r.Stopped = true
+			budgetSpent.WithLabelValues(c.Channel).Set(1)
+			stopped = true
+		}
+		return nil, stopped, r.Spent
+	}
+	amount := max(c.MaxCost, 0)
+	r.Held += amount
+	return &Hold{l: l, route: c, amount: amount, slot: slot}, false, r.Spent
+}
+
+// release gives the hold back: the probe was not sent.
+func (h *Hold) release() {
+	h.l.mu.Lock()
+	h.l.record(h.route.Channel).Held -= h.amount
+	h.l.mu.Unlock()
+	if h.slot != nil {
+		<-h.slot
+	}
+}
+
+// settle records the probe's result and replaces its hold with its real
+// cost.
+func (h *Hold) settle(res Result, at time.Time) {
+	l, c := h.l, h.route
 	l.mu.Lock()
 	r := l.record(c.Channel)
-	if day := at.UTC().Format(time.DateOnly); r.Day != day {
-		r.Day, r.Spent, r.Stopped = day, 0, false
-		budgetSpent.WithLabelValues(c.Channel).Set(0)
-	}
+	roll(r, c.Channel, at)
+	r.Held -= h.amount
 	r.At, r.Model, r.Outcome, r.Reason = at, c.Model, res.Outcome, res.Reason
 	r.Spent += res.Cost
 	l.mu.Unlock()
+	if h.slot != nil {
+		<-h.slot
+	}
 	spend.WithLabelValues(c.Channel).Add(float64(res.Cost) / 1e6)
 	total.WithLabelValues(c.Channel, string(res.Outcome)).Inc()
 	l.history.Record(history.Attempt{At: at, Model: c.Model, Channel: c.Channel, Class: res.Outcome.Class(), Reason: res.Reason, TTFT: res.TTFT})

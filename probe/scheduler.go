@@ -20,6 +20,12 @@ type Route struct {
 	Plan    Plan
 	// ID is the Target's own handle on the route.
 	ID int
+	// MaxCost is the most one probe of the route can cost (its prompt
+	// and Plan.MaxTokens at the route's price), held against the daily
+	// budget while the probe runs. 0 when the target cannot tell: the
+	// channel's probes of unknown cost then go one at a time, and the
+	// budget may be overshot by one probe.
+	MaxCost wallet.Micros
 }
 
 // Result is what one probe found.
@@ -51,10 +57,15 @@ type Target interface {
 
 // Leader is the election of the one instance of a fleet that probes.
 type Leader interface {
-	// Campaign tries to take or keep the lead.
-	Campaign(ctx context.Context) (bool, error)
-	// Resign gives the lead up.
-	Resign()
+	// Run campaigns for the lead, and proves it alive while it holds it,
+	// until ctx ends; then it gives the lead up. It calls changed after
+	// its first campaign and whenever the lead changes hands.
+	Run(ctx context.Context, changed func())
+	// Leading reports whether this instance leads now (not at its last
+	// campaign: a lead it can no longer prove is lost at once). When it
+	// does not, err says why it cannot tell whether another instance
+	// leads; false with nil err means another instance does.
+	Leading() (bool, error)
 }
 
 // Scheduler runs rounds of the probes that are due. It is made for one
@@ -68,10 +79,10 @@ type Scheduler struct {
 
 	mu   sync.Mutex
 	last map[routeKey]time.Time // when each route was last probed
+	led  bool                   // this instance led at the last round, for the log
 
-	// Only the round goroutine touches these.
-	campaigned time.Time // when this instance last asked to lead
-	leading    bool
+	// wake runs a round at once: the lead changed hands.
+	wake chan struct{}
 }
 
 type routeKey struct {
@@ -82,7 +93,7 @@ type routeKey struct {
 // NewScheduler returns the scheduler of the targets' routes, recording
 // into ledger; nil when no target offers one.
 func NewScheduler(targets []Target, ledger *Ledger, leader Leader, logger *zap.Logger) *Scheduler {
-	s := &Scheduler{ledger: ledger, leader: leader, logger: logger, last: map[routeKey]time.Time{}}
+	s := &Scheduler{ledger: ledger, leader: leader, logger: logger, last: map[routeKey]time.Time{}, wake: make(chan struct{}, 1)}
 	for _, t := range targets {
 		routes := t.Routes()
 		if len(routes) == 0 {
@@ -105,11 +116,25 @@ func NewScheduler(targets []Target, ledger *Ledger, leader Leader, logger *zap.L
 // meant to run.
 func (s *Scheduler) Every() time.Duration { return s.every }
 
-// Run runs a round every tick, recorded as job, until ctx ends; then it
-// gives the lead up.
+// Run runs a round every tick, recorded as job, until ctx ends. With a
+// leader it runs the election alongside, runs a round as soon as this
+// instance takes the lead (a new leader does not wait for a tick, which
+// may be long), and gives the lead up when ctx ends.
 func (s *Scheduler) Run(ctx context.Context, job *jobs.Job) {
 	if s.leader != nil {
-		defer s.leader.Resign()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			s.leader.Run(ctx, s.poke)
+		}()
+		defer func() { <-done }()
+		// The first round waits for the first campaign, which is
+		// bounded: before it nobody can tell who probes.
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.wake:
+		}
 	}
 	// The tick is a fraction of the shortest interval, so that a route
 	// falls due at most a tick late.
@@ -121,33 +146,59 @@ func (s *Scheduler) Run(ctx context.Context, job *jobs.Job) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-s.wake:
 		}
 	}
 }
 
+// poke asks for a round at once.
+func (s *Scheduler) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// leads reports whether this instance probes now.
+func (s *Scheduler) leads() (bool, error) {
+	if s.leader == nil {
+		return true, nil
+	}
+	return s.leader.Leading()
+}
+
 // Round probes every route that is due, concurrently, and waits for them.
+// With a leader, only while this instance leads: the lead is asked again
+// before each probe goes, so a leader that lost it (its process was
+// frozen past its lease) starts no probe alongside the new one.
 func (s *Scheduler) Round(ctx context.Context) (jobs.Summary, error) {
+	lead, err := s.leads()
 	if s.leader != nil {
-		// Once per interval, not per tick: a follower's campaign opens a
-		// connection. A dead leader is replaced within an interval.
-		if time.Since(s.campaigned) >= s.every {
-			s.campaigned = time.Now()
-			lead, err := s.leader.Campaign(ctx)
-			if err != nil {
-				s.leading = false
-				s.logger.Warn("prober: leader election failed; not probing", zap.Error(err))
-				return "", err
-			}
-			s.leading = lead
+		s.mu.Lock()
+		changed := lead != s.led
+		s.led = lead
+		s.mu.Unlock()
+		switch {
+		case changed && lead:
+			s.logger.Info("prober: this instance leads the probes of the fleet")
+		case changed:
+			s.logger.Info("prober: this instance no longer leads the probes")
 		}
-		if !s.leading {
-			return "another instance probes", nil
-		}
+	}
+	if err != nil {
+		s.logger.Warn("prober: leader election failed; not probing", zap.Error(err))
+		return "", err
+	}
+	if !lead {
+		// True as the elector tells it: a session that proved itself
+		// alive within the election's timeout holds the lead.
+		return "another instance probes", nil
 	}
 	now := time.Now()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	counts := map[Outcome]int{}
+	lostLead := 0
 	for i, t := range s.targets {
 		for _, c := range t.Routes() {
 			key := routeKey{i, c.Model, c.Channel}
@@ -155,14 +206,26 @@ func (s *Scheduler) Round(ctx context.Context) (jobs.Summary, error) {
 				continue
 			}
 			wg.Go(func() {
+				h := s.hold(ctx, c, now)
+				if h == nil {
+					return
+				}
+				if lead, _ := s.leads(); !lead {
+					h.release()
+					mu.Lock()
+					lostLead++
+					mu.Unlock()
+					return
+				}
 				res, sent := t.Probe(ctx, c)
 				if !sent {
+					h.release()
 					return // the trial slots are taken by clients
 				}
 				s.mu.Lock()
 				s.last[key] = now
 				s.mu.Unlock()
-				s.ledger.finished(c, res, time.Now())
+				h.settle(res, time.Now())
 				if res.Outcome != Passed {
 					s.logger.Warn("probe did not pass", zap.String("model", c.Model), zap.String("channel", c.Channel),
 						zap.String("result", string(res.Outcome)), zap.String("reason", res.Reason))
@@ -174,26 +237,33 @@ func (s *Scheduler) Round(ctx context.Context) (jobs.Summary, error) {
 		}
 	}
 	wg.Wait()
-	return jobs.Summary(fmt.Sprintf("probes: %d passed, %d failed, %d rate limited, %d config errors",
-		counts[Passed], counts[Failed], counts[Limited], counts[ConfigError])), nil
+	summary := fmt.Sprintf("probes: %d passed, %d failed, %d rate limited, %d config errors",
+		counts[Passed], counts[Failed], counts[Limited], counts[ConfigError])
+	if lostLead > 0 {
+		summary += fmt.Sprintf("; lead lost, %d not sent", lostLead)
+	}
+	return jobs.Summary(summary), nil
 }
 
-// due decides whether the route is probed now: its interval has passed
-// since its last probe, its channel is quiet, and its channel's daily budget is
-// not spent.
+// due decides whether the route may be probed now: its interval has
+// passed since its last probe and its channel is quiet. Its budget is
+// checked when the probe holds its cost (hold).
 func (s *Scheduler) due(t Target, c Route, key routeKey, now time.Time) bool {
 	s.mu.Lock()
 	last := s.last[key]
 	s.mu.Unlock()
-	if now.Sub(last) < c.Plan.Interval || !t.Quiet(c, now) {
-		return false
-	}
-	over, stopped, spent := s.ledger.overBudget(c.Channel, c.Plan.Budget, now)
+	return now.Sub(last) >= c.Plan.Interval && t.Quiet(c, now)
+}
+
+// hold holds the probe's cost against its channel's daily budget; nil
+// when the budget has no room for it now.
+func (s *Scheduler) hold(ctx context.Context, c Route, now time.Time) *Hold {
+	h, stopped, spent := s.ledger.hold(ctx, c, c.Plan.Budget, now)
 	if stopped {
 		s.logger.Warn("daily probe budget spent; no more probes of this channel today",
 			zap.String("channel", c.Channel), zap.String("spent", spent.String()), zap.String("budget", c.Plan.Budget.String()))
 	}
-	return !over
+	return h
 }
 
 // The collectors live at package level, like the ledger's keeper, and

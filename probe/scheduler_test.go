@@ -3,12 +3,14 @@ package probe
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/llmfailover/caddy-llm-failover/jobs"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
 )
 
@@ -20,6 +22,10 @@ type fakeTarget struct {
 	admit  bool
 	result Result
 	sent   map[string]int
+	// delay is how long a probe takes; during it, probes overlap.
+	delay time.Duration
+	// onProbe, when set, runs as each probe is sent.
+	onProbe func()
 }
 
 func newFakeTarget(plan Plan, channels ...string) *fakeTarget {
@@ -41,12 +47,18 @@ func (t *fakeTarget) Quiet(r Route, _ time.Time) bool {
 
 func (t *fakeTarget) Probe(_ context.Context, r Route) (Result, bool) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if !t.admit {
+		t.mu.Unlock()
 		return Result{}, false
 	}
 	t.sent[r.Channel]++
-	return t.result, true
+	res, delay, onProbe := t.result, t.delay, t.onProbe
+	t.mu.Unlock()
+	if onProbe != nil {
+		onProbe()
+	}
+	time.Sleep(delay)
+	return res, true
 }
 
 func (t *fakeTarget) count(ch string) int {
@@ -149,35 +161,178 @@ func TestSchedulerBudget(t *testing.T) {
 
 // fakeLeader leads when told to.
 type fakeLeader struct {
-	lead      bool
-	err       error
-	campaigns int
-	resigned  bool
+	mu      sync.Mutex
+	lead    bool
+	err     error
+	asked   int
+	changed func()
 }
 
-func (l *fakeLeader) Campaign(context.Context) (bool, error) {
-	l.campaigns++
+func (l *fakeLeader) Run(ctx context.Context, changed func()) {
+	l.mu.Lock()
+	l.changed = changed
+	l.mu.Unlock()
+	changed()
+	<-ctx.Done()
+}
+
+func (l *fakeLeader) Leading() (bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.asked++
 	return l.lead, l.err
 }
-func (l *fakeLeader) Resign() { l.resigned = true }
 
-// With a leader, only the instance that leads probes; a failed election
-// probes nothing and is the job's error.
+// set changes the lead, and tells Run's caller as an elector does.
+func (l *fakeLeader) set(lead bool, err error) {
+	l.mu.Lock()
+	l.lead, l.err = lead, err
+	changed := l.changed
+	l.mu.Unlock()
+	if changed != nil {
+		changed()
+	}
+}
+
+// With a leader, only the instance that leads probes, asked at every
+// round (never a cached answer); an election that cannot tell probes
+// nothing and is the job's error.
 func TestSchedulerLeader(t *testing.T) {
-	target := newFakeTarget(mustPlan(t, time.Hour, "10"), "a")
+	target := newFakeTarget(mustPlan(t, time.Millisecond, "10"), "a")
 	leader := &fakeLeader{}
 	s := NewScheduler([]Target{target}, NewLedger(), leader, zap.NewNop())
 	if summary, err := s.Round(context.Background()); err != nil || summary != "another instance probes" || target.count("a") != 0 {
 		t.Fatalf("follower: %q %v, %d probes", summary, err, target.count("a"))
 	}
-	leader.lead, leader.err = false, errors.New("no database")
-	s.campaigned = time.Time{}
+	leader.set(false, errors.New("no database"))
 	if _, err := s.Round(context.Background()); err == nil {
 		t.Fatal("a failed election is no error")
 	}
-	leader.lead, leader.err = true, nil
-	s.campaigned = time.Time{}
+	leader.set(true, nil)
 	if _, err := s.Round(context.Background()); err != nil || target.count("a") != 1 {
 		t.Fatalf("leader: %v, %d probes", err, target.count("a"))
+	}
+	// The lead lost between two rounds: the next sends nothing.
+	leader.set(false, nil)
+	time.Sleep(2 * time.Millisecond)
+	if summary, err := s.Round(context.Background()); err != nil || summary != "another instance probes" || target.count("a") != 1 {
+		t.Fatalf("after the lead was lost: %q %v, %d probes", summary, err, target.count("a"))
+	}
+}
+
+// A lead lost while a round runs (the process was frozen past its lease)
+// stops the probes of the round that have not gone yet.
+func TestSchedulerLeadLostMidRound(t *testing.T) {
+	plan := mustPlan(t, time.Hour, "10")
+	target := &fakeTarget{quiet: map[string]bool{}, admit: true, result: Result{Outcome: Passed, Cost: 1}, sent: map[string]int{}}
+	// Two routes on one channel of unknown cost: the second waits for the
+	// first to settle.
+	target.routes = []Route{{Model: "m1", Channel: "a", Plan: plan}, {Model: "m2", Channel: "a", Plan: plan, ID: 1}}
+	leader := &fakeLeader{lead: true}
+	target.onProbe = func() { leader.set(false, nil) }
+	s := NewScheduler([]Target{target}, NewLedger(), leader, zap.NewNop())
+	summary, err := s.Round(context.Background())
+	if err != nil || target.count("a") != 1 {
+		t.Fatalf("%q %v: %d probes sent, want the one sent before the lead was lost", summary, err, target.count("a"))
+	}
+	t.Log(summary)
+}
+
+// A follower that takes the lead probes at once, not at its next tick
+// (a quarter of a long interval), and one that never leads never probes.
+func TestSchedulerRoundWhenLeadGained(t *testing.T) {
+	target := newFakeTarget(mustPlan(t, time.Hour, "10"), "a")
+	leader := &fakeLeader{}
+	s := NewScheduler([]Target{target}, NewLedger(), leader, zap.NewNop())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	job := jobs.NewRegistry(nil).Job("prober", s.Every())
+	go func() {
+		defer close(done)
+		s.Run(ctx, job)
+	}()
+	defer func() { cancel(); <-done }()
+	time.Sleep(100 * time.Millisecond)
+	if target.count("a") != 0 {
+		t.Fatal("a follower probed")
+	}
+	leader.set(true, nil)
+	deadline := time.Now().Add(10 * time.Second)
+	for target.count("a") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the new leader did not probe within 10s of taking the lead")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// manyRoutes is a target with n routes (models) on one channel, each
+// probe costing cost and taking delay, so that a round's probes overlap.
+func manyRoutes(plan Plan, n int, cost, maxCost wallet.Micros, delay time.Duration) *fakeTarget {
+	t := &fakeTarget{quiet: map[string]bool{}, admit: true, result: Result{Outcome: Passed, Cost: cost}, sent: map[string]int{}, delay: delay}
+	for i := range n {
+		t.routes = append(t.routes, Route{Model: fmt.Sprintf("m%d", i), Channel: "a", Plan: plan, ID: i, MaxCost: maxCost})
+	}
+	return t
+}
+
+// Probes of one round run at once; together they may not spend more than
+// the channel's daily budget allows. Of cost unknown in advance, they go
+// one at a time and the budget is overshot by one probe at most, as when
+// probes ran one after another (0.10 each against 0.35: four, not ten).
+func TestSchedulerBudgetUnderConcurrency(t *testing.T) {
+	target := manyRoutes(mustPlan(t, time.Hour, "0.35"), 10, 100_000, 0, 20*time.Millisecond)
+	ledger := NewLedger()
+	s := NewScheduler([]Target{target}, ledger, nil, zap.NewNop())
+	if _, err := s.Round(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := ledger.View("a", time.Now())
+	if target.count("a") != 4 || rec.Spent != 400_000 {
+		t.Fatalf("%d probes at 0.10 against a budget of 0.35 spent %s: want 4 (0.40, one probe over)", target.count("a"), rec.Spent)
+	}
+	if rec.Held != 0 || !rec.Stopped {
+		t.Fatalf("after the round: %+v", rec)
+	}
+}
+
+// With its maximum cost known, a probe goes only when the day's spend,
+// what the probes in flight hold and its own maximum fit in the budget;
+// each settles to its real cost, which frees room for later ones, and a
+// probe that was not sent releases its hold.
+func TestSchedulerBudgetHoldsMaxCost(t *testing.T) {
+	target := manyRoutes(mustPlan(t, time.Millisecond, "0.35"), 10, 50_000, 100_000, 20*time.Millisecond)
+	ledger := NewLedger()
+	s := NewScheduler([]Target{target}, ledger, nil, zap.NewNop())
+	if _, err := s.Round(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := ledger.View("a", time.Now())
+	// Three maxima of 0.10 fit in 0.35; they cost 0.05 each.
+	if target.count("a") != 3 || rec.Spent != 150_000 || rec.Held != 0 || rec.Stopped {
+		t.Fatalf("first round: %d probes, record %+v; want 3 probes spending 0.15", target.count("a"), rec)
+	}
+	for range 5 {
+		time.Sleep(2 * time.Millisecond)
+		if _, err := s.Round(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec, _ = ledger.View("a", time.Now())
+	// 0.35 - 0.15 = 0.20: two more maxima, costing 0.10; then 0.10 is
+	// left, one more, and 0.05 holds no maximum.
+	if target.count("a") != 6 || rec.Spent != 300_000 || rec.Held != 0 || !rec.Stopped {
+		t.Fatalf("later rounds: %d probes, record %+v; want 6 probes spending 0.30, stopped", target.count("a"), rec)
+	}
+
+	refused := manyRoutes(mustPlan(t, time.Hour, "0.35"), 3, 50_000, 100_000, 0)
+	refused.admit = false
+	ledger = NewLedger()
+	s = NewScheduler([]Target{refused}, ledger, nil, zap.NewNop())
+	if _, err := s.Round(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if rec, ok := ledger.View("a", time.Now()); !ok || rec.Held != 0 || rec.Spent != 0 {
+		t.Fatalf("probes not sent still hold: %+v", rec)
 	}
 }
