@@ -30,11 +30,31 @@ func (p prober) Routes() []probe.Route {
 		if m.Probe == nil {
 			continue
 		}
-		for i, r := range m.Chain.Routes {
-			out = append(out, probe.Route{Model: name, Channel: r.Name, Plan: *m.Probe, ID: i})
+		for i := range m.Chain.Routes {
+			r := &m.Chain.Routes[i]
+			out = append(out, probe.Route{Model: name, Channel: r.Name, Plan: *m.Probe, ID: i, MaxCost: p.e.probeMaxCost(m, r)})
 		}
 	}
 	return out
+}
+
+// probeMaxCost is the most one probe of route can cost, at the route's
+// price: its body's input bound and the plan's output cap, as a client
+// request's reservation is bounded. 0 (unknown) when the probe cannot be
+// built; probeChannel then reports the config error.
+func (e *Engine) probeMaxCost(m *Model, route *chain.Route) wallet.Micros {
+	api, ok := provider.ProbeAPI(e.channels[route.Channel].Adapter)
+	if !ok {
+		return 0
+	}
+	_, _, body, err := provider.ProbeRequest(api, m.Name, m.Probe.Prompt, m.Probe.MaxTokens)
+	if err != nil {
+		return 0
+	}
+	body, _ = api.AskUsage(body, provider.Request{})
+	cost, _ := wallet.MaxCost(wallet.Estimate{BodyBytes: len(body), MaxOutput: int64(m.Probe.MaxTokens)},
+		wallet.Price{Input: wallet.Micros(route.InputCost), Output: wallet.Micros(route.OutputCost)})
+	return cost
 }
 
 // Quiet reports whether nothing but a probe tells about the check's
