@@ -157,15 +157,13 @@ func New(ctx caddy.Context, p Plan) (*Engine, error) {
 		// billed requests meet on_store_error.
 		w := e.wallet.w
 		e.app.Readiness(failoverapp.ReadinessCheck{Name: "wallet " + w.Name(), Shared: p.Wallet.Allow || w.Remote(),
+			Failing: "store unreachable",
 			Check: func(ctx context.Context) error {
 				st, err := w.Store()
 				if err == nil {
 					err = st.Ping(ctx)
 				}
-				if err != nil {
-					return fmt.Errorf("store unreachable: %w", err)
-				}
-				return nil
+				return err
 			}})
 	}
 	if probing {

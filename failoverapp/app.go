@@ -79,6 +79,10 @@ type App struct {
 	probes   []probe.Target
 	doctors  []Doctor
 	checks   []ReadinessCheck
+	// readiness is the checks' last outcome; checking is set while they
+	// run (readiness.go).
+	readiness checkOutcome
+	checking  bool
 	// What Start started, for Stop (or Start's own failure) to undo.
 	prober           *prober
 	detachHeartbeats func()

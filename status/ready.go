@@ -14,7 +14,7 @@ import (
 func serveReady(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
-	unready, degraded := failoverapp.Ready(r.Context())
+	unready, degraded := failoverapp.Ready()
 	var b strings.Builder
 	if len(unready) > 0 {
 		w.WriteHeader(http.StatusServiceUnavailable)
