@@ -128,7 +128,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "deadline":
 			h.Deadline, err = caddykit.DurationArg(d)
 		case "first_byte_timeout":
-			h.FirstByteTimeout, err = caddykit.DurationArg(d)
+			h.FirstByteTimeout, err = caddykit.DurationOrOffArg(d)
 		case "max_request_body":
 			h.MaxRequestBody, err = caddykit.SizeArg(d)
 		case "max_response_body":

@@ -137,6 +137,10 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		"wallet option twice":       "llm_failover { wallet {\naccount a\naccount b\n} }",
 		"bad on_store_error":        `llm_failover { wallet { on_store_error maybe } }`,
 		"unknown wallet option":     `llm_failover { wallet { currency eur } }`,
+		// 0 would silently mean the default (240 s), not "none".
+		"header_timeout 0":       `llm_failover { header_timeout 0 }`,
+		"stream_idle_timeout 0s": `llm_failover { stream_idle_timeout 0s }`,
+		"breaker cooldown 0":     `llm_failover { breaker { cooldown 0 } }`,
 	}
 	for name, input := range cases {
 		t.Run(name, func(t *testing.T) {

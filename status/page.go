@@ -129,7 +129,7 @@ func (p *Page) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			p.HideChannels = true
 		case "refresh":
-			dur, err := caddykit.DurationArg(d)
+			dur, err := caddykit.DurationOrOffArg(d)
 			if err != nil {
 				return err
 			}

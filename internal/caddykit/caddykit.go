@@ -44,7 +44,21 @@ func Position(d *caddyfile.Dispenser) string {
 
 // DurationArg reads the option's one argument as a duration (Caddy's
 // syntax, days included). A Caddyfile duration is never negative.
+//
+// Zero is refused: a zero duration in the JSON means "the default", so
+// `header_timeout 0` would silently mean 240 s to someone who meant
+// "none". Options where 0 means off read DurationOrOffArg.
 func DurationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
+	opt := d.Val()
+	dur, err := DurationOrOffArg(d)
+	if err == nil && dur == 0 {
+		return 0, d.Errf("%s: 0 is not a duration this option can take (in the JSON, 0 means its default); omit the option for the default", opt)
+	}
+	return dur, err
+}
+
+// DurationOrOffArg is DurationArg for an option whose 0 means off.
+func DurationOrOffArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
 	opt := d.Val()
 	if !d.NextArg() {
 		return 0, d.ArgErr()
