@@ -118,6 +118,7 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) error {
 		zap.String("model", x.req.Model), zap.Int("attempts", x.attempts),
 		zap.Int("status", pe.Status), zap.Duration("elapsed", time.Since(x.start)))
 	setRetryAfter(w.Header(), end.retryAfter)
+	chainWalked(w.Header())
 	return e.refuse(x, pe)
 }
 
@@ -141,6 +142,7 @@ func (e *Engine) refuseUnavailable(x *exchange, skipped []*chain.Route, retryAt 
 	}
 	wait := max(time.Until(retryAt), time.Second)
 	setRetryAfter(x.w.Header(), wait)
+	chainWalked(x.w.Header())
 	why := "open after failures"
 	if allParked {
 		why = "rate limited"
@@ -212,6 +214,16 @@ func (x *exchange) setVar(key, val string) {
 	if x.repl != nil {
 		x.repl.Set(key, val)
 	}
+}
+
+// chainWalked tells the official OpenAI and Anthropic SDKs not to retry
+// an answer for which the gateway already walked the whole chain (or
+// found every channel unavailable): their own retries would only repeat
+// it, and the OpenAI SDK honours a Retry-After of a minute by sleeping
+// inside the call. Both SDKs read x-should-retry before anything else;
+// Retry-After stays for clients that schedule their own retries.
+func chainWalked(h http.Header) {
+	h.Set("X-Should-Retry", "false")
 }
 
 func setRetryAfter(h http.Header, d time.Duration) {

@@ -143,8 +143,8 @@ func brkRefusedInBothFormats(t *testing.T, openAIBody []byte, why string) {
 		t.Errorf("error %q (%s), want it to say %q", msg, typ, why)
 	}
 	res, body := post(t, "/v1/messages", fu.MessagesRequest("claude", false), "anthropic-version", "2023-06-01")
-	if res.StatusCode != 503 || res.Header.Get("Retry-After") == "" {
-		t.Fatalf("anthropic: status %d, Retry-After %q: %s", res.StatusCode, res.Header.Get("Retry-After"), body)
+	if res.StatusCode != 503 || res.Header.Get("Retry-After") == "" || res.Header.Get("X-Should-Retry") != "false" {
+		t.Fatalf("anthropic: status %d, Retry-After %q, X-Should-Retry %q: %s", res.StatusCode, res.Header.Get("Retry-After"), res.Header.Get("X-Should-Retry"), body)
 	}
 	if _, typ := anthropicError(t, body); typ != "overloaded_error" {
 		t.Errorf("anthropic error type %q", typ)

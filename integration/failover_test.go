@@ -217,6 +217,10 @@ func TestAllChannelsFail(t *testing.T) {
 	if got := res.Header.Get("Retry-After"); got != "7" {
 		t.Errorf("Retry-After = %q, want 7", got)
 	}
+	// The chain was walked: the SDKs must not walk it again on top.
+	if got := res.Header.Get("X-Should-Retry"); got != "false" {
+		t.Errorf("X-Should-Retry = %q, want false", got)
+	}
 
 	res, body = post(t, "/v1/messages", fu.MessagesRequest("claude", false), "anthropic-version", "2023-06-01")
 	if res.StatusCode != 503 {

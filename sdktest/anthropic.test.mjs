@@ -20,7 +20,7 @@
 // Clients use apiKey "sk-client-test"; the gateway must not forward it.
 //
 // maxRetries is 0 everywhere so the SDK's own retries cannot hide (or
-// multiply) what the gateway did.
+// multiply) what the gateway did, except where a test checks the retries.
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -81,6 +81,22 @@ test('claude-failover: non-streaming answer comes from the backup channel', T, a
   assert.equal(message.type, 'message');
   assert.match(message.content[0].text, /backup/);
   assert.equal(message.model, 'claude-failover');
+});
+
+test('claude-down: the SDK does not retry on top of a chain the gateway already walked', T, async () => {
+  // The SDK's default retries (2), counting what it sends: the gateway's
+  // x-should-retry: false must make it give up after one request.
+  let sent = 0;
+  const retrying = new Anthropic({
+    apiKey: 'sk-client-test',
+    baseURL: GATEWAY_URL.replace(/\/+$/, ''),
+    fetch: (url, init) => { sent++; return fetch(url, init); },
+  });
+  await assert.rejects(retrying.messages.create({ model: 'claude-down', ...params }), (err) => {
+    assert.equal(err.status, 503);
+    return true;
+  });
+  assert.equal(sent, 1, `the SDK sent ${sent} requests`);
 });
 
 test('claude-down: all channels failing is a 503 with an Anthropic-shaped body', T, async () => {

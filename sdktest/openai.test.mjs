@@ -24,7 +24,7 @@
 // Clients use apiKey "sk-client-test"; the gateway must not forward it.
 //
 // maxRetries is 0 everywhere so the SDK's own retries cannot hide (or
-// multiply) what the gateway did.
+// multiply) what the gateway did, except where a test checks the retries.
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -111,6 +111,22 @@ test('gpt-down: all channels failing is a 503 that names the model', T, async ()
     assert.match(err.message, /gpt-down/);
     return true;
   });
+});
+
+test('gpt-down: the SDK does not retry on top of a chain the gateway already walked', T, async () => {
+  // The SDK's default retries (2), counting what it sends: the gateway's
+  // x-should-retry: false must make it give up after one request.
+  let sent = 0;
+  const retrying = new OpenAI({
+    apiKey: 'sk-client-test',
+    baseURL: GATEWAY_URL.replace(/\/+$/, '') + '/v1',
+    fetch: (url, init) => { sent++; return fetch(url, init); },
+  });
+  await assert.rejects(retrying.chat.completions.create({ model: 'gpt-down', messages }), (err) => {
+    assert.equal(err.status, 503);
+    return true;
+  });
+  assert.equal(sent, 1, `the SDK sent ${sent} requests`);
 });
 
 test('gpt-down: streaming requests fail before any chunk, also with 503', T, async () => {
