@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"fmt"
 	"net/http"
+	"path"
 	"strings"
 	"time"
 
@@ -73,16 +74,26 @@ func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Han
 		return caddykit.WriteJSON(w, view)
 	}
 	var buf bytes.Buffer
-	if err := render(&buf, view, time.Duration(p.Refresh), strings.TrimSuffix(r.URL.Path, "/")+"/"); err != nil {
+	if err := render(&buf, view, time.Duration(p.Refresh), pageBase(r.URL.Path)); err != nil {
 		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("rendering the status page: %w", err))
 	}
 	h := w.Header()
 	h.Set("Content-Type", "text/html; charset=utf-8")
 	h.Set("X-Content-Type-Options", "nosniff")
-	// Inline styles only; nothing loads from anywhere.
-	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src data:")
+	// Inline styles only; nothing loads from anywhere, and no <base>
+	// other than the page's own may move its links.
+	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'self'")
 	_, err := w.Write(buf.Bytes())
 	return err
+}
+
+// pageBase is the page's own path ending in "/", for its <base href>
+// (runbook links are relative to it). The path is cleaned first: a
+// request for //evil.example/status still matches `handle /status*`
+// through Caddy's own cleaning, and its raw path as a base would be a
+// network-path reference pointing the page's links at another host.
+func pageBase(p string) string {
+	return strings.TrimSuffix(path.Clean("/"+p), "/") + "/"
 }
 
 func wantsJSON(r *http.Request) bool {
