@@ -52,8 +52,10 @@ func (e *Engine) checkRoute(ctx context.Context, model string, route chain.Route
 	defer func() {
 		c.Took = time.Since(start).Round(time.Millisecond).String()
 		// One line per problem, no secret: token errors carry the
-		// response on a line of their own, and may quote a key.
-		c.Problem = strings.Join(strings.Fields(e.secrets.String(c.Problem)), " ")
+		// response on a line of their own, and may quote a key, whole
+		// or in part, as a client's error would be masked.
+		c.Problem = strings.Join(strings.Fields(e.secrets.Message(c.Problem)), " ")
+		c.Hint = e.secrets.String(c.Hint) // our words, quoting paths: exact secrets only
 	}()
 	ctx, cancel := context.WithTimeout(ctx, doctorTimeout)
 	defer cancel()

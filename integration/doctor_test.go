@@ -11,6 +11,7 @@ import (
 
 	"github.com/llmfailover/caddy-llm-failover/failoverapp"
 	"github.com/llmfailover/caddy-llm-failover/internal/fakeproviders"
+	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 )
 
 // The doctor against fakes of each provider, one channel per
@@ -123,4 +124,33 @@ func doctorBlocks(text string) map[string]string {
 		blocks[cur] += line
 	}
 	return blocks
+}
+
+// An upstream that echoes part of the channel's key in its refusal, as
+// OpenAI does ("Incorrect API key provided: sk-proj-abc…wxyz"): the
+// doctor masks it as a client's error would be, not only exact copies.
+func TestDoctorMasksAnEchoedKey(t *testing.T) {
+	const key = "sk-chan-Zq8vK2mP9xW4nR7tB3"
+	up := upstream(t, fu.BehaviorFunc(func(w http.ResponseWriter, r *http.Request, _ int64) {
+		got := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnauthorized)
+		fmt.Fprintf(w, `{"error":{"message":"Incorrect API key provided: %s****%s. You can find your API key at https://platform.openai.com/account/api-keys.","type":"invalid_request_error","code":"invalid_api_key"}}`,
+			got[:14], got[len(got)-4:])
+	}))
+	gateway(t, `
+		channel echo %s {
+			header Authorization "Bearer `+key+`"
+		}
+		model m {
+			route echo
+		}
+	`, up.URL)
+	code, body := brkAdmin(t, http.MethodPost, "/llm_failover/channels/echo/check")
+	if code != http.StatusOK || !bytes.Contains(body, []byte("Incorrect API key")) {
+		t.Fatalf("check: %d %s", code, body)
+	}
+	if bytes.Contains(body, []byte(key[:14])) {
+		t.Errorf("the doctor's answer shows the channel's key: %s", body)
+	}
 }
