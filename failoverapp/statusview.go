@@ -309,7 +309,8 @@ type ProbeView struct {
 
 func probeViewOf(channel string, now time.Time) *ProbeView {
 	rec, ok := probes.View(channel, now)
-	if !ok || rec.At.IsZero() {
+	if !ok || (rec.At.IsZero() && !rec.Stopped) {
+		// Never probed; but a budget too small for one probe is shown.
 		return nil
 	}
 	return &ProbeView{Windows: windowsOf(probes.History().Channel(channel, now, durations()...)),

@@ -163,26 +163,25 @@ func TestProbeBusyChannelNotProbed(t *testing.T) {
 	}
 }
 
-// Probe spend stops at the budget: the route costs $1 per million tokens,
-// so the first probe (18 tokens) spends more than the $0.00001 budget and
-// no other follows.
+// Probe spend never exceeds the budget: the route costs $1 per million
+// tokens, so one probe may cost more than the $0.00001 budget (its
+// prompt's bytes and max_tokens bound it above $0.0001), and none is sent;
+// the page says the budget stopped them.
 func TestProbeBudgetStops(t *testing.T) {
 	up := fu.New(fu.OK())
 	defer up.Close()
 	prefix := uniqueName("prBudget") // the day's spend outlives the test
 	probeGateway(t, prefix, "http://"+up.Addr(), "interval 100ms\n\t\t\t\tbudget 0.00001")
-	waitFor(t, 2*time.Second, "a probe", func() bool { return up.Hits() > 0 })
 	waitFor(t, 2*time.Second, "the budget stop shown", func() bool {
 		_, p := probedChannel(t, prefix+"A")
 		return p["budget_stopped"] == true
 	})
-	n := up.Hits()
 	time.Sleep(500 * time.Millisecond)
-	if up.Hits() != n || n != 1 {
-		t.Fatalf("probes after the budget was spent: %d then %d; want 1", n, up.Hits())
+	if n := up.Hits(); n != 0 {
+		t.Fatalf("%d probes sent although one may cost more than the whole budget", n)
 	}
-	if _, p := probedChannel(t, prefix+"A"); p["spent_today"] == "0" {
-		t.Fatalf("no spend shown: %v", p)
+	if _, p := probedChannel(t, prefix+"A"); p["spent_today"] != "0" && p["spent_today"] != "$0.00" && p["spent_today"] != nil {
+		t.Fatalf("spend shown: %v", p)
 	}
 }
 

@@ -198,6 +198,7 @@ func (s *Scheduler) Round(ctx context.Context) (jobs.Summary, error) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	counts := map[Outcome]int{}
+	var unsent string // the first probe that could not check its channel
 	lostLead := 0
 	for i, t := range s.targets {
 		for _, c := range t.Routes() {
@@ -232,6 +233,9 @@ func (s *Scheduler) Round(ctx context.Context) (jobs.Summary, error) {
 				}
 				mu.Lock()
 				counts[res.Outcome]++
+				if res.Outcome == ConfigError && unsent == "" {
+					unsent = c.Channel + ": " + res.Reason
+				}
 				mu.Unlock()
 			})
 		}
@@ -241,6 +245,13 @@ func (s *Scheduler) Round(ctx context.Context) (jobs.Summary, error) {
 		counts[Passed], counts[Failed], counts[Limited], counts[ConfigError])
 	if lostLead > 0 {
 		summary += fmt.Sprintf("; lead lost, %d not sent", lostLead)
+	}
+	if n := counts[ConfigError]; n > 0 {
+		// The job could not do its work (a probe account that does not
+		// exist, a probe the upstream refuses as malformed): a failed run,
+		// so that its heartbeat and readiness say so. A probe that failed
+		// on the channel did its work.
+		return jobs.Summary(summary), fmt.Errorf("%d probe(s) could not check their channel (first: %s)", n, unsent)
 	}
 	return jobs.Summary(summary), nil
 }
@@ -260,8 +271,9 @@ func (s *Scheduler) due(t Target, c Route, key routeKey, now time.Time) bool {
 func (s *Scheduler) hold(ctx context.Context, c Route, now time.Time) *Hold {
 	h, stopped, spent := s.ledger.hold(ctx, c, c.Plan.Budget, now)
 	if stopped {
-		s.logger.Warn("daily probe budget spent; no more probes of this channel today",
-			zap.String("channel", c.Channel), zap.String("spent", spent.String()), zap.String("budget", c.Plan.Budget.String()))
+		s.logger.Warn("what is left of the daily probe budget cannot cover another probe; no more probes of this channel today",
+			zap.String("channel", c.Channel), zap.String("spent", spent.String()), zap.String("budget", c.Plan.Budget.String()),
+			zap.String("probe_max_cost", c.MaxCost.String()))
 	}
 	return h
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -334,5 +335,24 @@ func TestSchedulerBudgetHoldsMaxCost(t *testing.T) {
 	}
 	if rec, ok := ledger.View("a", time.Now()); !ok || rec.Held != 0 || rec.Spent != 0 {
 		t.Fatalf("probes not sent still hold: %+v", rec)
+	}
+}
+
+// A round whose probes could not check their channel (the probe account
+// refused them, or the upstream refused the probe as malformed) is a
+// failed run of the job, so that its heartbeat reports failure; a probe
+// that found its channel down is a run that did its work.
+func TestSchedulerRoundFailsWhenProbesCannotCheck(t *testing.T) {
+	target := newFakeTarget(mustPlan(t, time.Hour, "10"), "a")
+	target.result = Result{Outcome: ConfigError, Reason: "probe account refused: unknown account \"ops\""}
+	s := NewScheduler([]Target{target}, NewLedger(), nil, zap.NewNop())
+	if _, err := s.Round(context.Background()); err == nil || !strings.Contains(err.Error(), "unknown account") {
+		t.Fatalf("round with a refused probe account: %v", err)
+	}
+	down := newFakeTarget(mustPlan(t, time.Hour, "10"), "b")
+	down.result = Result{Outcome: Failed, Reason: "status 503"}
+	s = NewScheduler([]Target{down}, NewLedger(), nil, zap.NewNop())
+	if _, err := s.Round(context.Background()); err != nil {
+		t.Fatalf("round whose probe found its channel down: %v", err)
 	}
 }

@@ -147,7 +147,7 @@ footer{color:var(--mute);font-size:12px;margin:18px 0}
 <div class="kv">{{$c := .}}{{range $k := $.V.WindowKeys}}{{$w := win $c.Windows $k}}<div><span>success {{$k}}</span>{{percent $w.SuccessRate $w.Attempts}} <span>{{$w.Attempts}} att · {{$w.Down}} down · {{$w.Limited}} limited · {{$w.Client}} client</span></div>{{end}}
 {{$d := win .Windows "1h"}}<div><span>first content 1h p50 / p95</span>{{ms $d.TTFTp50}} / {{ms $d.TTFTp95}}</div>
 <div><span>last failure</span>{{with .LastFailure}}<a href="{{.Runbook}}">{{.Reason}}</a>{{if .Status}} {{.Status}}{{end}} <span>{{ts .At}} ({{ago $now .At}})</span>{{else}}none{{end}}</div>
-{{with .Probes}}<div><span>synthetic checks (not traffic)</span>last {{.LastResult}}{{if .LastReason}} ({{.LastReason}}){{end}} <span>{{ago $now .LastAt}} · spent today ${{.SpentToday}}{{if .BudgetStopped}} · budget spent, stopped{{end}}</span></div>{{end}}</div>
+{{with .Probes}}<div><span>synthetic checks (not traffic)</span>{{if .LastAt.IsZero}}none sent{{else}}last {{.LastResult}}{{if .LastReason}} ({{.LastReason}}){{end}}{{end}} <span>{{if not .LastAt.IsZero}}{{ago $now .LastAt}} · {{end}}spent today ${{.SpentToday}}{{if .BudgetStopped}} · the budget left cannot cover another probe: stopped for today{{end}}</span></div>{{end}}</div>
 {{bars .Daily "2006-01-02"}}<div class="axis"><span>90 days</span><span>today</span></div>
 {{bars .Hourly "Jan 2 15:00 UTC"}}<div class="axis"><span>48 h</span><span>now</span></div>
 {{if .Decisions}}<div class="scroll"><table><tr><th>failover at</th><th>reason</th><th>upstream</th><th>attempt</th><th>elapsed</th><th>budget left</th><th>next</th></tr>
