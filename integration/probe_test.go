@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddytest"
 
+	"github.com/llmfailover/caddy-llm-failover/failoverapp"
 	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 	"github.com/llmfailover/caddy-llm-failover/jobs"
@@ -206,5 +207,37 @@ func TestReadiness(t *testing.T) {
 	res, body := getBody(t, url)
 	if res.StatusCode != 503 || !strings.Contains(string(body), "job ready_test_overdue is overdue") {
 		t.Fatalf("overdue job: %d %q", res.StatusCode, body)
+	}
+}
+
+// The prober's job reports the schedule it keeps: it runs a round every
+// quarter of the shortest probe interval, and says so (it said the whole
+// interval, so "overdue" was judged against four times its period).
+func TestProberJobReportsItsSchedule(t *testing.T) {
+	up := fu.New(fu.OK())
+	defer up.Close()
+	probeGateway(t, uniqueName("prSched"), "http://"+up.Addr(), "interval 400ms")
+	prober := func() failoverapp.JobView {
+		t.Helper()
+		var jobs []failoverapp.JobView
+		if err := adminGet(t, "/llm_failover/jobs", &jobs); err != nil {
+			t.Fatal(err)
+		}
+		for _, j := range jobs {
+			if j.Job == failoverapp.ProberJob {
+				return j
+			}
+		}
+		t.Fatalf("no prober job in %+v", jobs)
+		return failoverapp.JobView{}
+	}
+	before := prober()
+	if before.Every != "100ms" {
+		t.Fatalf("the prober says it runs every %s; its rounds are every 100ms", before.Every)
+	}
+	time.Sleep(time.Second)
+	// About ten rounds; a loaded machine may run fewer, never many more.
+	if runs := prober().Runs - before.Runs; runs < 3 || runs > 15 {
+		t.Errorf("%d rounds in a second, at a reported 100ms", runs)
 	}
 }

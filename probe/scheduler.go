@@ -112,9 +112,10 @@ func NewScheduler(targets []Target, ledger *Ledger, leader Leader, logger *zap.L
 	return s
 }
 
-// Every is the shortest interval of any route: how often the job is
-// meant to run.
-func (s *Scheduler) Every() time.Duration { return s.every }
+// Every is how often the job runs a round: a quarter of the shortest
+// interval of any route, so that a route falls due at most a tick late.
+// It is what the job reports and is judged overdue against.
+func (s *Scheduler) Every() time.Duration { return max(s.every/4, 10*time.Millisecond) }
 
 // Run runs a round every tick, recorded as job, until ctx ends. With a
 // leader it runs the election alongside, runs a round as soon as this
@@ -136,9 +137,7 @@ func (s *Scheduler) Run(ctx context.Context, job *jobs.Job) {
 		case <-s.wake:
 		}
 	}
-	// The tick is a fraction of the shortest interval, so that a route
-	// falls due at most a tick late.
-	t := time.NewTicker(max(s.every/4, 10*time.Millisecond))
+	t := time.NewTicker(s.Every())
 	defer t.Stop()
 	for {
 		_ = job.Run(ctx, s.Round)
