@@ -349,7 +349,7 @@ func (b *bill) settled(cost, charged wallet.Micros, err error) {
 		return
 	case err != nil:
 		walletTotal.WithLabelValues("settle", "error").Inc()
-		b.rt.logger.Error("settling a reservation failed; it stays reserved until it expires, then the sweeper releases it uncharged",
+		b.rt.logger.Error("settling a reservation failed, after its retries; it stays reserved until it expires, then the sweeper releases it uncharged",
 			zap.String("request_id", b.res.RequestID), zap.String("account", b.res.Account), zap.Error(err))
 		return
 	}

@@ -1002,15 +1002,15 @@ func TestWalletOnStoreError(t *testing.T) {
 	if bal != money(t, "1")-want || reserved != 0 {
 		t.Fatalf("balance %s reserved %s: only the first request is billed", bal, reserved)
 	}
-	// Billing resumes with the store. (The first write after the outage
-	// may meet a connection the outage broke; see issue 23's settlement
-	// retry, which makes it the first request.)
-	eventually(t, 10*time.Second, "a request billed once the store is back", func() bool {
-		res, _ := postSettled(t, "acct", "/v1/chat/completions", fu.ChatRequest("m", false), bearer(secret)...)
-		bal, _ := balanceOf(t, "acct")
-		return res.StatusCode == 200 && bal == money(t, "1")-2*want
-	})
-	if res, body := post(t, "/v1/chat/completions", fu.ChatRequest("m", false), bearer(unseen)...); res.StatusCode != 200 {
+	// Billing resumes with the store, from the first request.
+	res, body = postSettled(t, "acct", "/v1/chat/completions", fu.ChatRequest("m", false), bearer(secret)...)
+	if res.StatusCode != 200 {
+		t.Fatalf("the first request once the store is back: status %d: %s", res.StatusCode, body)
+	}
+	if bal, reserved := balanceOf(t, "acct"); bal != money(t, "1")-2*want || reserved != 0 {
+		t.Fatalf("balance %s reserved %s: the first request once the store is back was not billed once", bal, reserved)
+	}
+	if res, body := postSettled(t, "other", "/v1/chat/completions", fu.ChatRequest("m", false), bearer(unseen)...); res.StatusCode != 200 {
 		t.Errorf("the other key once the store is back: %d %s", res.StatusCode, body)
 	}
 }

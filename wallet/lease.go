@@ -109,6 +109,11 @@ type lease struct {
 	// back to the account. Until they end that money is in neither place
 	// a grow can see, so a Reserve that must grow waits for them.
 	shrinking inFlight
+	// unsure counts the writes of this lease whose outcome was unknown (a
+	// grow that may have landed twice, a shrink or settlement that may
+	// have landed although it failed): the row may hold more than amount
+	// until resync gives the difference back.
+	unsure int
 }
 
 func (l *lease) spare() Micros { return l.amount - l.held }
@@ -337,11 +342,14 @@ func (s *sqlStore) reserve(ctx context.Context, r Reservation, booked *uint64) e
 		// takes stays in the lease, whence Renew returns it when idle.
 		go func() {
 			defer b.inflight.Done()
-			grant, err := s.grow(ctx, reserving(r.Amount, r.Account), r.Account, need, r.Amount, kmax)
+			grant, unsure, err := s.grow(ctx, reserving(r.Amount, r.Account), r.Account, need, r.Amount, kmax)
 			b.mu.Lock()
 			defer b.mu.Unlock()
 			l.grow = nil
 			g.err = err
+			if unsure {
+				l.unsure++
+			}
 			if err == nil {
 				l.amount += grant
 				l.extended = now
@@ -367,11 +375,18 @@ func (s *sqlStore) reserve(ctx context.Context, r Reservation, booked *uint64) e
 // instance's lease and extends its row; see the package's lease notes for
 // the size of the grant. need is what must be covered at least, amount the
 // size of the reservation asking.
-func (s *sqlStore) grow(ctx context.Context, what, account string, need, amount Micros, kmax int64) (Micros, error) {
-	var grant Micros
+//
+// A grow whose connection was lost as it committed is simply run again
+// (while its caller waits): should the first run have landed too, the
+// row holds a grant memory does not count, which is the safe way round
+// (memory is the lower bound: nothing is served from money the row does
+// not hold), and unsure says so, so that resync gives it back.
+func (s *sqlStore) grow(ctx context.Context, what, account string, need, amount Micros, kmax int64) (grant Micros, unsure bool, _ error) {
 	now := s.now()
+	opts := opOptions{single: s.d.growOne != "", retry: retryAlways}
 	if s.d.growOne != "" {
 		err := s.w.do(ctx, what, account, func(t *stx) error {
+			unsure = unsure || t.unsure
 			var (
 				granted sql.NullInt64
 				exists  bool
@@ -388,10 +403,11 @@ func (s *sqlStore) grow(ctx context.Context, what, account string, need, amount 
 				return ErrInsufficientFunds
 			}
 			return ErrUnknownAccount
-		}, nil, true)
-		return grant, err
+		}, opts)
+		return grant, unsure || errors.Is(err, errOutcomeUnknown), err
 	}
 	err := s.w.do(ctx, what, account, func(t *stx) error {
+		unsure = unsure || t.unsure
 		// The writer holds SQLite's write lock: nothing changes the row
 		// between this read and the UPDATE below.
 		var avail int64
@@ -424,8 +440,8 @@ func (s *sqlStore) grow(ctx context.Context, what, account string, need, amount 
 			return fmt.Errorf("writing lease: %w", err)
 		}
 		return nil
-	}, nil, false)
-	return grant, err
+	}, opts)
+	return grant, unsure || errors.Is(err, errOutcomeUnknown), err
 }
 
 // leaseGrant sizes a grant: k reservations of amount, k = clamp(avail /
@@ -442,8 +458,14 @@ func leaseGrant(avail, need, amount Micros, kmax int64) Micros {
 // (all of them when accounts is nil) that pass keep: each lease keeps what
 // its live reservations hold. The spare money is taken out of memory
 // first, so no Reserve can use it while it is written; should the write
-// fail, it is put back. Rows are never deleted here (a grow may be landing
-// on the same row): Close deletes the empty ones.
+// fail, it is put back, unless the failure's outcome is unknown: then it
+// may have been given back, and memory keeps the lower amount (a row
+// holding more than memory counts is safe; less is not) until resync
+// gives back what the row still holds. A failed shrink is not retried:
+// the money stays in the lease, and the next Renew (a second later) or
+// Sweep gives it back; retrying would keep the Reserves that must grow
+// waiting (see shrinking). Rows are never deleted here (a grow may be
+// landing on the same row): Close deletes them.
 func (s *sqlStore) shrink(ctx context.Context, accounts []string, keep func(l *lease) bool) error {
 	b := s.leases
 	type giveBack struct {
@@ -512,11 +534,16 @@ func (s *sqlStore) shrink(ctx context.Context, accounts []string, keep func(l *l
 			}
 		}
 		return nil
-	}, nil, s.d.shrinkOne != "")
+	}, opOptions{single: s.d.shrinkOne != "", retry: retryNever})
 	if err != nil {
+		unknown := errors.Is(err, errOutcomeUnknown)
 		b.mu.Lock()
 		for _, g := range gb {
-			if l := b.leases[g.account]; l != nil {
+			switch l := b.leases[g.account]; {
+			case l == nil:
+			case unknown:
+				l.unsure++
+			default:
 				l.amount += g.spare
 			}
 		}
@@ -525,18 +552,95 @@ func (s *sqlStore) shrink(ctx context.Context, accounts []string, keep func(l *l
 	return err
 }
 
+// resync gives back what this instance's lease rows hold beyond what
+// memory counts, for the leases whose writes had an unknown outcome (see
+// lease.unsure): a grow that may have landed twice, a shrink or a
+// settlement that may have landed although it failed. It waits for a
+// moment when nothing of the lease is being written (no grow, shrink or
+// settlement in flight): then what memory counts is what the row must
+// hold, and it holds no less (memory is the lower bound). Meanwhile it
+// counts as a shrink, so that no grow lands in between. A settlement or
+// shrink started meanwhile composes with it (every write is relative),
+// and at worst leaves the row holding a little more than counted, the
+// safe way round. Not retried: Renew calls it every second.
+func (s *sqlStore) resync(ctx context.Context) error {
+	b := s.leases
+	type check struct {
+		account string
+		counted Micros
+		unsure  int
+		gone    bool
+	}
+	var cs []check
+	b.mu.Lock()
+	for a, l := range b.leases {
+		if l.unsure > 0 && l.grow == nil && l.shrinking.n == 0 && l.settling.n == 0 {
+			l.shrinking.start()
+			cs = append(cs, check{account: a, counted: l.amount, unsure: l.unsure})
+		}
+	}
+	b.mu.Unlock()
+	if len(cs) == 0 {
+		return nil
+	}
+	// One order on every instance: see writer.go on deadlocks.
+	sort.Slice(cs, func(i, j int) bool { return cs[i].account < cs[j].account })
+	err := s.w.do(ctx, fmt.Sprintf("giving back what %d lease(s) hold beyond their count", len(cs)), cs[0].account, func(t *stx) error {
+		for i := range cs {
+			c := &cs[i]
+			var held int64
+			err := t.tx.QueryRowContext(t.ctx, s.q(`SELECT amount FROM leases WHERE id = ? AND account_id = ?`), b.id, c.account).Scan(&held)
+			c.gone = errors.Is(err, sql.ErrNoRows)
+			if c.gone {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("reading lease of %q: %w", c.account, err)
+			}
+			extra := held - int64(c.counted)
+			if extra <= 0 {
+				continue
+			}
+			if _, err := t.tx.ExecContext(t.ctx, s.q(`UPDATE leases SET amount = amount - ? WHERE id = ? AND account_id = ? AND amount >= ?`), extra, b.id, c.account, extra); err != nil {
+				return fmt.Errorf("shrinking lease of %q: %w", c.account, err)
+			}
+			if _, err := t.tx.ExecContext(t.ctx, s.q(`UPDATE accounts SET reserved = reserved - ? WHERE id = ?`), extra, c.account); err != nil {
+				return fmt.Errorf("returning lease money of %q: %w", c.account, err)
+			}
+		}
+		return nil
+	}, opOptions{retry: retryNever})
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, c := range cs {
+		l := b.leases[c.account] // Renew forgets no lease with a shrink writing
+		l.shrinking.end()
+		if err != nil {
+			continue
+		}
+		if c.gone && c.counted > 0 {
+			// Swept (it expired): the money memory counted is gone.
+			l.amount, l.extended = 0, time.Time{}
+		}
+		l.unsure -= c.unsure // those are settled; newer ones wait for the next resync
+	}
+	return err
+}
+
 // Renew keeps this instance's leases alive and returns idle ones: it moves
 // every lease's expiry LeaseTTL ahead, in one statement, when a third of
 // the TTL has passed since the last extension, and gives back the spare
-// money of leases that served no Reserve for a second. The gateway calls
-// it every second (walletapp's keep-alive); most calls write nothing.
+// money of leases that served no Reserve for a second (and what an
+// unknown outcome left in a row, see resync). The gateway calls it every
+// second (walletapp's keep-alive); most calls write nothing. On
+// PostgreSQL it also reads the ledger's newest ID (see settledBefore).
 func (s *sqlStore) Renew(ctx context.Context) error {
 	b := s.leases
 	now := s.now()
 	b.mu.Lock()
 	extend := false
 	for a, l := range b.leases {
-		if l.amount == 0 && l.held == 0 && l.grow == nil && l.shrinking.n == 0 && now.Sub(l.lastReserve) >= leaseIdleAfter {
+		if l.amount == 0 && l.held == 0 && l.grow == nil && l.shrinking.n == 0 && l.unsure == 0 && now.Sub(l.lastReserve) >= leaseIdleAfter {
 			// Forget an empty, idle lease, so that the map holds only the
 			// accounts in use (its row, if any, is deleted at Close).
 			delete(b.leases, a)
@@ -550,13 +654,18 @@ func (s *sqlStore) Renew(ctx context.Context) error {
 	if err := s.shrink(ctx, nil, func(l *lease) bool { return now.Sub(l.lastReserve) >= leaseIdleAfter }); err != nil {
 		return fmt.Errorf("returning idle leases: %w", err)
 	}
+	if err := s.resync(ctx); err != nil {
+		return err
+	}
+	_ = s.noteLedgerHigh(ctx) // failing, the last one read stays: as correct
 	if !extend {
 		return nil
 	}
-	err := s.write(ctx, "extending leases", "", func(t *stx) error {
+	// Not retried: the next Renew extends them again.
+	err := s.w.do(ctx, "extending leases", "", func(t *stx) error {
 		_, err := t.tx.ExecContext(t.ctx, s.q(`UPDATE leases SET expires_at = ? WHERE id = ?`), toDB(now.Add(b.ttl)), b.id)
 		return err
-	})
+	}, opOptions{retry: retryNever})
 	if err != nil {
 		return err
 	}
@@ -612,7 +721,7 @@ func (s *sqlStore) sweepReservations(ctx context.Context, now time.Time, closing
 		if closing {
 			why = "released unsettled: its store closed"
 		}
-		err := s.write(ctx, fmt.Sprintf("releasing %d expired reservations", len(batch)), "", func(t *stx) error {
+		err := s.writeOnce(ctx, fmt.Sprintf("releasing %d expired reservations", len(batch)), "", func(t *stx) error {
 			for _, m := range batch {
 				if err := s.insertEntry(t, Entry{
 					Kind: KindExpired, Account: m.Account, KeyID: m.KeyID, Model: m.Model, RequestID: m.RequestID,
@@ -623,9 +732,13 @@ func (s *sqlStore) sweepReservations(ctx context.Context, now time.Time, closing
 			}
 			return nil
 		})
+		// Released unless the write failed; one whose outcome is unknown
+		// counts as released, so that its row is never written twice (its
+		// money stays in the lease either way).
+		released := err == nil || errors.Is(err, errOutcomeUnknown)
 		b.mu.Lock()
 		for _, m := range batch {
-			if err != nil {
+			if !released {
 				b.res[m.ID] = m
 			} else if l := b.leases[m.Account]; l != nil {
 				l.held -= m.Amount
@@ -650,7 +763,7 @@ func (s *sqlStore) sweepLeases(ctx context.Context, now time.Time) (int, error) 
 			amount      int64
 		}
 		var rows []expired
-		err := s.write(ctx, "releasing expired leases", "", func(t *stx) error {
+		err := s.writeOnce(ctx, "releasing expired leases", "", func(t *stx) error {
 			rows = rows[:0]
 			rs, err := t.tx.QueryContext(t.ctx, s.q(`DELETE FROM leases WHERE (id, account_id) IN (SELECT id, account_id FROM leases WHERE expires_at <= ? AND id <> ? ORDER BY expires_at LIMIT `+fmt.Sprint(sweepBatch)+s.d.skipLocked+`) RETURNING id, account_id, amount`), toDB(now), s.leases.id)
 			if err != nil {
@@ -696,7 +809,9 @@ func (s *sqlStore) sweepLeases(ctx context.Context, now time.Time) (int, error) 
 // closeLeases refuses new Reserves and Settles, waits for those writing,
 // releases the live reservations left (their requests can no longer
 // settle: uncharged, each with a KindExpired row, as Sweep would after
-// they expired), and returns every lease to its account.
+// they expired), and returns every lease to its account: all that its row
+// holds, which is also what an unknown outcome may have left there beyond
+// what memory counted (see resync), now that nothing is served from it.
 func (s *sqlStore) closeLeases() error {
 	b := s.leases
 	b.mu.Lock()
@@ -712,11 +827,16 @@ func (s *sqlStore) closeLeases() error {
 	if _, err := s.sweepReservations(ctx, time.Time{}, true); err != nil {
 		return fmt.Errorf("releasing unsettled reservations: %w", err)
 	}
-	if err := s.shrink(ctx, nil, nil); err != nil {
-		return fmt.Errorf("returning leases: %w", err)
-	}
-	return s.write(ctx, "deleting empty leases", "", func(t *stx) error {
-		_, err := t.tx.ExecContext(t.ctx, s.q(`DELETE FROM leases WHERE id = ? AND amount = 0`), b.id)
+	err := s.writeOnce(ctx, "returning the leases", "", func(t *stx) error {
+		if _, err := t.tx.ExecContext(t.ctx, s.q(`UPDATE accounts SET reserved = reserved - (SELECT amount FROM leases WHERE leases.id = ? AND leases.account_id = accounts.id)
+			WHERE id IN (SELECT account_id FROM leases WHERE id = ? AND amount > 0)`), b.id, b.id); err != nil {
+			return err
+		}
+		_, err := t.tx.ExecContext(t.ctx, s.q(`DELETE FROM leases WHERE id = ?`), b.id)
 		return err
 	})
+	if err != nil {
+		return fmt.Errorf("returning leases: %w", err)
+	}
+	return nil
 }

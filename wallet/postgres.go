@@ -2,8 +2,12 @@ package wallet
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -143,6 +147,16 @@ const pgSettleBatch = `WITH j AS (
 )
 SELECT id, avail FROM a`
 
+// pgSettledSince and pgAvailable find out whether a settlement batch
+// whose connection was lost committed (see settledBefore): the settlement
+// rows of the batch's accounts ($1) written after ledger ID $2 (read
+// through ledger_account), and the accounts' available balances.
+const (
+	pgSettledSince = `SELECT account_id, request_id, created_at FROM ledger
+WHERE account_id = ANY($1::text[]) AND id > $2 AND kind IN ('` + KindCharge + `', '` + KindRelease + `')`
+	pgAvailable = `SELECT id, balance - reserved FROM accounts WHERE id = ANY($1::text[])`
+)
+
 // OpenPostgres connects to PostgreSQL and migrates the schema. Several
 // gateway instances may share one database: reservations serialise on the
 // account row, and concurrent migrations on an advisory lock. The schema is
@@ -196,12 +210,14 @@ func OpenPostgres(ctx context.Context, dsn string, opts ...Options) (Store, erro
 			// No savepoints: a failed statement aborts the whole
 			// transaction, and two more statements per op would cost two
 			// round trips each. See writer.go.
-			savepoints:  false,
-			retryable:   pgRetryable,
-			growOne:     pgGrow,
-			shrinkOne:   pgShrink,
-			settleBatch: pgSettleBatch,
-			writers:     writers,
+			savepoints:   false,
+			faults:       faults{classify: pgClassify, sessionOf: pgSession, ended: pgEnded, pingIdle: pingIdle},
+			growOne:      pgGrow,
+			shrinkOne:    pgShrink,
+			settleBatch:  pgSettleBatch,
+			settledSince: pgSettledSince,
+			available:    pgAvailable,
+			writers:      writers,
 		},
 		onClose: pool.Close,
 		now:     time.Now,
@@ -218,11 +234,104 @@ func OpenPostgres(ctx context.Context, dsn string, opts ...Options) (Store, erro
 	return s, nil
 }
 
-// pgRetryable: after deadlock_detected, serialization_failure or
-// lock_not_available (lock_timeout) the transaction is rolled back and can
-// simply be run again (see writer.go for how group commit can deadlock
-// with another instance's batch).
-func pgRetryable(err error) bool {
+// pgClassify reads a PostgreSQL error (see failure in writer.go):
+//
+//   - Nothing sent (pgconn.SafeToRetry: no connection, or one pgx knew was
+//     closed): not applied.
+//   - An error the server answered: the statement, and with it an
+//     autocommit statement's transaction, was rolled back. Not applied,
+//     and worth running again once the cause passes: a connection
+//     exception (08), the server shutting down, restarting or crashed
+//     (57P01-57P03), too many connections (53300), a serialization failure
+//     or deadlock (40001, 40P01: see writer.go on how group commit can
+//     deadlock with another instance's batch), a lock timeout (55P03, see
+//     lockTimeout), or a statement cancelled (57014): by
+//     statement_timeout, a load the database may shed in a moment, or by
+//     an operator; each run stays bounded by the timeout, and all of them
+//     by retryBudget. Any other server error (a constraint, a missing
+//     table) would only fail again.
+//   - The connection lost with no answer (EOF, a reset, a network error):
+//     unknown, since the statement may have been received and committed.
+func pgClassify(err error) failure {
+	if pgconn.SafeToRetry(err) {
+		return notApplied
+	}
 	var pe *pgconn.PgError
-	return errors.As(err, &pe) && (pe.Code == "40P01" || pe.Code == "40001" || pe.Code == "55P03")
+	if errors.As(err, &pe) {
+		if strings.HasPrefix(pe.Code, "08") {
+			return notApplied
+		}
+		switch pe.Code {
+		case "57P01", "57P02", "57P03", "53300", "40001", "40P01", "55P03", "57014":
+			return notApplied
+		}
+		return failed
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return notApplied
+	}
+	var ne net.Error
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) || errors.As(err, &ne) {
+		return unknown
+	}
+	return failed
+}
+
+// pgSession identifies a writer connection's session: its backend's pid
+// and start. Behind a pooler (PgBouncer) a connection may reach another
+// backend at its next transaction, and a backend serves other clients,
+// so none is identified (the zero session): the pooler's pid, the one
+// pgx was told at connecting, differs from the backend's. The writer
+// then cannot make sure a lost session has ended (see pgEnded).
+func pgSession(ctx context.Context, c *sql.Conn) (session, error) {
+	var (
+		s    session
+		told uint32
+	)
+	if err := c.Raw(func(dc any) error {
+		if sc, ok := dc.(*stdlib.Conn); ok {
+			told = sc.Conn().PgConn().PID()
+		}
+		return nil
+	}); err != nil {
+		return session{}, err
+	}
+	err := c.QueryRowContext(ctx, `SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()`).Scan(&s.pid, &s.start)
+	if err != nil || s.pid != int64(told) {
+		return session{}, err
+	}
+	return s, nil
+}
+
+// sessionEndWait is how long pgEnded waits for a lost connection's
+// session to end once told to (pg_terminate_backend): below the default
+// statement_timeout, so that the wait ends first.
+const sessionEndWait = 3 * time.Second
+
+// pgEnded makes sure the sessions of lost writer connections have ended,
+// so that nothing they were sent can still commit: a session that is
+// gone, or idle outside a transaction, has ended its last statement; one
+// still running it (the server may not yet know its client is gone: pgx
+// sends a cancel request once it loses a connection, but that may be
+// lost too) is terminated, which rolls back what has not committed, and
+// waited for. A session is its pid and start, so that another session
+// that took the pid since is never touched. It fails when a session does
+// not end in time or may not be terminated (another role's): the writer
+// then tries again later, by when the session has ended by itself.
+func pgEnded(ctx context.Context, c *sql.Conn, lost []session) error {
+	for _, s := range lost {
+		var ended bool
+		err := c.QueryRowContext(ctx, `SELECT pg_terminate_backend(pid, $3) FROM pg_stat_activity
+WHERE pid = $1 AND backend_start = $2 AND state IS DISTINCT FROM 'idle'`, s.pid, s.start, sessionEndWait.Milliseconds()).Scan(&ended)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			// Gone, or idle: ended.
+		case err != nil:
+			return err
+		case !ended:
+			return fmt.Errorf("session %d of a lost connection has not ended", s.pid)
+		}
+	}
+	return nil
 }

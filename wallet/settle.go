@@ -3,7 +3,9 @@ package wallet
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -24,6 +26,19 @@ import (
 // without BEGIN or COMMIT. Each settlement ends once its batch committed,
 // or fails alone with the batch's error, its reservation put back so that
 // a retry (or Sweep) can still end it.
+//
+// Exactly once. A batch that fails on a transient fault of the database
+// is run again (writer.go's Retries), for up to retryBudget, its
+// reservations held meanwhile. When its connection was lost after the
+// batch was sent, the first run may have committed, so the batch runs
+// again only once the writer has made sure the lost session has ended,
+// and first looks in the ledger for the rows of that run (settledBefore):
+// a batch commits whole (one statement, or one transaction), so finding
+// any of them means it committed, and it is not written again. A batch
+// given up fails its settlements (their answers go unbilled, and the
+// store's Observer hears of each); one given up whose last outcome was
+// unknown is booked as if written, so that memory never counts money the
+// lease row may no longer hold (resync gives back the rest).
 
 // settleJob is one settlement waiting for its batch.
 type settleJob struct {
@@ -76,6 +91,10 @@ type settleQueue struct {
 	// batches and jobs count the batches that settled something and what
 	// they settled; waits counts gathers that paused (tests, diagnostics).
 	batches, jobs, waits atomic.Int64
+	// high is the ledger's newest ID when last read (PostgreSQL: when the
+	// store opened, then at every Renew): every row of a batch sent later
+	// has a higher ID (see settledBefore).
+	high atomic.Int64
 }
 
 // add queues j and reports whether the caller must schedule a batch op.
@@ -234,8 +253,10 @@ func (s *sqlStore) beginSettle(reservationID string, entries []Entry) (*settleJo
 // low says the account runs low, so that the caller should give other
 // instances the spare money (shrink).
 func (s *sqlStore) endSettle(job *settleJob, err error) (charged Micros, low bool, _ error) {
+	maybe := false
 	switch {
 	case err != nil:
+		maybe = errors.Is(err, errOutcomeUnknown)
 		err = fmt.Errorf("%s: %w", settleWhat(job.id), err)
 	case job.lost:
 		err = fmt.Errorf("%s: %w: its lease expired and Sweep released it", settleWhat(job.id), ErrNotFound)
@@ -252,6 +273,14 @@ func (s *sqlStore) endSettle(job *settleJob, err error) (charged Micros, low boo
 		// from it, and the next Reserve grows a fresh one.
 		l.held -= m.Amount
 		l.amount, l.extended = 0, time.Time{}
+	case maybe:
+		// It may have been written: booked as if it was, so that memory
+		// counts no more than the row may hold; if it was not, the row
+		// holds the charge too, which resync gives back to the account
+		// (the answer goes unbilled, as for any settlement that fails).
+		l.held -= m.Amount
+		l.amount -= job.charged
+		l.unsure++
 	case err != nil:
 		b.res[job.id] = m
 	default:
@@ -347,16 +376,10 @@ func (s *sqlStore) settleWrite(ctx context.Context, job *settleJob) error {
 // settleBatch runs one batch op and delivers its outcome to the jobs it
 // took.
 func (s *sqlStore) settleBatch(account string) {
-	var taken []*settleJob
-	err := s.w.do(context.Background(), "writing a settlement batch", account, func(t *stx) error {
-		if taken == nil { // a re-run settles the same batch
-			taken = s.settles.take()
-		}
-		if len(taken) == 0 {
-			return nil
-		}
-		return s.runSettles(t, taken)
-	}, nil, s.d.settleBatch != "")
+	b := &settleRun{s: s}
+	err := s.w.do(context.Background(), "writing a settlement batch", account, b.run,
+		opOptions{single: s.d.settleBatch != "", retry: retryChecked})
+	taken := b.taken
 	if taken == nil {
 		// Refused before it ran (the store is closing): fail what waits.
 		taken = s.settles.take()
@@ -365,9 +388,18 @@ func (s *sqlStore) settleBatch(account string) {
 		s.settles.batches.Add(1)
 		s.settles.jobs.Add(int64(len(taken)))
 	}
+	var o Observer
+	if err != nil {
+		if p := s.w.observer.Load(); p != nil {
+			o = *p
+		}
+	}
 	for _, j := range taken {
 		if err != nil {
 			j.err = err
+			if o != nil {
+				o.SettlementUnwritten(j.rows[0].RequestID, j.account, err)
+			}
 		}
 		if j.then != nil {
 			j.then()
@@ -375,6 +407,127 @@ func (s *sqlStore) settleBatch(account string) {
 			close(j.done)
 		}
 	}
+}
+
+// settleRun is a settlement batch op's state across its runs.
+type settleRun struct {
+	s     *sqlStore
+	taken []*settleJob
+	// floor is the ledger's newest known ID before the batch was first
+	// sent, below all of its rows; done says an earlier run is known to
+	// have committed.
+	floor int64
+	done  bool
+}
+
+// run is the batch op's fn: it takes the settlements pending when the
+// writer first runs it, and a re-run settles the same ones.
+func (b *settleRun) run(t *stx) error {
+	s := b.s
+	if b.taken == nil {
+		b.taken = s.settles.take()
+		b.floor = s.settles.high.Load()
+	}
+	if len(b.taken) == 0 || b.done {
+		return nil
+	}
+	if t.unsure {
+		committed, err := s.settledBefore(t, b.taken, b.floor)
+		if err != nil {
+			return err
+		}
+		t.resolve()
+		if b.done = committed; b.done {
+			return nil
+		}
+	}
+	return s.runSettles(t, b.taken)
+}
+
+// noteLedgerHigh reads the ledger's newest ID for settledBefore
+// (PostgreSQL): the newer, the fewer rows a lost batch's check reads.
+// Failing, the older one stays, which is as correct.
+func (s *sqlStore) noteLedgerHigh(ctx context.Context) error {
+	if s.d.settledSince == "" {
+		return nil
+	}
+	var high int64
+	if err := s.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(id), 0) FROM ledger`).Scan(&high); err != nil {
+		return fmt.Errorf("reading the ledger's newest ID: %w", err)
+	}
+	s.settles.high.Store(high)
+	return nil
+}
+
+// settledBefore finds out whether an earlier run of a batch of jobs,
+// whose connection was lost after it was sent, committed; the writer has
+// made sure that the run's session has ended, so it has committed by now
+// or never will. Its rows are looked for among the settlement rows of the
+// batch's accounts written since floor, the ledger's newest known ID
+// before the batch was first sent (through the ledger_account index, no
+// index of its own), by account, request ID and time: the time is when
+// the settlement was decided, to the microsecond, so that a request ID
+// settled before, or a settlement that has none, is not mistaken for it.
+// A batch commits whole: when any of its rows is there, every job is
+// settled, and a job without rows found its lease gone (lost), as the run
+// itself would have said; each job's available balance is read again.
+func (s *sqlStore) settledBefore(t *stx, jobs []*settleJob, floor int64) (bool, error) {
+	if s.d.settledSince == "" {
+		// No dialect without the query loses a batch's outcome.
+		return false, errors.New("cannot find out whether a lost settlement batch committed")
+	}
+	var accounts []string
+	for _, j := range jobs {
+		if !slices.Contains(accounts, j.account) {
+			accounts = append(accounts, j.account)
+		}
+	}
+	type rowKey struct {
+		account, request string
+		at               int64
+	}
+	found := map[rowKey]bool{}
+	rs, err := t.queryText(s.d.settledSince, accounts, floor)
+	if err != nil {
+		return false, fmt.Errorf("looking for a lost settlement batch's rows: %w", err)
+	}
+	if err := eachRow(rs, func(rs *sql.Rows) error {
+		var k rowKey
+		err := rs.Scan(&k.account, &k.request, &k.at)
+		found[k] = true
+		return err
+	}); err != nil {
+		return false, fmt.Errorf("looking for a lost settlement batch's rows: %w", err)
+	}
+	committed := false
+	for _, j := range jobs {
+		e := &j.rows[0]
+		j.lost = !found[rowKey{e.Account, e.RequestID, toDB(e.Time)}]
+		committed = committed || !j.lost
+	}
+	if !committed {
+		return false, nil
+	}
+	avail := map[string]Micros{}
+	rs, err = t.queryText(s.d.available, accounts)
+	if err != nil {
+		return false, fmt.Errorf("reading available balances: %w", err)
+	}
+	if err := eachRow(rs, func(rs *sql.Rows) error {
+		var (
+			a  string
+			av int64
+		)
+		err := rs.Scan(&a, &av)
+		avail[a] = Micros(av)
+		return err
+	}); err != nil {
+		return false, fmt.Errorf("reading available balances: %w", err)
+	}
+	for _, j := range jobs {
+		j.avail, j.err = avail[j.account], nil
+	}
+	return true, nil
 }
 
 // runSettles settles jobs in t, setting each job's results.

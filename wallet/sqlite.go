@@ -109,7 +109,8 @@ func OpenSQLite(path string, opts ...Options) (Store, error) {
 		// A failed statement leaves an SQLite transaction usable, and a
 		// savepoint costs no I/O: each op of a batch gets one.
 		d: dialect{name: "sqlite", schema: sqliteSchema, savepoints: true, writers: 1,
-			columnExists: `SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ?`},
+			columnExists: `SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ?`,
+			faults:       faults{classify: sqliteClassify}},
 		now:    time.Now,
 		leases: newLeaseBook(o.LeaseTTL),
 	}
@@ -128,4 +129,17 @@ func OpenSQLite(path string, opts ...Options) (Store, error) {
 		return nil, fmt.Errorf("opening SQLite wallet %s: %w", path, err)
 	}
 	return s, nil
+}
+
+// sqliteClassify reads an SQLite error (see failure in writer.go): the
+// file locked by another process past busy_timeout (SQLITE_BUSY,
+// SQLITE_LOCKED) means nothing was applied, and the write may run again
+// once the lock is released. Nothing is ever unknown: a local file does
+// not lose what it was sent, and the writer rolls back (closes) a
+// connection whose COMMIT failed. Any other error would only fail again.
+func sqliteClassify(err error) failure {
+	if sqlitefile.Busy(err) {
+		return notApplied
+	}
+	return failed
 }

@@ -32,9 +32,9 @@ type dialect struct {
 	// savepoints isolates the ops of a group-committed batch with SAVEPOINT
 	// (see writer.go).
 	savepoints bool
-	// retryable reports errors (deadlock, serialization failure) after
-	// which a transaction may simply be run again.
-	retryable func(error) bool
+	// faults says what a failed write tells of the database, so that the
+	// writer retries what it may (see writer.go).
+	faults faults
 	// growOne, when set, grows a lease in one statement (PostgreSQL; see
 	// pgGrow).
 	growOne string
@@ -45,6 +45,11 @@ type dialect struct {
 	// (PostgreSQL's data-modifying CTEs; SQLite has none), so that a
 	// request's settlement is at most one round trip (see settle.go).
 	settleBatch string
+	// settledSince and available, when set, find out whether a
+	// settlement batch whose connection was lost committed (see
+	// settledBefore): the ledger rows of accounts ($1) since a ledger ID
+	// ($2), and accounts' available balances.
+	settledSince, available string
 	// writers is the number of writer goroutines (see newWriter), each
 	// holding one connection while it runs a batch.
 	writers int
@@ -138,7 +143,10 @@ func (s *sqlStore) start(ctx context.Context) error {
 	if err := s.prepare(ctx); err != nil {
 		return err
 	}
-	s.w = newWriter(s.db, s.st, s.d.savepoints, s.d.retryable, s.d.writers)
+	if err := s.noteLedgerHigh(ctx); err != nil {
+		return err
+	}
+	s.w = newWriter(s.db, s.st, s.d.savepoints, s.d.faults, s.d.writers)
 	s.auth = newAuthCache(DefaultAuthCacheTTL, authCacheMax)
 	s.known = newAuthCache(KnownKeyTTL, authCacheMax)
 	return nil
@@ -187,8 +195,19 @@ func (s *sqlStore) writeTx(ctx context.Context, what string, fn func(tx *sql.Tx)
 // known (a hint that orders the batch, see writer.go). fn may run more than
 // once, so it must not depend on state it changed in an earlier run; and
 // when it returns one of this package's errors it must have written nothing.
+// A run the database did not apply is retried; one whose outcome is
+// unknown (its connection was lost as it committed) is not: its error
+// wraps errOutcomeUnknown.
 func (s *sqlStore) write(ctx context.Context, what, account string, fn func(t *stx) error) error {
-	return s.w.do(ctx, what, account, fn, nil, false)
+	return s.w.do(ctx, what, account, fn, opOptions{})
+}
+
+// writeOnce is write for what the store writes again soon anyway if it
+// fails (Sweep's writes, every minute): it is not retried, so that a
+// database that does not answer never holds up whoever waits for the
+// sweep (the store's owner stops its sweeper before closing it).
+func (s *sqlStore) writeOnce(ctx context.Context, what, account string, fn func(t *stx) error) error {
+	return s.w.do(ctx, what, account, fn, opOptions{retry: retryNever})
 }
 
 func (s *sqlStore) migrate(ctx context.Context) error {
@@ -328,7 +347,7 @@ func (s *sqlStore) sweepOnce(ctx context.Context, now time.Time) (int, error) {
 		amount                         int64
 	}
 	var rows []expired
-	err := s.write(ctx, "sweeping expired reservations", "", func(t *stx) error {
+	err := s.writeOnce(ctx, "sweeping expired reservations", "", func(t *stx) error {
 		rows = rows[:0]
 		rs, err := t.tx.QueryContext(t.ctx, s.q(`DELETE FROM reservations WHERE id IN (SELECT id FROM reservations WHERE expires_at <= ? ORDER BY expires_at LIMIT `+strconv.Itoa(sweepBatch)+s.d.skipLocked+`) RETURNING id, account_id, key_id, model, request_id, amount`), toDB(now))
 		if err != nil {
@@ -697,13 +716,17 @@ func (s *sqlStore) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Close lets the writer finish the writes already queued, releases the
-// reservations left unsettled (KindExpired rows) and returns this
-// instance's leases, then closes the database. Writes submitted after Close
-// fail.
+// Close stops retrying writes (see writer.go), lets the writer finish the
+// writes already queued, releases the reservations left unsettled
+// (KindExpired rows) and returns this instance's leases, then closes the
+// database. Writes submitted after Close fail.
 func (s *sqlStore) Close() error {
 	var leaseErr error
 	if s.w != nil {
+		// No write waits for a database that does not answer: the
+		// settlements and grows being retried fail now, and what Close
+		// writes itself is tried once.
+		s.w.stop()
 		leaseErr = s.closeLeases()
 		s.w.close()
 	}

@@ -2,8 +2,10 @@ package walletapp
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 
 	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
+	"github.com/llmfailover/caddy-llm-failover/wallet"
 )
 
 // The collectors live at package level, so they survive a reload, and are
@@ -25,8 +27,32 @@ var (
 		Namespace: "caddy", Subsystem: "llm_failover", Name: "wallet_keepalive_total",
 		Help: "Batched extensions of live requests' reservations, and failed lease renewals, by result.",
 	}, []string{"result"})
+	writeRetries = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "llm_failover", Name: "wallet_write_retries_total",
+		Help: "Wallet writes run again after a transient database error (a connection lost or refused, a deadlock, serialization failure, lock or statement timeout, SQLite busy past its timeout); a steady rise means the database is unwell.",
+	})
+	settlementsUnwritten = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "llm_failover", Name: "wallet_settlements_unwritten_total",
+		Help: "Settlements that could not be written, the database failing for longer than writes are retried (30 s) or the store closing first: those answers went unbilled, and each is logged with its request ID. Any rise deserves a look.",
+	})
 )
 
 func registerMetrics(reg prometheus.Registerer) error {
-	return caddykit.Register(reg, sweepHeartbeat, sweepTotal, keepAliveTotal, settlementsPending)
+	return caddykit.Register(reg, sweepHeartbeat, sweepTotal, keepAliveTotal, settlementsPending, writeRetries, settlementsUnwritten)
 }
+
+// storeObserver counts and logs a store's write faults (wallet.Observer).
+type storeObserver struct{ logger *zap.Logger }
+
+func (o storeObserver) WriteRetried(what string, err error) {
+	writeRetries.Inc()
+	o.logger.Debug("retrying a wallet write after a transient database error", zap.String("write", what), zap.Error(err))
+}
+
+func (o storeObserver) SettlementUnwritten(requestID, account string, err error) {
+	settlementsUnwritten.Inc()
+	o.logger.Error("a settlement could not be written: this answer was not charged, and its reservation's money stays held until it expires",
+		zap.String("request_id", requestID), zap.String("account", account), zap.Error(err))
+}
+
+var _ wallet.Observer = storeObserver{}

@@ -190,6 +190,7 @@ func (w *Wallet) dial() (*storeHolder, error) {
 		if err != nil {
 			return nil, err
 		}
+		wallet.SetObserver(st, storeObserver{logger: w.logger})
 		h := &storeHolder{store: st, kind: w.backend.Kind(), logger: w.logger,
 			job:      caddykit.Jobs.Job(SweepJobPrefix+w.name, SweepEvery),
 			leaseJob: caddykit.Jobs.Job(LeaseJobPrefix+w.name, leaseRenewEvery), opened: time.Now(),

@@ -1,9 +1,11 @@
 // Package faultproxy is a TCP proxy for tests that makes a database (or
 // any TCP server) fail the way networks do: refuse connections, drop
 // every connection, freeze (accept and forward nothing, as a partition or
-// a stopped host does), or cut one connection just before or just after
-// the server sees its next request. Tests put it between the gateway and
-// a server they started.
+// a stopped host does), cut one connection just before or just after
+// the server sees its next request, or orphan every connection (drop the
+// client's end only, as a NAT or load balancer that forgets a
+// connection does, so that the server goes on with what it was sent).
+// Tests put it between the gateway and a server they started.
 package faultproxy
 
 import (
@@ -25,11 +27,13 @@ type Proxy struct {
 	mu      sync.Mutex
 	changed *sync.Cond // signalled when frozen or a connection's state changes
 	refuse  bool
-	frozen  bool
-	delay   time.Duration
-	closed  bool
-	conns   map[*link]struct{}
-	cuts    map[string]CutPoint // by the client's address, armed by Cut
+	// refuseNew refuses new connections only (RefuseNew).
+	refuseNew bool
+	frozen    bool
+	delay     time.Duration
+	closed    bool
+	conns     map[*link]struct{}
+	cuts      map[string]CutPoint // by the client's address, armed by Cut
 }
 
 // CutPoint is where Cut breaks a connection: before or after its next
@@ -48,6 +52,9 @@ const (
 type link struct {
 	client, server net.Conn
 	once           sync.Once
+	// orphaned (guarded by the proxy's mu): the client's end was closed
+	// by Orphan; the server's stays open, what it sends is discarded.
+	orphaned bool
 }
 
 func (l *link) close() {
@@ -113,6 +120,16 @@ func (p *Proxy) Refuse(on bool) {
 	}
 }
 
+// RefuseNew refuses new connections while on, and leaves the open ones
+// alone: a client cut off from the server (say, for the cancel request
+// pgx sends on a new connection once it loses one) while the sessions
+// the server has go on.
+func (p *Proxy) RefuseNew(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refuseNew = on
+}
+
 // Freeze stops forwarding while on, on every connection, old and new
 // (they are accepted and held): the server is partitioned away or
 // stopped, and nothing tells the client.
@@ -138,6 +155,22 @@ func (p *Proxy) Reset() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.dropLocked()
+}
+
+// Orphan closes the client's end of every connection and keeps the
+// server's open, discarding what the server sends: the client sees its
+// connection lost, while the server, told nothing, goes on with the
+// request it is running (and commits it) until it ends that connection
+// itself. Close and Reset close the servers' ends too. New connections
+// are served.
+func (p *Proxy) Orphan() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for l := range p.conns {
+		l.orphaned = true
+		l.client.Close()
+	}
+	p.changed.Broadcast()
 }
 
 // Cut arms a cut of the connection whose client end is clientAddr (the
@@ -172,7 +205,7 @@ func (p *Proxy) serve() {
 			return
 		}
 		p.mu.Lock()
-		refuse := p.refuse || p.closed
+		refuse := p.refuse || p.refuseNew || p.closed
 		p.mu.Unlock()
 		if refuse {
 			c.Close()
@@ -190,7 +223,7 @@ func (p *Proxy) link(c net.Conn) {
 	}
 	l := &link{client: c, server: s}
 	p.mu.Lock()
-	if p.refuse || p.closed {
+	if p.refuse || p.refuseNew || p.closed {
 		p.mu.Unlock()
 		l.close()
 		return
@@ -202,10 +235,16 @@ func (p *Proxy) link(c net.Conn) {
 	p.pipe(l, s, c, key, false)
 }
 
-// pipe copies from src to dst until either end closes, honouring Freeze
-// and the cuts armed for the connection's client at key.
+// pipe copies from src to dst until either end closes, honouring Freeze,
+// Orphan and the cuts armed for the connection's client at key.
 func (p *Proxy) pipe(l *link, src, dst net.Conn, key string, request bool) {
 	defer func() {
+		p.mu.Lock()
+		orphaned := l.orphaned
+		p.mu.Unlock()
+		if orphaned && request {
+			return // the server's end stays open: the reply pipe drains it
+		}
 		l.close()
 		p.mu.Lock()
 		delete(p.conns, l)
@@ -228,10 +267,16 @@ func (p *Proxy) pipe(l *link, src, dst net.Conn, key string, request bool) {
 				delete(p.cuts, key)
 			}
 			_, open := p.conns[l]
-			delay := p.delay
+			delay, orphaned := p.delay, l.orphaned
 			p.mu.Unlock()
 			if drop || !open {
 				return
+			}
+			if orphaned {
+				if err != nil {
+					return
+				}
+				continue // the server's reply has nobody to go to
 			}
 			if request {
 				time.Sleep(delay)

@@ -6,13 +6,15 @@ package sqlitefile
 
 import (
 	"database/sql"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
 	"time"
 
-	_ "modernc.org/sqlite" // the pure-Go driver: no cgo in the Caddy build
+	"modernc.org/sqlite" // the pure-Go driver: no cgo in the Caddy build
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // Open opens (creating it and its directory if needed) the database at
@@ -37,4 +39,22 @@ func Open(path string, busy time.Duration) (*sql.DB, error) {
 	q.Add("_pragma", "synchronous(NORMAL)")
 	q.Add("_pragma", "foreign_keys(1)")
 	return sql.Open("sqlite", "file:"+(&url.URL{Path: abs}).EscapedPath()+"?"+q.Encode())
+}
+
+// Busy reports whether err is SQLITE_BUSY or SQLITE_LOCKED, in any of
+// their extended forms: the database was locked (by another process, or
+// another connection) for longer than the busy timeout. The statement
+// that got it did nothing, and an immediate transaction that got it at
+// BEGIN or COMMIT took or kept nothing once rolled back, so it may simply
+// run again.
+func Busy(err error) bool {
+	var e *sqlite.Error
+	if !errors.As(err, &e) {
+		return false
+	}
+	switch e.Code() & 0xff {
+	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
+		return true
+	}
+	return false
 }
