@@ -21,6 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/llmfailover/caddy-llm-failover/failoverapp"
 	"github.com/llmfailover/caddy-llm-failover/internal/faultproxy"
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
@@ -1288,4 +1289,30 @@ func TestWalletAccountPlaceholder(t *testing.T) {
 		openAIError(t, body)
 	}
 	hits(t, a, 1)
+}
+
+// The sweeper's job reports the period it keeps: a third of a short
+// reservation_ttl, not the one-minute default it used to claim while
+// running every second.
+func TestWalletSweeperReportsItsSchedule(t *testing.T) {
+	a := upstream(t, fu.OKNamed("a"))
+	b := upstream(t, fu.OKNamed("b"))
+	gatewayWith(t, walletOptions("sqlite "+filepath.Join(t.TempDir(), "w.db"), "\t\treservation_ttl 3s"), walletChannels, a.URL, b.URL)
+	var status map[string]any
+	mustWalletCall(t, http.MethodGet, "status", nil, &status)
+	if status["sweep_every"] != "1s" {
+		t.Errorf("wallet status sweep_every = %v, want 1s", status["sweep_every"])
+	}
+	eventually(t, 5*time.Second, "the jobs view to show the sweeper every 1s", func() bool {
+		var jobs []failoverapp.JobView
+		if err := adminGet(t, "/llm_failover/jobs", &jobs); err != nil {
+			t.Fatal(err)
+		}
+		for _, j := range jobs {
+			if j.Job == walletapp.SweepJobPrefix+"default" {
+				return j.Every == "1s"
+			}
+		}
+		return false
+	})
 }

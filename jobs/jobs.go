@@ -57,6 +57,16 @@ func (r *Registry) Job(name string, every time.Duration) *Job {
 	return j
 }
 
+// SetEvery changes how often the job is meant to run, for a job whose
+// period follows its configuration (the wallet sweeper's follows the
+// shortest reservation TTL): the period it reports and is judged overdue
+// against is always the one it keeps.
+func (j *Job) SetEvery(every time.Duration) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.every = every
+}
+
 // Attach adds a heartbeat to the job called name until detach is called.
 // A config attaches its heartbeats when it starts and detaches them when
 // it is unloaded; while two configs overlap during a reload, a receiver

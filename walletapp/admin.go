@@ -96,7 +96,7 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 		last, sweepErr := wal.Heartbeat()
-		status := map[string]any{"wallet": wal.Name(), "store": wal.Kind(), "reachable": true, "last_sweep": last, "sweep_every": SweepEvery.String()}
+		status := map[string]any{"wallet": wal.Name(), "store": wal.Kind(), "reachable": true, "last_sweep": last, "sweep_every": wal.SweepEvery().String()}
 		if sweepErr != "" {
 			status["last_sweep_error"] = sweepErr
 		}

@@ -302,6 +302,18 @@ func (w *Wallet) KnownKey(secret string) (wallet.Key, bool) {
 	return h.store.KnownKey(secret)
 }
 
+// SweepEvery is how often the sweeper runs: SweepEvery, or a third of the
+// shortest reservation TTL of the configs sharing the store.
+func (w *Wallet) SweepEvery() time.Duration {
+	w.mu.Lock()
+	h := w.holder
+	w.mu.Unlock()
+	if h == nil {
+		return min(SweepEvery, max(w.ttl/3, 10*time.Millisecond))
+	}
+	return h.live.tick()
+}
+
 // Remote reports whether the store is reached over the network, shared
 // by every instance, and may be down for a while (see Backend.Remote).
 func (w *Wallet) Remote() bool { return w.backend.Remote() }
@@ -425,11 +437,13 @@ func (h *storeHolder) leaveLocked() {
 func (h *storeHolder) sweeper() {
 	defer close(h.done)
 	for {
+		tick := h.live.tick()
+		h.job.SetEvery(tick) // the period it keeps, for the jobs view and overdue
 		h.sweepRecovering()
 		select {
 		case <-h.stop:
 			return
-		case <-time.After(h.live.tick()):
+		case <-time.After(tick):
 		}
 	}
 }
