@@ -142,7 +142,7 @@ func (rt *walletRuntime) admit(x *exchange, resumable bool) (*bill, *provider.Er
 	case errors.Is(err, wallet.ErrInsufficientFunds):
 		walletTotal.WithLabelValues("reserve", "insufficient").Inc()
 		return nil, &provider.Error{Status: http.StatusPaymentRequired, Code: "insufficient_quota",
-			Message: fmt.Sprintf("insufficient balance: this request may cost up to %s and the account's available balance does not cover it", amount.Human())}
+			Message: rt.insufficient(ctx, account, amount, maxOut)}
 	case errors.Is(err, wallet.ErrUnknownAccount):
 		walletTotal.WithLabelValues("reserve", "unknown_account").Inc()
 		return nil, &provider.Error{Status: http.StatusUnauthorized, Message: fmt.Sprintf("unknown account %q", account)}
@@ -156,6 +156,20 @@ func (rt *walletRuntime) admit(x *exchange, resumable bool) (*bill, *provider.Er
 	// a crashed instance's reservations are left for the sweeper.
 	b.live = rt.w.KeepAlive(b.res.ID)
 	return b, nil
+}
+
+// insufficient is a 402's message: what the request may cost, what the
+// account has, and that the output cap is what the client can lower (it
+// is most of the hold). The balance is read again for the message (a
+// refusal is rare); a store that cannot say leaves it out.
+func (rt *walletRuntime) insufficient(ctx context.Context, account string, amount wallet.Micros, maxOut int64) string {
+	msg := fmt.Sprintf("insufficient balance: this request may cost up to %s", amount.Human())
+	if st, err := rt.w.Store(); err == nil {
+		if a, err := st.Account(ctx, account); err == nil {
+			msg += fmt.Sprintf(" and the account's available balance is %s", max(a.Available(), 0).Human())
+		}
+	}
+	return msg + fmt.Sprintf("; the hold is mostly the output cap (%d tokens): a lower max_tokens reserves less", maxOut)
 }
 
 // authenticate finds the account a request bills: the account

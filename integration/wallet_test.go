@@ -437,6 +437,10 @@ func TestWalletInsufficientBalance402(t *testing.T) {
 	if code != "insufficient_quota" || typ != "insufficient_quota" || !strings.Contains(msg, "insufficient balance") {
 		t.Errorf("OpenAI error %q %q %q", msg, typ, code)
 	}
+	// It says what the account has and what the client can change.
+	if !strings.Contains(msg, "available balance is $0.50") || !strings.Contains(msg, "lower max_tokens") {
+		t.Errorf("the 402 does not say the balance and the way out: %q", msg)
+	}
 
 	// /v1/messages: max_tokens 64, so (bytes + 1024 + 64) tokens at
 	// $1000/Mtok is over $1; the account has $0.50.
