@@ -30,7 +30,10 @@ func TestSweeperHeartbeatAndJobsView(t *testing.T) {
 	secret := recv.URL + "/ping/5bf66975-d4c7-4bf5-bcc8-b8d8a82238e3"
 	up := upstream(t, fu.OK())
 	db := filepath.Join(t.TempDir(), "w.db")
-	gatewayWith(t, storeOption("sqlite "+db)+"\n"+failoverOption("heartbeat wallet_sweep.default "+secret), `
+	// A short reservation_ttl makes the sweeper run every second: its
+	// first run may come before the heartbeat is attached (the apps start
+	// in no set order), and the test must not wait a minute for the next.
+	gatewayWith(t, walletOptions("sqlite "+db, "\t\treservation_ttl 3s")+"\n"+failoverOption("heartbeat wallet_sweep.default "+secret), `
 		channel a %s
 		model m {
 			route a
@@ -76,7 +79,7 @@ func TestSweeperHeartbeatAndJobsView(t *testing.T) {
 			sweep = &jobs[i]
 		}
 	}
-	if sweep == nil || sweep.Runs == 0 || sweep.LastSuccess.IsZero() || sweep.Every != "1m0s" || sweep.Heartbeats != 1 || sweep.Overdue {
+	if sweep == nil || sweep.Runs == 0 || sweep.LastSuccess.IsZero() || sweep.Every != "1s" || sweep.Heartbeats != 1 || sweep.Overdue {
 		t.Fatalf("sweeper job: %+v in %s", sweep, body)
 	}
 	res, err = http.Get(adminURL + "/metrics")

@@ -186,6 +186,8 @@ type Pinger struct {
 type pending struct {
 	hb Heartbeat
 	p  Ping
+	// attempt counts the sends already failed.
+	attempt int
 }
 
 // DefaultRetries are the waits before each retry of a failed ping.
@@ -213,12 +215,16 @@ func NewPinger(client *http.Client, workers, queue int, retries []time.Duration)
 
 // Send queues p for hb. It never blocks.
 func (pg *Pinger) Send(hb Heartbeat, p Ping) {
+	pg.enqueue(pending{hb: hb, p: p})
+}
+
+func (pg *Pinger) enqueue(it pending) {
 	h := fnv.New32a()
-	_, _ = h.Write([]byte(hb.URL))
+	_, _ = h.Write([]byte(it.hb.URL))
 	select {
-	case pg.queues[h.Sum32()%uint32(len(pg.queues))] <- pending{hb, p}:
+	case pg.queues[h.Sum32()%uint32(len(pg.queues))] <- it:
 	default:
-		pg.report(p.Job, hb.Style, p.State, errors.New("heartbeat queue full; ping dropped"))
+		pg.report(it.p.Job, it.hb.Style, it.p.State, errors.New("heartbeat queue full; ping dropped"))
 	}
 }
 
@@ -240,22 +246,28 @@ func (pg *Pinger) work(queue chan pending) {
 	}
 }
 
+// deliver sends one ping once. A failed one is queued again after its
+// retry wait rather than waited for here: a receiver that is down must
+// not hold up the pings of the other receivers sharing this worker (it
+// did, for 36 s per ping).
 func (pg *Pinger) deliver(it pending) {
-	var err error
-	for attempt := 0; ; attempt++ {
-		if err = pg.once(it); err == nil {
-			return
-		}
-		if attempt == len(pg.retries) {
-			break
-		}
+	err := pg.once(it)
+	if err == nil {
+		return
+	}
+	if it.attempt == len(pg.retries) {
+		pg.report(it.p.Job, it.hb.Style, it.p.State, err)
+		return
+	}
+	wait := pg.retries[it.attempt]
+	it.attempt++
+	time.AfterFunc(wait, func() {
 		select {
 		case <-pg.stop:
-			return
-		case <-time.After(pg.retries[attempt]):
+		default:
+			pg.enqueue(it)
 		}
-	}
-	pg.report(it.p.Job, it.hb.Style, it.p.State, err)
+	})
 }
 
 func (pg *Pinger) once(it pending) error {

@@ -253,3 +253,22 @@ func TestPanicIsRecordedAndReraised(t *testing.T) {
 		t.Fatalf("status after panic: %+v", st)
 	}
 }
+
+// A receiver that is down does not hold up the pings of another that
+// shares its worker: a failed ping waits for its retry outside the
+// worker (it used to hold the worker through every retry wait).
+func TestDeadReceiverDoesNotDelayOthers(t *testing.T) {
+	dead := newReceiver(t)
+	dead.fail = true
+	live := newReceiver(t)
+	p := NewPinger(nil, 1, 16, []time.Duration{time.Hour})
+	defer p.Close()
+	p.Send(Heartbeat{URL: dead.srv.URL + "/ping/dead", Style: Healthchecks}, Ping{Job: "a", State: Success})
+	dead.wait(t, 1)
+	began := time.Now()
+	p.Send(Heartbeat{URL: live.srv.URL + "/ping/live", Style: Healthchecks}, Ping{Job: "b", State: Success})
+	live.wait(t, 1)
+	if took := time.Since(began); took > 2*time.Second {
+		t.Errorf("the live receiver's ping took %v behind a dead one", took)
+	}
+}
