@@ -164,8 +164,10 @@ func (a *App) Start() (err error) {
 	}
 	warnUnauthenticated(a.ctx, a.logger)
 	defer func() {
+		// The prober starts last, so a failed Start has none to wait for.
 		if err != nil {
-			a.stopLocked()
+			stopStarted(a.prober, a.detachHeartbeats)
+			a.prober, a.detachHeartbeats = nil, nil
 		}
 	}()
 	if err := a.startHistory(); err != nil {
@@ -181,21 +183,28 @@ func (a *App) Start() (err error) {
 // Stop ends what Start started: the prober, then the heartbeats. The
 // breakers, the history and the open store outlive the config (Cleanup
 // releases the store).
+//
+// It waits for the prober's running round without holding a.mu: a probe
+// of that round may change a breaker, and reporting the transition takes
+// a.mu (transitioned), so waiting under the lock deadlocked a reload (the
+// soak found it: the reload never returned, and every later one waited on
+// Caddy's config lock behind it).
 func (a *App) Stop() error {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.stopLocked()
+	p, detach := a.prober, a.detachHeartbeats
+	a.prober, a.detachHeartbeats = nil, nil
+	a.mu.Unlock()
+	stopStarted(p, detach)
 	return nil
 }
 
-func (a *App) stopLocked() {
-	if a.prober != nil {
-		a.prober.stop()
-		a.prober = nil
+// stopStarted stops a prober and detaches heartbeats, either may be nil.
+func stopStarted(p *prober, detachHeartbeats func()) {
+	if p != nil {
+		p.stop()
 	}
-	if a.detachHeartbeats != nil {
-		a.detachHeartbeats()
-		a.detachHeartbeats = nil
+	if detachHeartbeats != nil {
+		detachHeartbeats()
 	}
 }
 

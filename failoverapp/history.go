@@ -1,6 +1,7 @@
 package failoverapp
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -93,9 +94,12 @@ func (a *App) transitioned(ch *Channel, tr breaker.Transition, cause string) {
 	case breaker.Closed:
 		a.status.history.ChannelClosed(ch.Name, now)
 	}
+	// The models are copied out: a.mu is never held while the history
+	// store or anything else is called.
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	for _, m := range a.models {
+	models := slices.Clone(a.models)
+	a.mu.Unlock()
+	for _, m := range models {
 		uses, working := false, false
 		for _, r := range m.Chain.Routes {
 			c := m.Channels[r.Channel]
