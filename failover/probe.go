@@ -43,7 +43,7 @@ func (p prober) Routes() []probe.Route {
 // request's reservation is bounded. 0 (unknown) when the probe cannot be
 // built; probeChannel then reports the config error.
 func (e *Engine) probeMaxCost(m *Model, route *chain.Route) wallet.Micros {
-	api, ok := provider.ProbeAPI(e.channels[route.Channel].Adapter)
+	api, ok := probeAPI(e.channels[route.Channel], m, route)
 	if !ok {
 		return 0
 	}
@@ -64,7 +64,8 @@ func (e *Engine) probeMaxCost(m *Model, route *chain.Route) wallet.Micros {
 // may be sent nothing, and a busy one tells by itself.
 func (p prober) Quiet(c probe.Route, now time.Time) bool {
 	m := p.e.models[c.Model]
-	ch := p.e.channels[m.Chain.Routes[c.ID].Channel]
+	route := &m.Chain.Routes[c.ID]
+	ch := p.e.channels[route.Channel]
 	switch ch.health.Breaker.State(now) {
 	case breaker.Open, breaker.Parked:
 		return false
@@ -73,8 +74,18 @@ func (p prober) Quiet(c probe.Route, now time.Time) bool {
 			return false
 		}
 	}
-	_, ok := provider.ProbeAPI(ch.Adapter)
+	_, ok := probeAPI(ch, m, route)
 	return ok
+}
+
+// probeAPI is the API a probe of route speaks: the one its channel serves
+// the model over, by the name the channel knows it by.
+func probeAPI(ch *Channel, m *Model, route *chain.Route) (provider.API, bool) {
+	name := route.UpstreamModel
+	if name == "" {
+		name = m.Name
+	}
+	return provider.ProbeAPI(ch.Adapter, name)
 }
 
 // Probe sends one probe of the route.
@@ -90,7 +101,7 @@ func (p prober) Probe(ctx context.Context, c probe.Route) (probe.Result, bool) {
 // ResponseWriter that keeps only its status.
 func (e *Engine) probeChannel(ctx context.Context, m *Model, route *chain.Route) (res probe.Result, sent bool) {
 	ch := e.channels[route.Channel]
-	api, _ := provider.ProbeAPI(ch.Adapter)
+	api, _ := probeAPI(ch, m, route)
 	path, hdr, body, err := provider.ProbeRequest(api, m.Name, m.Probe.Prompt, m.Probe.MaxTokens)
 	if err != nil {
 		e.logger.Error("building a probe", zap.String("channel", ch.Name), zap.Error(err))

@@ -230,3 +230,44 @@ func TestGeminiFailsOverFromAIStudioToVertex(t *testing.T) {
 		t.Errorf("fake Vertex refused a request: %s", p)
 	}
 }
+
+// A probe of a Claude route on a Vertex channel speaks Anthropic's
+// Messages (publishers/anthropic …:streamRawPredict), and of a Gemini
+// route on the same channel Vertex's OpenAI-compatible endpoint: the
+// soak found Claude probes sent to the OpenAI endpoint, which Vertex
+// refuses, so the prober reported a working channel as misconfigured.
+func TestVertexProbesSpeakEachModelsAPI(t *testing.T) {
+	v := fakeproviders.NewVertex("proj-1", "us-east5", time.Hour)
+	t.Cleanup(v.Close)
+	sa, err := v.WriteServiceAccount(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := uniqueName("vxprobe")
+	gateway(t, `
+		channel %s %s {
+			provider vertex {
+				project proj-1
+				region us-east5
+				credentials_file %s
+			}
+		}
+		model claude-sonnet-4-5 {
+			route %[1]s cost 3 15 upstream_model claude-sonnet-4-5@20250929
+			probe {
+				interval 200ms
+			}
+		}
+		model gemini-2.5-flash {
+			route %[1]s cost 0.3 2.5 upstream_model google/gemini-2.5-flash
+			probe {
+				interval 200ms
+			}
+		}
+	`, ch, v.URL, sa)
+	waitFor(t, 5*time.Second, "a probe of each model", func() bool { return v.Hits() >= 2 })
+	time.Sleep(300 * time.Millisecond) // a round more
+	for _, p := range v.Problems() {
+		t.Errorf("fake Vertex refused a probe: %s", p)
+	}
+}

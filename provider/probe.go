@@ -10,9 +10,21 @@ import (
 // a channel is probed over the first one its adapter serves.
 var probeAPIs = [...]API{OpenAIChat, AnthropicMessages}
 
-// ProbeAPI returns the API a synthetic check of a channel served by a
-// speaks, and false when a serves none a probe can be written in.
-func ProbeAPI(a Adapter) (API, bool) {
+// modelAPIs is implemented by an adapter whose upstream serves each model
+// over one API only, chosen by the model's name (Vertex: Claude over
+// Anthropic's Messages, the rest over its OpenAI-compatible endpoint).
+type modelAPIs interface {
+	ModelAPI(model string) API
+}
+
+// ProbeAPI returns the API a synthetic check of model (the name the
+// channel knows it by) on a channel served by a speaks, and false when a
+// serves none a probe can be written in.
+func ProbeAPI(a Adapter, model string) (API, bool) {
+	if m, ok := a.(modelAPIs); ok {
+		api := m.ModelAPI(model)
+		return api, api == OpenAIChat || api == AnthropicMessages
+	}
 	for _, api := range probeAPIs {
 		if a.Serves(api) {
 			return api, true

@@ -85,6 +85,17 @@ func (v *Vertex) Cleanup() error {
 // OpenAI-compatible endpoint).
 func (Vertex) Serves(api API) bool { return api == AnthropicMessages || api == OpenAIChat }
 
+// ModelAPI is the API Vertex serves model over: Anthropic's Messages for
+// Claude (publishers/anthropic), the OpenAI-compatible endpoint for the
+// rest. A probe of a Claude route sent to the OpenAI endpoint is refused
+// ("is not publisher/model"); the soak found it.
+func (Vertex) ModelAPI(model string) API {
+	if strings.HasPrefix(model, "claude") {
+		return AnthropicMessages
+	}
+	return OpenAIChat
+}
+
 // DefaultBaseURL is the region's endpoint.
 func (v *Vertex) DefaultBaseURL() string {
 	switch v.Region {
