@@ -1,6 +1,8 @@
 # make run   builds ./caddy with xcaddy and serves Caddyfile.example (offline demo)
 # make test  runs the whole suite: vet, unit, fuzz seeds, race, in-process
-#            Caddy, PostgreSQL, the xcaddy-built binary end to end, official SDKs
+#            Caddy, PostgreSQL, the xcaddy-built binary end to end, official SDKs,
+#            and the short soak (a minute, against the race-built ./caddy-race)
+# make soak  the long soak: SOAK=30m of mixed traffic and faults against ./caddy
 SHELL := /bin/bash
 GO ?= go
 GOBIN := $(shell $(GO) env GOPATH)/bin
@@ -16,7 +18,7 @@ XCADDY_GOPROXY ?= $(shell $(GO) env GOPROXY | sed 's/,direct$$//')|off
 SOURCES := $(shell git ls-files '*.go' 2>/dev/null || find . -name '*.go') go.mod go.sum
 FUZZTIME ?= 10s
 
-.PHONY: build run test vet fuzz bench sdk-deps clean
+.PHONY: build run test vet fuzz bench sdk-deps soak clean
 
 build: caddy
 
@@ -28,6 +30,13 @@ caddy: $(SOURCES)
 run: build
 	bash scripts/run-demo.sh
 
+# The binary the short soak runs: the same main xcaddy generates
+# (soak/caddymain.go), built with the race detector by plain `go build`,
+# which reuses the race-built packages `go test -race` caches: a few
+# seconds of linking next to the suite's own compilation.
+caddy-race: $(SOURCES) soak/caddymain.go
+	$(GO) build -race -o caddy-race ./soak/caddymain.go
+
 vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
@@ -35,8 +44,20 @@ vet:
 sdk-deps:
 	cd sdktest && npm ci --no-audit --no-fund --loglevel=error
 
-test: vet build sdk-deps
+test: vet build caddy-race sdk-deps
 	bash scripts/test.sh
+
+# The long soak (soak/): two gateways on one PostgreSQL of their own under
+# mixed traffic and scheduled faults for SOAK, against the release build.
+# It prints its report (-v) and keeps it, with the client log and both
+# caddy logs, in bench/results/soak-<time>/. Ports 19701-19705, so it can
+# run next to `make test` (whose short soak uses 19601-19605).
+SOAK ?= 30m
+SOAK_TIMEOUT ?= 3h
+soak: build
+	LLMF_SOAK=$(SOAK) LLMF_SOAK_CADDY_BIN="$(CURDIR)/caddy" LLMF_SOAK_PORT_BASE=19700 \
+	LLMF_SOAK_OUT="$(CURDIR)/bench/results/soak-$$(date +%Y%m%d-%H%M%S)" \
+	$(GO) test -count=1 -timeout $(SOAK_TIMEOUT) -run '^TestSoak$$' -v ./soak
 
 fuzz:
 	FUZZTIME=$(FUZZTIME) bash scripts/fuzz.sh
@@ -45,4 +66,4 @@ bench: build
 	bash bench/run.sh
 
 clean:
-	rm -f caddy
+	rm -f caddy caddy-race

@@ -8,6 +8,13 @@ eval "$(bash scripts/pg-test-server.sh start)"
 export LLMF_TEST_POSTGRES_DSN
 # The end-to-end tests drive the xcaddy-built binary.
 export LLMF_CADDY_BIN="$PWD/caddy"
+# The short soak (soak/) drives the race-built one (`make caddy-race`), so
+# that a data race in either gateway fails it; it starts a PostgreSQL
+# cluster of its own, which it restarts.
+if [[ ! -x caddy-race ]]; then
+	go build -race -o caddy-race ./soak/caddymain.go
+fi
+export LLMF_SOAK_CADDY_BIN="$PWD/caddy-race"
 # caddytest writes autosave.json and data under XDG dirs: keep them out of $HOME.
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
