@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -25,5 +26,28 @@ func TestBinaryValidateCreatesNoWallet(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Dir(db)); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("validate created %s (stat: %v)", filepath.Dir(db), err)
+	}
+}
+
+// `caddy validate` refuses a heartbeat of a job no config could run,
+// naming the jobs there are.
+func TestBinaryValidateRefusesAMisspeltHeartbeatJob(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "Caddyfile")
+	config := "{\n\tadmin off\n\tllm_wallet {\n\t\tstore sqlite " + filepath.Join(dir, "w.db") + "\n\t}\n" +
+		"\tllm_failover {\n\t\theartbeat wallet_sweep.typo http://127.0.0.1:1/ping\n\t}\n}\n" +
+		"http://:1 {\n\tllm_failover {\n\t\tchannel a http://127.0.0.1:1\n\t\tmodel m {\n\t\t\troute a\n\t\t}\n\t\twallet\n\t}\n}\n"
+	if err := os.WriteFile(cfg, []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runCaddy(t, baseEnv(dir), "validate", "--config", cfg, "--adapter", "caddyfile")
+	if err == nil {
+		t.Fatalf("validate accepted a heartbeat of wallet_sweep.typo:\n%s", out)
+	}
+	if !strings.Contains(out, `heartbeat \"wallet_sweep.typo\": no such job`) && !strings.Contains(out, `heartbeat "wallet_sweep.typo": no such job`) {
+		t.Errorf("validate's refusal does not name the job:\n%s", out)
+	}
+	if !strings.Contains(out, "wallet_sweep.default") {
+		t.Errorf("validate's refusal does not list the jobs there are:\n%s", out)
 	}
 }

@@ -142,6 +142,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if err := caddykit.ValidateHeartbeats(a.Heartbeats); err != nil {
 		return err
 	}
+	if err := a.checkHeartbeatNames(); err != nil {
+		return err
+	}
 	if a.status, err = loadStatusState(); err != nil {
 		return fmt.Errorf("loading the status history: %w", err)
 	}
@@ -170,6 +173,9 @@ func (a *App) Start() (err error) {
 			a.prober, a.detachHeartbeats = nil, nil
 		}
 	}()
+	if err := a.checkHeartbeatJobs(); err != nil {
+		return err
+	}
 	if err := a.startHistory(); err != nil {
 		return err
 	}

@@ -100,3 +100,56 @@ func TestSweeperHeartbeatAndJobsView(t *testing.T) {
 		}
 	}
 }
+
+// A heartbeat of a job the config does not run is a config error naming
+// the jobs it does: its receiver would never be pinged, and a
+// Healthchecks-style receiver never alerts on a check it was never
+// pinged on. A misspelt job is refused while the config provisions (so
+// `caddy validate` says so, see e2e); a job of a feature the config does
+// not use, once its handlers have registered (at start).
+func TestHeartbeatOfAJobThatDoesNotRun(t *testing.T) {
+	up := upstream(t, fu.OK())
+	db := filepath.Join(t.TempDir(), "w.db")
+	const hook = "http://127.0.0.1:1/ping/x"
+	billed := `
+		channel a %s
+		model m {
+			route a
+		}
+		wallet
+	`
+	unbilled := `
+		channel a %s
+		model m {
+			route a
+		}
+	`
+	for _, c := range []struct {
+		name, globals, body string
+		want                []string
+	}{
+		{"misspelt wallet job", walletOptions("sqlite "+db) + "\n" + failoverOption("heartbeat wallet_sweep.typo "+hook), billed,
+			[]string{`heartbeat "wallet_sweep.typo": no such job`, "wallet_sweep.default", "wallet_leases.default", "prober"}},
+		{"misspelt job", failoverOption("heartbeat probes " + hook), unbilled,
+			[]string{`heartbeat "probes": no such job`, "prober"}},
+		{"prober without probes", failoverOption("heartbeat prober " + hook), unbilled,
+			[]string{`heartbeat "prober": the job does not run`, "no model of this config has a probe block"}},
+		{"history_flush without history", failoverOption("heartbeat history_flush " + hook), unbilled,
+			[]string{`heartbeat "history_flush": the job does not run`, "no history store"}},
+		{"wallet job without a billed handler", failoverOption("heartbeat wallet_sweep.default " + hook), unbilled,
+			[]string{`heartbeat "wallet_sweep.default": the job does not run`, "bills to that wallet"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			code, body := tryLoadWith(t, c.globals, c.body, up.URL)
+			if code == http.StatusOK {
+				t.Fatal("the config was loaded")
+			}
+			body = strings.ReplaceAll(body, `\"`, `"`) // the admin API's JSON
+			for _, w := range c.want {
+				if !strings.Contains(body, w) {
+					t.Errorf("the refusal does not say %q: %s", w, body)
+				}
+			}
+		})
+	}
+}

@@ -29,6 +29,10 @@ const SweepJobPrefix = "wallet_sweep."
 // followed by the wallet's name.
 const LeaseJobPrefix = "wallet_leases."
 
+// JobNames are the background jobs of the wallet called name: its
+// sweeper and its lease renewer.
+func JobNames(name string) []string { return []string{SweepJobPrefix + name, LeaseJobPrefix + name} }
+
 // drainLimit bounds how long a store no config uses waits for the
 // requests that entered it before it closes.
 const drainLimit = 10 * time.Minute
