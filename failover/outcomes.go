@@ -59,6 +59,46 @@ func (e *Engine) recordHistory(x *exchange, ch *Channel, res attemptResult, outc
 	e.app.Record(at)
 }
 
+// recordServed adds what the client of an answered request got to its
+// model's history: the model's status on the status page is what its
+// clients saw, its channels' what their attempts saw. A client that left
+// says nothing.
+func (e *Engine) recordServed(x *exchange, res attemptResult) {
+	q := history.Attempt{At: time.Now(), Model: x.req.Model, Class: history.Success, OutputTokens: outputTokens(x.meter)}
+	if !x.committedAt.IsZero() {
+		q.TTFT = x.committedAt.Sub(x.start)
+	}
+	switch {
+	case res.verdict == clientGone:
+		return
+	case res.verdict == broken:
+		q.Class = history.Down
+		if res.fail != nil {
+			q.Reason, q.Status = string(res.fail.reason), res.fail.status
+		}
+	case res.verdict == passed && res.status >= 400:
+		q.Class, q.Reason, q.Status = clientClassOf(res.status), string(reasonStatus), res.status
+	}
+	e.app.Served(q)
+}
+
+// recordFailed adds a request no channel answered, refused with status,
+// to its model's history.
+func (e *Engine) recordFailed(x *exchange, status int, why string) {
+	e.app.Served(history.Attempt{At: time.Now(), Model: x.req.Model, Class: clientClassOf(status), Reason: why, Status: status})
+}
+
+// clientClassOf is what an error status tells about a model's service.
+func clientClassOf(status int) history.Class {
+	switch {
+	case status == http.StatusTooManyRequests:
+		return history.Limited
+	case status >= 500 || status == http.StatusRequestTimeout:
+		return history.Down
+	}
+	return history.Client
+}
+
 // decided journals one failover decision.
 func (e *Engine) decided(x *exchange, channel string, f *failure, next string) {
 	e.app.Decided(journal.Decision{

@@ -149,7 +149,10 @@ func (e *Engine) broke(x *exchange, ch *Channel, out streamgate.Result) bool {
 // stream_idle_timeout (the silence the gateway tolerates from a committed
 // stream), shared equally by the channels it tries, and each of them must
 // send its headers within stream_header_timeout (the request streams).
-func (e *Engine) resume(x *exchange, rest []*chain.Route) {
+//
+// It returns what the client got in the end: the continuation's result,
+// or broke, the broken stream's, when none could continue it.
+func (e *Engine) resume(x *exchange, rest []*chain.Route, broke attemptResult) attemptResult {
 	rs := x.resume
 	if x.bill != nil {
 		x.bill.continuing()
@@ -164,7 +167,7 @@ func (e *Engine) resume(x *exchange, rest []*chain.Route) {
 	end := e.walk(x, able, nil, time.Now().Add(e.resumeBound()))
 	switch {
 	case end.answered && end.res.verdict == clientGone:
-		return
+		return end.res
 	case end.answered:
 		next := able[len(able)-len(end.rest)-1].Name
 		outcome := string(reasonResumed)
@@ -179,9 +182,9 @@ func (e *Engine) resume(x *exchange, rest []*chain.Route) {
 			zap.String("next_channel", next), zap.String("reason", string(reasonResumed)),
 			zap.Int("delivered_bytes", len(rs.transcript.Text())), zap.Int64("delivered_tokens", delivered))
 		e.decided(x, rs.from, &failure{reason: reasonResumed, delivered: delivered}, next)
-		return
+		return end.res
 	case x.r.Context().Err() != nil:
-		return
+		return attemptResult{verdict: clientGone}
 	}
 	resumesTotal.WithLabelValues(x.req.Model, "failed").Inc()
 	w := &idleWriter{w: x.w, rc: http.NewResponseController(x.w), idle: e.opts.StreamIdleTimeout}
@@ -189,6 +192,7 @@ func (e *Engine) resume(x *exchange, rest []*chain.Route) {
 	if _, err := w.Write(rs.errEvent); err == nil {
 		_ = w.Flush()
 	}
+	return broke
 }
 
 // spliced is the client side of a continuation: the headers went out with

@@ -97,9 +97,11 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) error {
 
 	end := e.walk(x, candidates, lastResort, x.start.Add(e.opts.Deadline))
 	if end.answered {
+		res := end.res
 		if x.resume.pending() {
-			e.resume(x, end.rest)
+			res = e.resume(x, end.rest, res)
 		}
+		e.recordServed(x, res)
 		return nil
 	}
 	if r.Context().Err() != nil {
@@ -119,6 +121,11 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) error {
 		zap.Int("status", pe.Status), zap.Duration("elapsed", time.Since(x.start)))
 	setRetryAfter(w.Header(), end.retryAfter)
 	chainWalked(w.Header())
+	why := string(reasonNoWorkingChannel)
+	if end.last != nil {
+		why = string(end.last.reason) // the failure the client was answered with
+	}
+	e.recordFailed(x, pe.Status, why)
 	return e.refuse(x, pe)
 }
 
@@ -148,6 +155,11 @@ func (e *Engine) refuseUnavailable(x *exchange, skipped []*chain.Route, retryAt 
 		why = "rate limited"
 	}
 	requestsTotal.WithLabelValues(x.req.Model, "unavailable").Inc()
+	status := http.StatusServiceUnavailable
+	if allParked {
+		status = http.StatusTooManyRequests // what it is, for the history: a rate limit
+	}
+	e.recordFailed(x, status, string(reasonNoWorkingChannel))
 	if c := e.logger.Check(zapcore.DebugLevel, "every channel is unavailable; refusing without sending"); c != nil {
 		c.Write(zap.String("model", x.req.Model), zap.Bool("all_parked", allParked), zap.Duration("retry_after", wait))
 	}

@@ -67,7 +67,7 @@ func TestContinuationPastItsDeadlineTakesNoTicket(t *testing.T) {
 	x.model = e.models["m"]
 	x.req.Model = "m"
 	x.resume = &resumeState{wanted: true, from: "elsewhere", errEvent: []byte("event: error\ndata: {}\n\n")}
-	e.resume(x, []*chain.Route{&x.model.Chain.Routes[0]})
+	e.resume(x, []*chain.Route{&x.model.Chain.Routes[0]}, attemptResult{verdict: broken})
 
 	hits(t, up, 0)
 	if s := b.Snapshot(time.Now()); s.TrialsInFlight != 0 {

@@ -65,7 +65,12 @@ func (s *statusState) stateSince(channel string) time.Time {
 	return s.started
 }
 
-// Record adds one attempt of real traffic to the history.
+// Served adds what one client request got to its model's history.
+func (a *App) Served(q history.Attempt) {
+	a.status.history.Served(q)
+}
+
+// Record adds one attempt of real traffic to its channel's history.
 func (a *App) Record(at history.Attempt) {
 	a.status.history.Record(at)
 	if at.Class == history.Success {

@@ -17,14 +17,6 @@ const (
 	StatusDown        = "down"
 )
 
-// degradedBelow is the 5-minute success rate under which a working
-// channel shows as degraded, once it has had degradedMinAttempts: yellow
-// before customers notice, not on one unlucky request.
-const (
-	degradedBelow       = 0.95
-	degradedMinAttempts = 5
-)
-
 // statusWindows are the success-rate windows every view carries.
 var statusWindows = []struct {
 	key string
@@ -49,10 +41,15 @@ type StatusView struct {
 	Legend []string `json:"-"`
 }
 
+// ModelView is one model: its status, windows and bars count what its
+// clients got (Counts "requests"); its channels', their upstream
+// attempts (Counts "attempts"), so a channel that fails over shows
+// failures its model's clients never saw.
 type ModelView struct {
 	Name     string                `json:"name"`
 	Status   string                `json:"status"`
 	Since    time.Time             `json:"since"`
+	Counts   string                `json:"counts"`
 	Windows  map[string]WindowView `json:"windows"`
 	Hourly   []BarView             `json:"hourly"`
 	Daily    []BarView             `json:"daily"`
@@ -64,6 +61,7 @@ type ChannelView struct {
 	State        string                `json:"state"`
 	Status       string                `json:"status"`
 	Since        time.Time             `json:"since"`
+	Counts       string                `json:"counts"`
 	Doing        string                `json:"doing"`
 	Until        time.Time             `json:"until,omitzero"`
 	Windows      map[string]WindowView `json:"windows"`
@@ -166,10 +164,49 @@ func channelCondition(h breaker.Snapshot, last5m history.Counts) (status, doing 
 	case breaker.Parked:
 		return StatusLimited, "not sending it anything (parked by the upstream's Retry-After)", h.ParkedUntil
 	}
-	if last5m.Attempts-last5m.Client >= degradedMinAttempts && last5m.SuccessRate() < degradedBelow {
+	if last5m.Failing() {
 		return StatusDegraded, "serving, with failures failing over", time.Time{}
 	}
 	return StatusOperational, "serving", time.Time{}
+}
+
+// modelCondition is a model's status and since when, from what its
+// clients got, never from its channels' attempts alone: down (or rate
+// limited) while no channel may be sent anything, since the last one went
+// out; degraded while its clients' requests are failing (fleet-wide
+// counts of the last FailingWindow, history.Counts.Failing), since the
+// first failure of the run; operational otherwise, since the end of the
+// last of these.
+func modelCondition(name string, routed, working, limitedOnly bool, lastOut time.Time, last history.Counts,
+	st *statusState, incidents []history.Incident, now time.Time) (string, time.Time) {
+	switch {
+	case !working && limitedOnly && routed:
+		return StatusLimited, lastOut
+	case !working:
+		return StatusDown, lastOut
+	}
+	failing, since := st.history.ModelFailing(name, now)
+	if last.Failing() {
+		if !failing {
+			// Failing on other instances of the fleet, which keep their
+			// runs' starts: what is known is that the failures counted
+			// are within the window.
+			since = now.Add(-history.FailingWindow)
+		}
+		return StatusDegraded, since
+	}
+	// since is when this instance last saw its clients recover, zero
+	// when it never saw them fail; a model incident that ended later,
+	// or the process start, may be later still.
+	if st.started.After(since) {
+		since = st.started
+	}
+	for _, in := range incidents {
+		if in.Kind == history.ScopeModel && in.Subject == name && !in.Ongoing() && in.End.After(since) {
+			since = in.End
+		}
+	}
+	return StatusOperational, since
 }
 
 // worse is the worse of two statuses.
@@ -195,34 +232,29 @@ func (a *App) statusView(now time.Time, title string, hide bool) StatusView {
 	// hist and journal are the fleet's with a store; incidents and last
 	// failures are this instance's.
 	hist, jr := st.sources(now)
+	incidents := st.history.Incidents()
 	for _, m := range snap.Models {
 		hv := hist.Model(m.Name, now, durations()...)
-		ms := ModelView{Name: m.Name, Windows: windowsOf(hv), Hourly: barsOf(hv.Hourly), Daily: barsOf(hv.Daily)}
+		ms := ModelView{Name: m.Name, Counts: "requests", Windows: windowsOf(hv), Hourly: barsOf(hv.Hourly), Daily: barsOf(hv.Daily)}
 		working, limitedOnly := false, true
-		var worstChannel string
-		var earliestBad, latestChange time.Time
+		var lastOut time.Time // when the last channel that went out did
 		for _, r := range m.Routes {
 			cv := hist.Channel(r.Route.Name, now, durations()...)
 			cv.LastFailure = st.history.LastChannelFailure(r.Route.Name)
 			status, doing, until := channelCondition(r.Health, cv.Windows[5*time.Minute])
 			since := st.stateSince(r.Route.Name)
-			worstChannel = worse(worstChannel, status)
 			if r.Health.State == breaker.Closed || r.Health.State == breaker.HalfOpen {
 				working = true
+			} else if since.After(lastOut) {
+				lastOut = since
 			}
 			if r.Health.State != breaker.Parked {
 				limitedOnly = false
 			}
-			if status != StatusOperational && (earliestBad.IsZero() || since.Before(earliestBad)) {
-				earliestBad = since
-			}
-			if since.After(latestChange) {
-				latestChange = since
-			}
 			if hide {
 				continue
 			}
-			cs := ChannelView{Name: r.Route.Name, State: r.Health.State.String(), Status: status, Since: since.UTC(),
+			cs := ChannelView{Name: r.Route.Name, State: r.Health.State.String(), Status: status, Since: since.UTC(), Counts: "attempts",
 				Doing: doing, Until: until, Windows: windowsOf(cv), Hourly: barsOf(cv.Hourly), Daily: barsOf(cv.Daily),
 				StateRunbook: RunbookPath("state-" + r.Health.State.String()), Decisions: []DecisionView{}}
 			if lf := cv.LastFailure; lf != nil {
@@ -236,28 +268,14 @@ func (a *App) statusView(now time.Time, title string, hide bool) StatusView {
 			cs.Probes = probeViewOf(r.Route.Name, now)
 			ms.Channels = append(ms.Channels, cs)
 		}
-		switch {
-		case !working && limitedOnly && len(m.Routes) > 0:
-			ms.Status, ms.Since = StatusLimited, earliestBad
-		case !working:
-			ms.Status, ms.Since = StatusDown, earliestBad
-		case worstChannel != StatusOperational && worstChannel != "":
-			ms.Status, ms.Since = StatusDegraded, earliestBad
-		default:
-			ms.Status, ms.Since = StatusOperational, latestChange
-		}
-		if ms.Status == StatusOperational {
-			w := ms.Windows["5m"]
-			if w.Attempts-w.Client >= degradedMinAttempts && w.SuccessRate < degradedBelow {
-				ms.Status = StatusDegraded
-			}
-		}
+		ms.Status, ms.Since = modelCondition(m.Name, len(m.Routes) > 0, working, limitedOnly, lastOut,
+			hv.Windows[history.FailingWindow], st, incidents, now)
 		ms.Since = ms.Since.UTC()
 		v.Status = worse(v.Status, ms.Status)
 		v.Models = append(v.Models, ms)
 	}
 	v.Incidents = []IncidentView{}
-	for _, in := range st.history.Incidents() {
+	for _, in := range incidents {
 		if hide && in.Kind == history.ScopeChannel {
 			continue
 		}

@@ -85,22 +85,20 @@ func (r *Recorder) Track(on bool) {
 	}
 }
 
-// track adds one attempt to the pending changes of its buckets; r.mu is
-// held.
-func (r *Recorder) track(a Attempt) {
+// track adds one outcome to the pending changes of its series' buckets;
+// r.mu is held.
+func (r *Recorder) track(scope, name string, a Attempt) {
 	if r.changes == nil {
 		return
 	}
 	for _, res := range Resolutions {
-		start := periodStart(a.At, int64(res.Width()/time.Second))
-		for _, k := range [...]deltaKey{{ScopeChannel, a.Channel, res, start}, {ScopeModel, a.Model, res, start}} {
-			c := r.changes[k]
-			if c == nil {
-				c = new(Counts)
-				r.changes[k] = c
-			}
-			c.add(a)
+		k := deltaKey{scope, name, res, periodStart(a.At, int64(res.Width()/time.Second))}
+		c := r.changes[k]
+		if c == nil {
+			c = new(Counts)
+			r.changes[k] = c
 		}
+		c.add(a)
 	}
 }
 

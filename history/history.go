@@ -42,7 +42,8 @@ func (c Class) String() string {
 	return "unknown"
 }
 
-// Attempt is one upstream attempt's outcome as history keeps it.
+// Attempt is one upstream attempt's outcome (a channel's history) or one
+// client request's (a model's), as history keeps it.
 type Attempt struct {
 	At      time.Time
 	Model   string
@@ -107,6 +108,21 @@ func (c *Counts) SuccessRate() float64 {
 	return float64(c.Successes) / float64(judged)
 }
 
+// A channel's attempts, or a model's requests, are failing when at least
+// FailingMin of them in the last FailingWindow said something about the
+// upstream (client errors excluded) and fewer than FailingBelow of those
+// succeeded: yellow before customers notice, not on one unlucky request.
+const (
+	FailingWindow = 5 * time.Minute
+	FailingMin    = 5
+	FailingBelow  = 0.95
+)
+
+// Failing applies the rule above to counts of the last FailingWindow.
+func (c *Counts) Failing() bool {
+	return c.Attempts-c.Client >= FailingMin && c.SuccessRate() < FailingBelow
+}
+
 // Rollup resolutions and how far back each reaches.
 const (
 	Minutes = 6 * 60 // one bucket per minute, 6 hours
@@ -169,14 +185,36 @@ func (r *ring) bucketAt(start int64) *bucket {
 // before it, at least one.
 func (r *ring) sum(now time.Time, d time.Duration) Counts {
 	var c Counts
+	r.each(now, d, func(b *bucket) { c.Merge(&b.Counts) })
+	return c
+}
+
+// counts is sum without the latency sketches, cheap enough for every
+// request, and when the first of those buckets that holds a failure
+// began (zero when none does).
+func (r *ring) counts(now time.Time, d time.Duration) (c Counts, firstFailure time.Time) {
+	r.each(now, d, func(b *bucket) {
+		c.Attempts += b.Attempts
+		c.Successes += b.Successes
+		c.Client += b.Client
+		c.Down += b.Down
+		c.Limited += b.Limited
+		if firstFailure.IsZero() && b.Down+b.Limited > 0 {
+			firstFailure = time.Unix(b.start, 0)
+		}
+	})
+	return c, firstFailure
+}
+
+// each calls f with the written buckets of the last d, oldest first.
+func (r *ring) each(now time.Time, d time.Duration, f func(*bucket)) {
 	last := r.periodStart(now)
 	first := last - (max(int64(d/time.Second)/r.width, 1)-1)*r.width
 	for start := first; start <= last; start += r.width {
 		if b := r.slot(start); b.start == start {
-			c.Merge(&b.Counts)
+			f(b)
 		}
 	}
-	return c
 }
 
 // bars returns the last n periods' counts, oldest first, ending with the
@@ -204,6 +242,31 @@ type Bar struct {
 type series struct {
 	minutes, hours, days ring
 	lastFailure          *Attempt
+	// failingSince is when the current run of failing began (zero when
+	// not failing), recovered when the last one ended: a model's status
+	// and its since (noteFailing).
+	failingSince, recovered time.Time
+}
+
+// noteFailing brings failingSince and recovered up to now. A run that
+// aged out without traffic ended when its last failure left the window.
+func (s *series) noteFailing(now time.Time) {
+	w, first := s.minutes.counts(now, FailingWindow)
+	switch failing := w.Failing(); {
+	case failing && s.failingSince.IsZero():
+		// From the first failure the window holds, to the minute.
+		s.failingSince = now
+		if !first.IsZero() && first.Before(now) {
+			s.failingSince = first
+		}
+	case !failing && !s.failingSince.IsZero():
+		s.failingSince, s.recovered = time.Time{}, now
+		if s.lastFailure != nil {
+			if aged := s.lastFailure.At.Add(FailingWindow); aged.Before(now) {
+				s.recovered = aged
+			}
+		}
+	}
 }
 
 func newSeries() *series {

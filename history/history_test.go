@@ -16,7 +16,9 @@ func TestClassesNeverMix(t *testing.T) {
 	}{{Success, 5}, {Down, 3}, {Limited, 4}, {Client, 2}}
 	for _, m := range mix {
 		for range m.n {
-			r.Record(Attempt{At: t0, Model: "m", Channel: "a", Class: m.class, Reason: "status", Status: 500})
+			a := Attempt{At: t0, Model: "m", Channel: "a", Class: m.class, Reason: "status", Status: 500}
+			r.Record(a)
+			r.Served(a)
 		}
 	}
 	for _, v := range []View{r.Channel("a", t0, 5*time.Minute), r.Model("m", t0, 5*time.Minute)} {
@@ -81,10 +83,13 @@ func TestRollupsAcrossBoundaries(t *testing.T) {
 
 func TestLastFailureAndIncidents(t *testing.T) {
 	r := NewRecorder()
+	r.Record(Attempt{At: t0.Add(-2 * time.Second), Model: "m", Channel: "a", Class: Down, Reason: "status", Status: 502})
 	r.Record(Attempt{At: t0, Model: "m", Channel: "a", Class: Down, Reason: "status", Status: 503})
 	r.ChannelOpened("a", "status", t0)
 	r.ModelAvailable("m", false, t0.Add(time.Second))
+	r.Served(Attempt{At: t0.Add(time.Second), Model: "m", Class: Down, Reason: "no_working_channel", Status: 503})
 	r.Record(Attempt{At: t0.Add(2 * time.Second), Model: "m", Channel: "a", Class: Down, Reason: "header_timeout"})
+	r.Served(Attempt{At: t0.Add(3 * time.Second), Model: "m", Class: Client, Reason: "status", Status: 400})
 	r.Record(Attempt{At: t0.Add(3 * time.Second), Model: "m", Channel: "a", Class: Client, Reason: "status", Status: 400})
 	r.ModelAvailable("m", true, t0.Add(4*time.Second))
 	r.ChannelClosed("a", t0.Add(5*time.Second))
@@ -98,11 +103,72 @@ func TestLastFailureAndIncidents(t *testing.T) {
 		t.Fatalf("%d incidents", len(in))
 	}
 	model, ch := in[0], in[1]
+	// The model's incident counts the requests its clients made during it.
 	if model.Kind != "model" || model.Subject != "m" || model.Attempts != 2 || model.Failures != 1 || !model.End.Equal(t0.Add(4*time.Second)) {
 		t.Errorf("model incident %+v", model)
 	}
-	if ch.Kind != "channel" || ch.Reasons["status"] != 1 || ch.Reasons["header_timeout"] != 1 || ch.Ongoing() {
+	// The channel's counts the two failures that opened it and those
+	// during it: an outage is never "0 failures".
+	if ch.Kind != "channel" || ch.Reasons["status"] != 2 || ch.Reasons["header_timeout"] != 1 || ch.Failures != 3 || ch.Attempts != 4 || ch.Ongoing() {
 		t.Errorf("channel incident %+v", ch)
+	}
+}
+
+// A model's history is what its clients got, a channel's its attempts:
+// channel a failing every request while b serves them all leaves the
+// model with no failure, and its status operational.
+func TestModelIsWhatClientsGot(t *testing.T) {
+	r := NewRecorder()
+	for i := range 5 {
+		at := t0.Add(time.Duration(i) * time.Second)
+		r.Record(Attempt{At: at, Model: "m", Channel: "a", Class: Down, Reason: "status", Status: 500})
+		r.Record(Attempt{At: at, Model: "m", Channel: "b", Class: Success})
+		r.Served(Attempt{At: at, Model: "m", Channel: "b", Class: Success})
+	}
+	now := t0.Add(5 * time.Second)
+	if c := r.Channel("a", now, 5*time.Minute).Windows[5*time.Minute]; c.Down != 5 || !c.Failing() {
+		t.Errorf("channel a: %+v, failing %v", c, c.Failing())
+	}
+	if c := r.Model("m", now, 5*time.Minute).Windows[5*time.Minute]; c.Attempts != 5 || c.Successes != 5 || c.Failing() {
+		t.Errorf("model m: %+v", c)
+	}
+	if failing, since := r.ModelFailing("m", now); failing || !since.IsZero() {
+		t.Errorf("model failing %v since %v", failing, since)
+	}
+}
+
+// A model's clients failing: since the first failure the window holds
+// (to the minute), and recovered when the failures left the window.
+func TestModelFailingSinceAndRecovered(t *testing.T) {
+	r := NewRecorder()
+	start := time.Date(2026, 3, 1, 10, 0, 10, 0, time.UTC)
+	for i := range 6 {
+		r.Served(Attempt{At: start.Add(time.Duration(i) * 10 * time.Second), Model: "m", Class: Down, Reason: "status", Status: 503})
+	}
+	now := start.Add(time.Minute)
+	failing, since := r.ModelFailing("m", now)
+	if !failing || !since.Equal(time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)) {
+		t.Fatalf("failing %v since %v, want since 10:00:00 (the minute of the first failure)", failing, since)
+	}
+	// No traffic: the failures age out of the window, and recovery is
+	// dated when the last one left it, not when someone looked.
+	later := start.Add(20 * time.Minute)
+	failing, since = r.ModelFailing("m", later)
+	if want := start.Add(50 * time.Second).Add(FailingWindow); failing || !since.Equal(want) {
+		t.Fatalf("failing %v since %v, want recovered at %v", failing, since, want)
+	}
+	// Successes bring the rate back above the bar while failures remain.
+	r2 := NewRecorder()
+	for i := range 5 {
+		r2.Served(Attempt{At: start.Add(time.Duration(i) * time.Second), Model: "m", Class: Down})
+	}
+	var at time.Time
+	for i := range 200 {
+		at = start.Add(10*time.Second + time.Duration(i)*100*time.Millisecond)
+		r2.Served(Attempt{At: at, Model: "m", Class: Success})
+	}
+	if failing, since := r2.ModelFailing("m", at); failing || since.IsZero() || since.After(at) {
+		t.Fatalf("after 200 successes: failing %v since %v", failing, since)
 	}
 }
 

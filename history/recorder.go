@@ -29,23 +29,37 @@ type Incident struct {
 // Ongoing reports whether the incident has not ended.
 func (i *Incident) Ongoing() bool { return i.End.IsZero() }
 
-// Recorder is the history of every channel and model of a gateway. It is
-// safe for concurrent use; Record is a map lookup and a few additions
-// under one mutex.
+// Recorder is the history of every channel and model of a gateway: a
+// channel's is its upstream attempts (Record), a model's what its clients
+// got (Served), so that a model whose first channel fails while the next
+// serves every request shows no outage its clients never had. It is safe
+// for concurrent use; Record and Served are a map lookup and a few
+// additions under one mutex.
 type Recorder struct {
 	mu        sync.Mutex
 	channels  map[string]*series
 	models    map[string]*series
 	incidents []*Incident // oldest first
 	open      map[string]*Incident
+	// streaks are each channel's failures since its last success (within
+	// FailingWindow): what an incident that opens counts as its cause.
+	streaks map[string]*streak
 	// changes is what each bucket gained since a store last took them;
 	// nil unless Track.
 	changes map[deltaKey]*Counts
 }
 
+// streak is a channel's run of failed attempts.
+type streak struct {
+	last     time.Time
+	failures int64
+	reasons  map[string]int64
+}
+
 // NewRecorder returns an empty history.
 func NewRecorder() *Recorder {
-	return &Recorder{channels: map[string]*series{}, models: map[string]*series{}, open: map[string]*Incident{}}
+	return &Recorder{channels: map[string]*series{}, models: map[string]*series{}, open: map[string]*Incident{},
+		streaks: map[string]*streak{}}
 }
 
 func seriesOf(m map[string]*series, name string) *series {
@@ -57,23 +71,73 @@ func seriesOf(m map[string]*series, name string) *series {
 	return s
 }
 
-// Record adds one attempt to its channel's and its model's history, and to
-// the ongoing incidents of either.
+// Record adds one upstream attempt to its channel's history and to the
+// channel's ongoing incident.
 func (r *Recorder) Record(a Attempt) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	seriesOf(r.channels, a.Channel).add(a)
-	seriesOf(r.models, a.Model).add(a)
-	r.track(a)
-	for _, key := range [...]string{incidentKey(ScopeChannel, a.Channel), incidentKey(ScopeModel, a.Model)} {
-		if in := r.open[key]; in != nil {
-			in.Attempts++
-			if a.Class == Down || a.Class == Limited {
-				in.Failures++
-				in.Reasons[a.Reason]++
-			}
+	r.track(ScopeChannel, a.Channel, a)
+	r.count(incidentKey(ScopeChannel, a.Channel), a)
+	failed := a.Class == Down || a.Class == Limited
+	st := r.streaks[a.Channel]
+	switch {
+	case !failed && a.Class != Success:
+	case !failed:
+		delete(r.streaks, a.Channel)
+	default:
+		if st == nil || a.At.Sub(st.last) > FailingWindow {
+			st = &streak{reasons: map[string]int64{}}
+			r.streaks[a.Channel] = st
+		}
+		st.last = a.At
+		st.failures++
+		st.reasons[a.Reason]++
+	}
+}
+
+// Served adds one client request's outcome to its model's history and to
+// the model's ongoing incident. Class is what the client got: Success a
+// complete answer, Down an error or a stream cut after its commit,
+// Limited a 429, Client a 4xx of its own making; Channel is the one that
+// answered, "" when none did.
+func (r *Recorder) Served(a Attempt) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := seriesOf(r.models, a.Model)
+	s.add(a)
+	r.track(ScopeModel, a.Model, a)
+	r.count(incidentKey(ScopeModel, a.Model), a)
+	s.noteFailing(a.At)
+}
+
+// count adds an outcome to the ongoing incident under key, if any.
+func (r *Recorder) count(key string, a Attempt) {
+	if in := r.open[key]; in != nil {
+		in.Attempts++
+		if a.Class == Down || a.Class == Limited {
+			in.Failures++
+			in.Reasons[a.Reason]++
 		}
 	}
+}
+
+// ModelFailing reports whether the model's clients are failing now (see
+// Counts.Failing), this instance's view, and since when: the first failed
+// request of the run while they are, when they stopped otherwise (zero
+// when they never failed).
+func (r *Recorder) ModelFailing(model string, now time.Time) (failing bool, since time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.models[model]
+	if s == nil {
+		return false, time.Time{}
+	}
+	s.noteFailing(now)
+	if !s.failingSince.IsZero() {
+		return true, s.failingSince
+	}
+	return false, s.recovered
 }
 
 func incidentKey(kind, subject string) string { return kind + "\x00" + subject }
@@ -111,7 +175,14 @@ func (r *Recorder) begin(kind, subject, reason string, at time.Time) {
 		return
 	}
 	in := &Incident{Kind: kind, Subject: subject, Start: at, Reasons: map[string]int64{}}
-	if reason != "" {
+	if st := r.streaks[subject]; kind == ScopeChannel && st != nil && at.Sub(st.last) <= FailingWindow {
+		// The failures that opened the breaker are the incident's own:
+		// an outage of three failures does not read "0 failures".
+		in.Attempts, in.Failures = st.failures, st.failures
+		for k, v := range st.reasons {
+			in.Reasons[k] += v
+		}
+	} else if reason != "" {
 		in.Reasons[reason]++
 	}
 	r.open[key] = in

@@ -98,6 +98,7 @@ type statusJSON struct {
 		Name     string                            `json:"name"`
 		Status   string                            `json:"status"`
 		Since    time.Time                         `json:"since"`
+		Counts   string                            `json:"counts"`
 		Windows  map[string]failoverapp.WindowView `json:"windows"`
 		Hourly   []failoverapp.BarView             `json:"hourly"`
 		Daily    []failoverapp.BarView             `json:"daily"`
@@ -106,6 +107,7 @@ type statusJSON struct {
 			State       string                            `json:"state"`
 			Status      string                            `json:"status"`
 			Since       time.Time                         `json:"since"`
+			Counts      string                            `json:"counts"`
 			Doing       string                            `json:"doing"`
 			Windows     map[string]failoverapp.WindowView `json:"windows"`
 			LastFailure *failoverapp.FailureView          `json:"last_failure"`
@@ -190,11 +192,13 @@ func TestStatusHistoryFromScriptedMix(t *testing.T) {
 		if w := channelWindow(t, v, "stB", "5m"); w.Attempts != 4 || w.Successes != 4 {
 			t.Errorf("stB 5m: %+v", w)
 		}
+		// The model counts what its 9 clients got: 7 answers (the
+		// failovers invisible to them) and the 2 × 400 they caused.
 		m := v.Models[0]
-		if m.Windows["5m"].Attempts != 12 || len(m.Hourly) != 48 || len(m.Daily) != 90 {
+		if w := m.Windows["5m"]; w.Attempts != 9 || w.Successes != 7 || w.Client != 2 || w.Down != 0 || len(m.Hourly) != 48 || len(m.Daily) != 90 {
 			t.Errorf("model stm: %+v, %d hourly, %d daily", m.Windows["5m"], len(m.Hourly), len(m.Daily))
 		}
-		if h := m.Hourly[47]; h.Attempts < 12 {
+		if h := m.Hourly[47]; h.Attempts < 9 {
 			t.Errorf("current hour bar %+v", h)
 		}
 		c := m.Channels[0]
@@ -247,6 +251,95 @@ func TestStatusHistoryFromScriptedMix(t *testing.T) {
 	check(fetchStatus(t, adminURL+"/llm_failover/status"))
 }
 
+// A model's status is what its clients got, a channel's what its
+// attempts got: the primary fails until its breaker opens while the
+// backup serves every request, so the model stays operational (no
+// outage on a public page that no client had) while the primary shows
+// down, with an incident that counts the failures that opened it; and
+// after the primary recovers the model is operational with no "since
+// the recovery". Clients that do fail make the model degraded.
+func TestStatusModelIsWhatClientsGot(t *testing.T) {
+	a := upstream(t, fu.Status(503, ""))
+	b := upstream(t, fu.OKNamed("backup"))
+	statusGateway(t, "sc", a.URL, b.URL, "failures 3\n\t\t\tcooldown 300ms")
+	for range 5 {
+		if got := chatStatus(t, "scm"); got != 200 {
+			t.Fatalf("status %d, want 200 from the backup", got)
+		}
+	}
+	var v statusJSON
+	waitFor(t, 5*time.Second, "five requests in the model's history", func() bool {
+		v = fetchStatus(t, gatewayURL+"/status?format=json")
+		return v.Models[0].Windows["5m"].Attempts >= 5
+	})
+	m := v.Models[0]
+	if m.Status != "operational" || m.Counts != "requests" || v.Status != "operational" {
+		t.Errorf("model %s (%s), page %s; want operational: its clients were all served", m.Status, m.Counts, v.Status)
+	}
+	if w := m.Windows["5m"]; w.Attempts != 5 || w.Successes != 5 || w.Down != 0 || w.SuccessRate != 1 {
+		t.Errorf("model window %+v, want 5 requests, all ok", w)
+	}
+	for _, bar := range m.Hourly {
+		if bar.Down > 0 {
+			t.Errorf("a model bar counts failures its clients never had: %+v", bar)
+		}
+	}
+	ca := m.Channels[0]
+	if ca.Name != "scA" || ca.State != "open" || ca.Status != "down" || ca.Counts != "attempts" || ca.Windows["5m"].Down != 3 {
+		t.Errorf("channel scA: %s %s (%s) %+v, want open, down, 3 failed attempts", ca.State, ca.Status, ca.Counts, ca.Windows["5m"])
+	}
+	var incident *failoverapp.IncidentView
+	for i, in := range v.Incidents {
+		if in.Kind == "model" && in.Subject == "scm" {
+			t.Errorf("a model incident its clients never had: %+v", in)
+		}
+		if in.Kind == "channel" && in.Subject == "scA" {
+			incident = &v.Incidents[i]
+		}
+	}
+	if incident == nil || incident.Failures < 3 || incident.Attempts < 3 || incident.Reasons["status"] < 3 {
+		t.Errorf("channel incident %+v, want the 3 failures that opened it", incident)
+	}
+	_, html := getBody(t, gatewayURL+"/status")
+	for _, want := range []string{"What clients got", "requests ok 5m", "attempts ok 5m", "by upstream attempt", "those that opened it included"} {
+		if !bytes.Contains(html, []byte(want)) {
+			t.Errorf("the page does not say %q", want)
+		}
+	}
+
+	// The primary recovers; its trial closes the breaker.
+	a.Set(fu.OKNamed("primary"))
+	time.Sleep(400 * time.Millisecond) // past the cooldown
+	waitFor(t, 5*time.Second, "the primary serving again", func() bool {
+		res, _ := post(t, "/v1/chat/completions", fu.ChatRequest("scm", false))
+		return res.StatusCode == 200 && res.Header.Get("X-Served-By") == "scA"
+	})
+	v = fetchStatus(t, gatewayURL+"/status?format=json")
+	if m := v.Models[0]; m.Status != "operational" || m.Channels[0].State != "closed" {
+		t.Errorf("after recovery: model %s, scA %s", m.Status, m.Channels[0].State)
+	}
+
+	// Clients that get errors make the model degraded, since the run's
+	// first failure.
+	a.Set(fu.Status(400, fu.OpenAIErrorBody("bad request", "invalid_request_error", "")))
+	b.Set(fu.Status(500, ""))
+	statusGateway(t, "sc", a.URL, b.URL, "failures 60")
+	a.Set(fu.Status(500, ""))
+	began := time.Now().Truncate(time.Minute)
+	for range 5 {
+		if got := chatStatus(t, "scm"); got < 500 {
+			t.Fatalf("status %d, want the chain's 5xx", got)
+		}
+	}
+	waitFor(t, 5*time.Second, "the failed requests in the model's history", func() bool {
+		v = fetchStatus(t, gatewayURL+"/status?format=json")
+		return v.Models[0].Windows["5m"].Down >= 5
+	})
+	if m := v.Models[0]; m.Status != "degraded" || m.Since.Before(began) || m.Since.After(time.Now()) {
+		t.Errorf("model %s since %v; want degraded since the minute of the first failed request (%v)", m.Status, m.Since, began)
+	}
+}
+
 func adminGet(t *testing.T, path string, out any) error {
 	t.Helper()
 	res, body := getBody(t, adminURL+path)
@@ -270,7 +363,8 @@ func channelWindow(t *testing.T, v statusJSON, channel, window string) failovera
 }
 
 // The HTML page, and the public page that names no channel or URL. An
-// open breaker shows as down with an incident.
+// open breaker shows as down with an incident on the full page; the
+// public page, whose model's clients were all served, is operational.
 func TestStatusPageHTMLAndHiddenChannels(t *testing.T) {
 	a := upstream(t, fu.Status(503, ""))
 	b := upstream(t, fu.OKNamed("backup"))
@@ -288,7 +382,10 @@ func TestStatusPageHTMLAndHiddenChannels(t *testing.T) {
 	mustNotContain(t, page, "<script", "status-secret", "http://")
 
 	_, public := getBody(t, gatewayURL+"/public")
-	mustContain(t, public, "Example public status", "hpm", "Degraded")
+	// The model's clients were all served: the public page shows no
+	// outage they never had.
+	mustContain(t, public, "Example public status", "hpm", "All models operational")
+	mustNotContain(t, public, "Degraded", "Down")
 	mustNotContain(t, public, "hpA", "hpB", a.Addr(), b.Addr(), "status-secret")
 	_, publicJSON := getBody(t, gatewayURL+"/public?format=json")
 	mustContain(t, publicJSON, `"hpm"`)

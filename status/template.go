@@ -39,21 +39,23 @@ func barColor(b failoverapp.BarView) string {
 	return "#2e7d32"
 }
 
-func barTitle(b failoverapp.BarView, layout string) string {
+// barTitle is a bar's tooltip; unit is what it counts (requests for a
+// model, attempts for a channel).
+func barTitle(b failoverapp.BarView, layout, unit string) string {
 	if b.Attempts == 0 {
 		return b.Start.Format(layout) + ": no traffic"
 	}
-	return fmt.Sprintf("%s: %d attempts, %.2f%% ok, %d down, %d rate limited, %d client errors",
-		b.Start.Format(layout), b.Attempts, 100*b.SuccessRate, b.Down, b.Limited, b.Client)
+	return fmt.Sprintf("%s: %d %s, %.2f%% ok, %d down, %d rate limited, %d client errors",
+		b.Start.Format(layout), b.Attempts, unit, 100*b.SuccessRate, b.Down, b.Limited, b.Client)
 }
 
 // bars draws bars as an inline SVG, one rect per period, with a tooltip.
-func bars(bs []failoverapp.BarView, layout string) template.HTML {
+func bars(bs []failoverapp.BarView, layout, unit string) template.HTML {
 	const w, gap, h = 6, 2, 28
 	out := fmt.Sprintf(`<svg class="bars" viewBox="0 0 %d %d" preserveAspectRatio="none" role="img">`, len(bs)*(w+gap), h)
 	for i, b := range bs {
 		out += fmt.Sprintf(`<rect x="%d" y="0" width="%d" height="%d" rx="1" fill="%s"><title>%s</title></rect>`,
-			i*(w+gap), w, h, barColor(b), template.HTMLEscapeString(barTitle(b, layout)))
+			i*(w+gap), w, h, barColor(b), template.HTMLEscapeString(barTitle(b, layout, unit)))
 	}
 	return template.HTML(out + `</svg>`)
 }
@@ -136,20 +138,22 @@ footer{color:var(--mute);font-size:12px;margin:18px 0}
 {{range .V.Models}}
 <section class="card" id="model-{{.Name}}">
 <div class="head"><h2>{{.Name}}</h2><span><span class="pill p-{{.Status}}">{{label .Status}}</span> <span class="mute">since {{ts .Since}} ({{ago $now .Since}})</span></span></div>
-<div class="kv">{{$m := .}}{{range $k := $.V.WindowKeys}}{{$w := win $m.Windows $k}}<div><span>success {{$k}}</span>{{percent $w.SuccessRate $w.Attempts}} <span>{{$w.Attempts}} attempts · {{$w.Limited}} limited</span></div>{{end}}
+<div class="mute">What clients got: requests answered in full, or failed after every channel was tried.</div>
+<div class="kv">{{$m := .}}{{range $k := $.V.WindowKeys}}{{$w := win $m.Windows $k}}<div><span>requests ok {{$k}}</span>{{percent $w.SuccessRate $w.Attempts}} <span>{{$w.Attempts}} requests · {{$w.Down}} failed · {{$w.Limited}} limited</span></div>{{end}}
 {{$d := win .Windows "1h"}}<div><span>first content 1h p50 / p95</span>{{ms $d.TTFTp50}} / {{ms $d.TTFTp95}}</div></div>
-<div class="mute">Last 90 days</div>{{bars .Daily "2006-01-02"}}<div class="axis"><span>90 days ago</span><span>today</span></div>
-<div class="mute">Last 48 hours</div>{{bars .Hourly "Jan 2 15:00 UTC"}}<div class="axis"><span>48 h ago</span><span>now</span></div>
+<div class="mute">Last 90 days</div>{{bars .Daily "2006-01-02" "requests"}}<div class="axis"><span>90 days ago</span><span>today</span></div>
+<div class="mute">Last 48 hours</div>{{bars .Hourly "Jan 2 15:00 UTC" "requests"}}<div class="axis"><span>48 h ago</span><span>now</span></div>
+{{if .Channels}}<div class="mute">Its channels, by upstream attempt: a failed attempt fails over to the next channel, so it is not a failed request.</div>{{end}}
 {{range .Channels}}
 <div class="channel" id="channel-{{$m.Name}}-{{.Name}}">
 <div class="head"><h3>{{.Name}}</h3><span><span class="pill p-{{.Status}}">{{label .Status}}</span> <span class="mute">breaker <a href="{{.StateRunbook}}">{{.State}}</a> since {{ago $now .Since}}</span></span></div>
 <div class="mute">The gateway is {{.Doing}}{{if not .Until.IsZero}} until {{ts .Until}}{{end}}.</div>
-<div class="kv">{{$c := .}}{{range $k := $.V.WindowKeys}}{{$w := win $c.Windows $k}}<div><span>success {{$k}}</span>{{percent $w.SuccessRate $w.Attempts}} <span>{{$w.Attempts}} att · {{$w.Down}} down · {{$w.Limited}} limited · {{$w.Client}} client</span></div>{{end}}
+<div class="kv">{{$c := .}}{{range $k := $.V.WindowKeys}}{{$w := win $c.Windows $k}}<div><span>attempts ok {{$k}}</span>{{percent $w.SuccessRate $w.Attempts}} <span>{{$w.Attempts}} att · {{$w.Down}} down · {{$w.Limited}} limited · {{$w.Client}} client</span></div>{{end}}
 {{$d := win .Windows "1h"}}<div><span>first content 1h p50 / p95</span>{{ms $d.TTFTp50}} / {{ms $d.TTFTp95}}</div>
 <div><span>last failure</span>{{with .LastFailure}}<a href="{{.Runbook}}">{{.Reason}}</a>{{if .Status}} {{.Status}}{{end}} <span>{{ts .At}} ({{ago $now .At}})</span>{{else}}none{{end}}</div>
 {{with .Probes}}<div><span>synthetic checks (not traffic)</span>{{if .LastAt.IsZero}}none sent{{else}}last {{.LastResult}}{{if .LastReason}} ({{.LastReason}}){{end}}{{end}} <span>{{if not .LastAt.IsZero}}{{ago $now .LastAt}} · {{end}}spent today ${{.SpentToday}}{{if .BudgetStopped}} · the budget left cannot cover another probe: stopped for today{{end}}</span></div>{{end}}</div>
-{{bars .Daily "2006-01-02"}}<div class="axis"><span>90 days</span><span>today</span></div>
-{{bars .Hourly "Jan 2 15:00 UTC"}}<div class="axis"><span>48 h</span><span>now</span></div>
+{{bars .Daily "2006-01-02" "attempts"}}<div class="axis"><span>90 days</span><span>today</span></div>
+{{bars .Hourly "Jan 2 15:00 UTC" "attempts"}}<div class="axis"><span>48 h</span><span>now</span></div>
 {{if .Decisions}}<div class="scroll"><table><tr><th>failover at</th><th>reason</th><th>upstream</th><th>attempt</th><th>elapsed</th><th>budget left</th><th>next</th></tr>
 {{range .Decisions}}<tr><td>{{ts .At}}</td><td><a href="{{.Runbook}}">{{.Reason}}</a></td><td>{{if .UpstreamStatus}}{{.UpstreamStatus}}{{else}}–{{end}}</td><td>{{.Attempt}}</td><td>{{.Elapsed.Milliseconds}} ms</td><td>{{.Remaining.Milliseconds}} ms</td><td>{{if .Next}}{{.Next}}{{else}}none: client answered with an error{{end}}</td></tr>
 {{end}}</table></div>{{end}}
@@ -159,8 +163,8 @@ footer{color:var(--mute);font-size:12px;margin:18px 0}
 {{else}}<section class="card">No models are configured.</section>
 {{end}}
 <section class="card"><h2>Incidents</h2>
-{{if .V.Incidents}}<div class="scroll"><table><tr><th>what</th><th>started</th><th>ended</th><th>reasons</th><th>attempts / failures</th></tr>
-{{range .V.Incidents}}<tr><td>{{if eq .Kind "model"}}model {{.Subject}} had no working channel{{else}}channel {{.Subject}} open{{end}}</td><td>{{ts .Start}}</td><td>{{if .Ongoing}}<strong>ongoing</strong>{{else}}{{ts .End}}{{end}}</td><td>{{range $r, $n := .Reasons}}<a href="{{runbook $r}}">{{$r}}</a> ×{{$n}} {{end}}</td><td>{{.Attempts}} / {{.Failures}}</td></tr>
+{{if .V.Incidents}}<div class="scroll"><table><tr><th>what</th><th>started</th><th>ended</th><th>reasons</th><th>counted</th></tr>
+{{range .V.Incidents}}<tr><td>{{if eq .Kind "model"}}model {{.Subject}} had no working channel{{else}}channel {{.Subject}} open{{end}}</td><td>{{ts .Start}}</td><td>{{if .Ongoing}}<strong>ongoing</strong>{{else}}{{ts .End}}{{end}}</td><td>{{range $r, $n := .Reasons}}<a href="{{runbook $r}}">{{$r}}</a> ×{{$n}} {{end}}</td><td>{{if eq .Kind "model"}}{{.Attempts}} requests, {{.Failures}} failed{{else}}{{.Attempts}} attempts, {{.Failures}} failed (those that opened it included){{end}}</td></tr>
 {{end}}</table></div>{{else}}<p class="mute">No incidents in the last 90 days.</p>{{end}}
 </section>
 {{if .Reasons}}<section class="card"><h2>Runbooks</h2><p>{{range $i, $r := .Reasons}}{{if $i}} · {{end}}<a href="{{runbook $r}}">{{$r}}</a>{{end}}</p></section>{{end}}
