@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -53,20 +54,65 @@ func TestStatusPageInBrowser(t *testing.T) {
 	ctx, cancel = context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 
-	var text, publicText string
+	var text, publicText, runbookText string
 	var full, phone, public []byte
-	err := chromedp.Run(ctx,
-		chromedp.Navigate(gatewayURL+"/status"),
-		chromedp.Text("body", &text, chromedp.ByQuery),
-		chromedp.FullScreenshot(&full, 100),
-		chromedp.EmulateViewport(390, 844),
-		chromedp.FullScreenshot(&phone, 100),
-		chromedp.Navigate(gatewayURL+"/public"),
-		chromedp.Text("body", &publicText, chromedp.ByQuery),
-		chromedp.FullScreenshot(&public, 100),
-	)
-	if err != nil {
-		t.Fatalf("driving chromium: %v", err)
+	var wideBad, phoneBad, publicBad, runbookLinks []string
+	steps := []struct {
+		what    string
+		actions []chromedp.Action
+	}{
+		{"the page at 1280 px", []chromedp.Action{
+			chromedp.EmulateViewport(1280, 900),
+			chromedp.Navigate(gatewayURL + "/status"),
+			chromedp.Text("body", &text, chromedp.ByQuery),
+			chromedp.Evaluate(layoutProblems, &wideBad),
+			chromedp.FullScreenshot(&full, 100),
+		}},
+		{"the page at 390 px", []chromedp.Action{
+			chromedp.EmulateViewport(390, 844),
+			chromedp.Navigate(gatewayURL + "/status"),
+			chromedp.Evaluate(layoutProblems, &phoneBad),
+			chromedp.FullScreenshot(&phone, 100),
+		}},
+		{"the public page at 390 px", []chromedp.Action{
+			chromedp.Navigate(gatewayURL + "/public"),
+			chromedp.Text("body", &publicText, chromedp.ByQuery),
+			chromedp.Evaluate(layoutProblems, &publicBad),
+			chromedp.FullScreenshot(&public, 100),
+		}},
+		// A runbook the page links to, followed as a reader would.
+		{"a runbook link", []chromedp.Action{
+			chromedp.Navigate(gatewayURL + "/status"),
+			chromedp.Click(`a[href="runbooks/state-open"]`, chromedp.ByQuery, chromedp.NodeVisible),
+			chromedp.WaitReady(`body`, chromedp.ByQuery),
+			chromedp.Text("body", &runbookText, chromedp.ByQuery),
+			chromedp.Evaluate(`[...document.querySelectorAll('a[href]')].map(a => a.href)`, &runbookLinks),
+		}},
+	}
+	for _, st := range steps {
+		if err := chromedp.Run(ctx, st.actions...); err != nil {
+			t.Fatalf("driving chromium (%s): %v", st.what, err)
+		}
+	}
+	for name, bad := range map[string][]string{"1280 px": wideBad, "390 px": phoneBad, "public at 390 px": publicBad} {
+		for _, b := range bad {
+			t.Errorf("status page at %s: %s", name, b)
+		}
+	}
+	if !strings.Contains(runbookText, "open") || len(runbookText) < 200 {
+		t.Errorf("the state-open runbook did not render as a page:\n%s", runbookText)
+	}
+	for _, link := range runbookLinks {
+		if !strings.HasPrefix(link, gatewayURL) {
+			continue // links out of the gateway are not ours to check
+		}
+		if res, _ := getBody(t, link); res.StatusCode != 200 {
+			t.Errorf("the runbook links to %s: %d", link, res.StatusCode)
+		}
+	}
+	// Durations read as people write them, never as Go prints them.
+	if d := regexp.MustCompile(`\b\d+h\d+m[\d.]+s\b|\b\d+m[\d.]+s\b|\b[\d.]+(ns|µs)\b|\b\d{5,} ms\b`).FindString(text); d != "" {
+		t.Errorf("the page shows a raw duration %q", d)
 	}
 	for _, want := range []string{"Example gateway", "brm", "brA", "Down", "skipping it (breaker open) until", "breaker open", "Incidents", "channel brA open", "ongoing", "Last 90 days"} {
 		if !strings.Contains(text, want) {
@@ -92,3 +138,24 @@ func TestStatusPageInBrowser(t *testing.T) {
 	}
 	t.Logf("screenshots in %s", dir)
 }
+
+// layoutProblems lists what a reader cannot read at the viewport's
+// width: an element that sticks out of it (tables scroll inside their own
+// box and are left out), or a status pill or figure label wrapped onto
+// several lines.
+const layoutProblems = `(() => {
+	const vw = document.documentElement.clientWidth, bad = [];
+	const name = el => el.tagName.toLowerCase() + (el.className ? '.' + el.className : '') + ' "' + (el.textContent || '').trim().slice(0, 40) + '"';
+	if (document.documentElement.scrollWidth > vw + 1) bad.push('the page scrolls sideways: ' + document.documentElement.scrollWidth + ' px wide');
+	for (const el of document.querySelectorAll('body *')) {
+		if (el.closest('.scroll') || el.closest('svg')) continue;
+		const r = el.getBoundingClientRect(), card = el.parentElement.closest('.card');
+		const right = card ? card.getBoundingClientRect().right : vw;
+		if (r.width > 0 && (r.right > right + 1 || r.left < -1)) bad.push(name(el) + ' is cut off (' + Math.round(r.left) + '..' + Math.round(r.right) + ', its box ends at ' + Math.round(right) + ' px)');
+	}
+	for (const el of document.querySelectorAll('.pill, .kv div > span, h2, h3')) {
+		const lh = parseFloat(getComputedStyle(el).lineHeight) || 20;
+		if (el.getBoundingClientRect().height > 2.5 * lh) bad.push(name(el) + ' wraps onto ' + Math.round(el.getBoundingClientRect().height / lh) + ' lines');
+	}
+	return bad;
+})()`

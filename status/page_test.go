@@ -5,6 +5,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The page's <base> is its own path on this host, whatever the request
@@ -35,5 +36,18 @@ func TestPageBaseStaysOnTheHost(t *testing.T) {
 	}
 	if csp := w.Header().Get("Content-Security-Policy"); !strings.Contains(csp, "base-uri 'self'") {
 		t.Errorf("CSP %q lets a <base> move the links", csp)
+	}
+}
+
+func TestSpanReadsAsPeopleWriteIt(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		850 * time.Millisecond:    "850 ms",
+		12400 * time.Millisecond:  "12.4 s",
+		539999 * time.Millisecond: "9 min 0 s",
+		61 * time.Second:          "1 min 1 s",
+	} {
+		if got := span(d); got != want {
+			t.Errorf("span(%v) = %q, want %q", d, got, want)
+		}
 	}
 }

@@ -83,6 +83,18 @@ func ago(now, t time.Time) string {
 	return fmt.Sprintf("%dd ago", int(d.Hours()/24))
 }
 
+// span is a duration as people write it: "850 ms", "12.4 s", "9 min 0 s".
+func span(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return fmt.Sprintf("%d ms", d.Milliseconds())
+	case d < time.Minute:
+		return fmt.Sprintf("%.1f s", d.Seconds())
+	}
+	d = d.Round(time.Second)
+	return fmt.Sprintf("%d min %d s", int(d.Minutes()), int(d.Seconds())%60)
+}
+
 var statusLabels = map[string]string{
 	failoverapp.StatusOperational: "Operational", failoverapp.StatusDegraded: "Degraded", failoverapp.StatusLimited: "Rate limited", failoverapp.StatusDown: "Down",
 }
@@ -91,6 +103,7 @@ var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap
 	"bars":    bars,
 	"percent": percent,
 	"ago":     ago,
+	"span":    span,
 	"label":   func(s string) string { return statusLabels[s] },
 	"lower":   strings.ToLower,
 	"runbook": failoverapp.RunbookPath,
@@ -124,6 +137,7 @@ h1{font-size:22px;margin:4px 0 12px}h2{font-size:18px;margin:0}h3{font-size:15px
 .axis{display:flex;justify-content:space-between;color:var(--mute);font-size:12px;margin-bottom:8px}
 table{border-collapse:collapse;width:100%;font-size:13px}td,th{text-align:left;padding:3px 6px;border-bottom:1px solid #eef0f2;vertical-align:top}
 th{color:var(--mute);font-weight:600}
+.scroll td,.scroll th{white-space:nowrap}
 .channel{border-top:1px solid var(--line);margin-top:12px;padding-top:10px}
 .kv{display:grid;grid-template-columns:repeat(auto-fit,minmax(140px,1fr));gap:6px 14px;margin:8px 0}
 .kv div span{display:block;color:var(--mute);font-size:12px}
@@ -155,7 +169,7 @@ footer{color:var(--mute);font-size:12px;margin:18px 0}
 {{bars .Daily "2006-01-02" "attempts"}}<div class="axis"><span>90 days</span><span>today</span></div>
 {{bars .Hourly "Jan 2 15:00 UTC" "attempts"}}<div class="axis"><span>48 h</span><span>now</span></div>
 {{if .Decisions}}<div class="scroll"><table><tr><th>failover at</th><th>reason</th><th>upstream</th><th>attempt</th><th>elapsed</th><th>budget left</th><th>next</th></tr>
-{{range .Decisions}}<tr><td>{{ts .At}}</td><td><a href="{{.Runbook}}">{{.Reason}}</a></td><td>{{if .UpstreamStatus}}{{.UpstreamStatus}}{{else}}–{{end}}</td><td>{{.Attempt}}</td><td>{{.Elapsed.Milliseconds}} ms</td><td>{{.Remaining.Milliseconds}} ms</td><td>{{if .Next}}{{.Next}}{{else}}none: client answered with an error{{end}}</td></tr>
+{{range .Decisions}}<tr><td>{{ts .At}}</td><td><a href="{{.Runbook}}">{{.Reason}}</a></td><td>{{if .UpstreamStatus}}{{.UpstreamStatus}}{{else}}–{{end}}</td><td>{{.Attempt}}</td><td>{{span .Elapsed}}</td><td>{{span .Remaining}}</td><td>{{if .Next}}{{.Next}}{{else}}none: client answered with an error{{end}}</td></tr>
 {{end}}</table></div>{{end}}
 </div>
 {{end}}
