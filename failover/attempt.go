@@ -67,8 +67,9 @@ func (e *Engine) attempt(x *exchange, route *chain.Route, budget time.Duration) 
 	})
 	if err != nil {
 		headerTimer.Stop()
-		return retryWith(&failure{reason: reasonNetwork, detail: "building the upstream request: " + err.Error()})
+		return retryWith(&failure{reason: reasonNetwork, detail: buildFailed + err.Error()})
 	}
+	x.upstreamPath = out.URL.Path
 	res, err := ch.Transport.RoundTrip(out)
 	headerTimer.Stop()
 	if err != nil {
@@ -429,3 +430,8 @@ func (f *firstByteReader) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// buildFailed starts the detail of an attempt whose request the adapter
+// could not build (credentials it could not use): the doctor tells it
+// from an unreachable upstream by it.
+const buildFailed = "building the upstream request: "

@@ -3,26 +3,33 @@ package failover
 import (
 	"bytes"
 	"context"
-	"io"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/llmfailover/caddy-llm-failover/chain"
 	"github.com/llmfailover/caddy-llm-failover/failoverapp"
+	"github.com/llmfailover/caddy-llm-failover/probe"
 	"github.com/llmfailover/caddy-llm-failover/provider"
 )
 
-// doctorTimeout bounds one route's check.
+// doctorTimeout bounds one check request.
 const doctorTimeout = 20 * time.Second
 
+// doctorBodyLimit bounds what the doctor keeps of a refusal's body, for
+// its message.
+const doctorBodyLimit = 64 << 10
+
 // doctor is the engine as the target of the app's doctor: it sends each
-// route of a channel one cheap real request through the channel's
-// adapter, credentials, headers and transport, as a client's would go.
+// route of a channel a small real request, plain and streamed, through
+// the same walk as client traffic (adapter, credentials, headers,
+// transport, timers, stream gate, body checks), so that an answer traffic
+// would fail over from never passes. It is sent whatever the channel's
+// breaker says, and records nothing.
 type doctor struct{ e *Engine }
 
 // CheckChannel checks every model route to the channel called name, each
-// (model, upstream model) once.
+// (model, upstream model) once, plain and streamed.
 func (d doctor) CheckChannel(ctx context.Context, name string) (routes []failoverapp.RouteCheck, found bool) {
 	seen := map[string]bool{}
 	for _, ch := range d.e.channels {
@@ -30,25 +37,30 @@ func (d doctor) CheckChannel(ctx context.Context, name string) (routes []failove
 	}
 	for _, modelName := range d.e.modelList {
 		m := d.e.models[modelName]
-		for _, r := range m.Chain.Routes {
+		for i := range m.Chain.Routes {
+			r := &m.Chain.Routes[i]
 			ch := d.e.channels[r.Channel]
 			key := modelName + "\x00" + r.UpstreamModel
 			if ch.Name != name || seen[key] {
 				continue
 			}
 			seen[key] = true
-			routes = append(routes, d.e.checkRoute(ctx, modelName, r, ch))
+			for _, stream := range []bool{false, true} {
+				routes = append(routes, d.e.checkRoute(ctx, m, r, stream))
+			}
 		}
 	}
 	return routes, found
 }
 
-// checkRoute sends the route's check request and judges the answer.
-func (e *Engine) checkRoute(ctx context.Context, model string, route chain.Route, ch *Channel) (c failoverapp.RouteCheck) {
+// checkRoute sends the route one check request and judges the answer as
+// traffic is judged.
+func (e *Engine) checkRoute(ctx context.Context, m *Model, route *chain.Route, stream bool) (c failoverapp.RouteCheck) {
 	start := time.Now()
-	upstream := upstreamModel(&route, model)
-	api := provider.CheckAPI(ch.Adapter, upstream)
-	c = failoverapp.RouteCheck{Model: model, UpstreamModel: route.UpstreamModel, API: api.String()}
+	ch := e.channels[route.Channel]
+	upstream := upstreamModel(route, m.Name)
+	api, ok := probeAPI(ch, m, route)
+	c = failoverapp.RouteCheck{Model: m.Name, UpstreamModel: route.UpstreamModel, API: api.String(), Stream: stream}
 	defer func() {
 		c.Took = time.Since(start).Round(time.Millisecond).String()
 		// One line per problem, no secret: token errors carry the
@@ -57,54 +69,104 @@ func (e *Engine) checkRoute(ctx context.Context, model string, route chain.Route
 		c.Problem = strings.Join(strings.Fields(e.secrets.Message(c.Problem)), " ")
 		c.Hint = e.secrets.String(c.Hint) // our words, quoting paths: exact secrets only
 	}()
+	if !ok {
+		c.Problem = "the channel serves no API a check can be written in"
+		return c
+	}
+	maxTokens := probe.DefaultMaxTokens // what the smallest models accept
+	if m.Probe != nil {
+		maxTokens = m.Probe.MaxTokens
+	}
+	path, hdr, body, err := provider.ProbeRequest(api, m.Name, "Say OK.", maxTokens, stream)
+	if err != nil {
+		c.Problem = err.Error()
+		return c
+	}
 	ctx, cancel := context.WithTimeout(ctx, doctorTimeout)
 	defer cancel()
-
-	path, hdr, body, err := provider.CheckRequest(api, model)
+	r, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://llm-failover-doctor"+path, bytes.NewReader(body))
 	if err != nil {
 		c.Problem = err.Error()
 		return c
 	}
-	client, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://llm-failover-doctor"+path, bytes.NewReader(body))
-	if err != nil {
+	r.Header = hdr
+	w := &doctorWriter{probeWriter: probeWriter{header: http.Header{}}}
+	x := newExchange(w, r, api, modeDoctor)
+	x.model, x.body = m, body
+	if x.req, err = api.ParseRequest(body); err != nil {
 		c.Problem = err.Error()
 		return c
 	}
-	client.Header = hdr
-	req, err := api.ParseRequest(body)
-	if err != nil {
-		c.Problem = err.Error()
+	end := e.walk(x, []*chain.Route{route}, nil, time.Now().Add(doctorTimeout))
+	res := end.res
+	if !end.answered {
+		res = retryWith(end.last)
+	}
+	refusal := provider.Refusal{Path: x.upstreamPath, UpstreamModel: upstream}
+	switch f := res.fail; {
+	case x.attempts == 0 || res.verdict == clientGone:
+		c.Problem = "the check was stopped before an answer"
+		return c
+	case res.verdict == served && !x.committedAt.IsZero():
+		c.OK, c.Status = true, w.status
+		return c
+	case res.verdict == served:
+		c.Status, c.Problem = w.status, "the answer ended before any content"
+		c.Hint = "traffic would fail over from this channel (stream_closed_early): the upstream answers 2xx with nothing in it"
+		return c
+	case res.verdict == passed:
+		c.Status = res.status
+		refusal.Status, refusal.Message = res.status, api.UpstreamMessage(w.body.Bytes())
+	case f.reason == reasonErrorFrame || f.reason == reasonErrorBody:
+		c.Status = http.StatusOK
+		where := "its stream carried an error event"
+		if f.reason == reasonErrorBody {
+			where = "its body was an error"
+		}
+		c.Problem = "answered 200, but " + where + ": " + f.message
+		c.Hint = "traffic would fail over from this channel (" + string(f.reason) + "); the upstream's message says why"
+		if f.frameStatus != 0 {
+			_, c.Hint = provider.Diagnose(ch.Adapter, provider.Refusal{Status: f.frameStatus, Path: x.upstreamPath, UpstreamModel: upstream, Message: f.message})
+		}
+		return c
+	case f.status != 0:
+		c.Status = f.status
+		refusal.Status, refusal.Message = f.status, f.message
+	case strings.HasPrefix(f.detail, buildFailed):
+		c.Problem = "could not build the request: " + strings.TrimPrefix(f.detail, buildFailed)
+		refusal.Message = c.Problem
+		_, c.Hint = provider.Diagnose(ch.Adapter, refusal)
+		return c
+	default:
+		c.Problem = "could not get an answer (" + string(f.reason) + "): " + f.detail
+		c.Hint = "check the channel's base URL (scheme and host) and that this machine can reach it; traffic would fail over (" + string(f.reason) + ")"
 		return c
 	}
-	out, err := ch.Adapter.NewRequest(ctx, provider.Call{
-		API: api, Base: ch.Base, Client: client, Body: body, Request: req,
-		UpstreamModel: route.UpstreamModel, Header: ch.Header,
-	})
-	if err != nil {
-		c.Problem = "could not build the request: " + err.Error()
-		_, c.Hint = provider.Diagnose(ch.Adapter, provider.Refusal{UpstreamModel: upstream, Message: err.Error()})
-		return c
-	}
-	res, err := ch.Transport.RoundTrip(out)
-	if err != nil {
-		c.Problem = "could not reach the upstream: " + err.Error()
-		c.Hint = "check the channel's base URL (scheme and host) and that this machine can reach it"
-		return c
-	}
-	defer res.Body.Close()
-	c.Status = res.StatusCode
-	answer, _ := io.ReadAll(io.LimitReader(ch.Adapter.ResponseBody(res), 64<<10))
-	if res.StatusCode < 300 {
-		c.OK = true
-		return c
-	}
-	c.Problem = api.UpstreamMessage(answer)
+	c.Problem = refusal.Message
 	if c.Problem == "" {
-		c.Problem = http.StatusText(res.StatusCode)
+		c.Problem = http.StatusText(refusal.Status)
 	}
-	c.OK, c.Hint = provider.Diagnose(ch.Adapter, provider.Refusal{Status: res.StatusCode, Path: out.URL.Path, UpstreamModel: upstream, Message: c.Problem})
+	c.OK, c.Hint = provider.Diagnose(ch.Adapter, refusal)
 	return c
 }
 
-// Interface guard
-var _ failoverapp.Doctor = doctor{}
+// doctorWriter is the check's ResponseWriter: a probe's, that keeps the
+// start of the body too, for a refusal's message.
+type doctorWriter struct {
+	probeWriter
+	body bytes.Buffer
+}
+
+func (w *doctorWriter) Write(p []byte) (int, error) {
+	w.WriteHeader(http.StatusOK)
+	if room := doctorBodyLimit - w.body.Len(); room > 0 {
+		w.body.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+// Interface guards
+var (
+	_ failoverapp.Doctor = doctor{}
+	_ http.Flusher       = (*doctorWriter)(nil)
+)

@@ -123,6 +123,9 @@ const (
 	// modeSynthetic: a synthetic check (probe.go), recorded apart from
 	// real traffic and judged by its own rules.
 	modeSynthetic
+	// modeDoctor: the doctor's check of a route (doctor.go): sent to an
+	// open channel too, and recorded nowhere, not even by the breaker.
+	modeDoctor
 )
 
 // exchange is one request on its way through the chain.
@@ -149,6 +152,9 @@ type exchange struct {
 	held        []*heldReader
 	// resume follows a stream that may be continued elsewhere (resume.go).
 	resume *resumeState
+	// upstreamPath is the path the current attempt was sent to, for the
+	// doctor's hints.
+	upstreamPath string
 }
 
 // newExchange starts an exchange for r, answered through w.

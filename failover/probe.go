@@ -47,7 +47,7 @@ func (e *Engine) probeMaxCost(m *Model, route *chain.Route) wallet.Micros {
 	if !ok {
 		return 0
 	}
-	_, _, body, err := provider.ProbeRequest(api, m.Name, m.Probe.Prompt, m.Probe.MaxTokens)
+	_, _, body, err := provider.ProbeRequest(api, m.Name, m.Probe.Prompt, m.Probe.MaxTokens, true)
 	if err != nil {
 		return 0
 	}
@@ -102,7 +102,7 @@ func (p prober) Probe(ctx context.Context, c probe.Route) (probe.Result, bool) {
 func (e *Engine) probeChannel(ctx context.Context, m *Model, route *chain.Route) (res probe.Result, sent bool) {
 	ch := e.channels[route.Channel]
 	api, _ := probeAPI(ch, m, route)
-	path, hdr, body, err := provider.ProbeRequest(api, m.Name, m.Probe.Prompt, m.Probe.MaxTokens)
+	path, hdr, body, err := provider.ProbeRequest(api, m.Name, m.Probe.Prompt, m.Probe.MaxTokens, true)
 	if err != nil {
 		e.logger.Error("building a probe", zap.String("channel", ch.Name), zap.Error(err))
 		return probe.Result{Outcome: probe.ConfigError, Reason: err.Error()}, true

@@ -52,9 +52,13 @@ func (e *Engine) walk(x *exchange, routes []*chain.Route, taken *breaker.Ticket,
 			break
 		}
 		var ticket breaker.Ticket
-		if i == 0 && taken != nil {
+		switch {
+		case x.mode == modeDoctor:
+			// The doctor checks a channel whatever its breaker says,
+			// and takes none of its trial slots.
+		case i == 0 && taken != nil:
 			ticket, taken = *taken, nil
-		} else {
+		default:
 			// A half-open channel admits a bounded number of trials;
 			// when they are taken the request moves on at once.
 			var ok bool
@@ -128,7 +132,10 @@ func (e *Engine) try(x *exchange, route *chain.Route, ticket breaker.Ticket, bud
 	res := e.attempt(x, route, budget)
 	x.releaseHeld()
 	e.scrubFailure(res.fail)
-	if x.mode == modeSynthetic {
+	switch x.mode {
+	case modeDoctor:
+		return res // the doctor reports it, nothing records it
+	case modeSynthetic:
 		var record bool
 		if res, record = judgeSynthetic(x, res); !record {
 			// A probe's own mistake says nothing of the channel.
@@ -143,7 +150,7 @@ func (e *Engine) try(x *exchange, route *chain.Route, ticket breaker.Ticket, bud
 // failed and the walk moves on to next ("" when none is left). A
 // synthetic check's failure is no failover: the prober reports it.
 func (e *Engine) failedOver(x *exchange, route *chain.Route, f *failure, next string) {
-	if x.mode == modeSynthetic {
+	if x.mode == modeSynthetic || x.mode == modeDoctor {
 		return
 	}
 	msg := "failover"

@@ -13,10 +13,11 @@ import (
 	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
 )
 
-// The doctor sends each route of a channel one cheap real request through
-// the channel's adapter, credentials, headers and transport, exactly as a
-// client's request would go, and says what is wrong with an actionable
-// hint: the misconfigurations of real providers (a refused key, a new
+// The doctor sends each route of a channel two small real requests, plain
+// and streamed, through the same walk as a client's (the channel's
+// adapter, credentials, headers, transport, stream gate and body checks),
+// judges each answer as traffic is judged, and says what is wrong with an
+// actionable hint: the misconfigurations of real providers (a refused key, a new
 // Vertex project's zero quota, a model not enabled, a Bedrock model
 // needing an inference profile, an Azure deployment or api-version
 // mismatch, a base URL whose path is wrong) all show only when an
@@ -56,8 +57,11 @@ type RouteCheck struct {
 	Model         string `json:"model"`
 	UpstreamModel string `json:"upstream_model,omitempty"`
 	API           string `json:"api"`
-	OK            bool   `json:"ok"`
-	Status        int    `json:"status,omitempty"`
+	// Stream: the check was a streamed request (each route is checked
+	// plain and streamed).
+	Stream bool `json:"stream"`
+	OK     bool `json:"ok"`
+	Status int  `json:"status,omitempty"`
 	// Problem is what went wrong: the upstream's message, or why nothing
 	// was sent. Hint says what to do about it.
 	Problem string `json:"problem,omitempty"`
@@ -138,6 +142,9 @@ func printCheck(out io.Writer, c ChannelCheck) {
 		target := r.Model
 		if r.UpstreamModel != "" {
 			target += " as " + r.UpstreamModel
+		}
+		if r.Stream {
+			target += ", streamed"
 		}
 		if r.OK {
 			fmt.Fprintf(out, "%s: ok  %s (%s, %s)\n", c.Channel, target, r.API, r.Took)

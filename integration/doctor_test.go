@@ -2,8 +2,10 @@ package integration_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -152,5 +154,101 @@ func TestDoctorMasksAnEchoedKey(t *testing.T) {
 	}
 	if bytes.Contains(body, []byte(key[:14])) {
 		t.Errorf("the doctor's answer shows the channel's key: %s", body)
+	}
+}
+
+// The doctor judges its answers as traffic is judged, plain and
+// streamed: a channel that answers 200 with an error event inside its
+// streams (the demo's "overloaded" channel), or with an error as its JSON
+// body, fails the check, though its status is 200; it accepted any 2xx
+// and never read the body. It checks an open channel too, and changes
+// neither its breaker nor its history.
+func TestDoctorJudgesAnswersAsTrafficDoes(t *testing.T) {
+	errorInStream := upstream(t, fu.BehaviorFunc(func(w http.ResponseWriter, r *http.Request, n int64) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if bytes.Contains(body, []byte(`"stream":true`)) {
+			fu.ErrorAfterPreamble().Serve(w, r, n)
+			return
+		}
+		fu.OK().Serve(w, r, n)
+	}))
+	errorBody := upstream(t, fu.JSONErrorWith200())
+	good := upstream(t, fu.OK())
+	gateway(t, `
+		channel drframe %s
+		channel drbody %s
+		channel drgood %s
+		model drm {
+			route drframe
+			route drbody
+			route drgood
+		}
+		breaker {
+			failures 1
+			cooldown 10m
+		}
+	`, errorInStream.URL, errorBody.URL, good.URL)
+	check := func(name string) failoverapp.ChannelCheck {
+		t.Helper()
+		code, body := brkAdmin(t, http.MethodPost, "/llm_failover/channels/"+name+"/check")
+		var c failoverapp.ChannelCheck
+		if code != http.StatusOK || json.Unmarshal(body, &c) != nil || len(c.Routes) != 2 {
+			t.Fatalf("check %s: %d %s", name, code, body)
+		}
+		return c
+	}
+
+	c := check("drframe")
+	plain, streamed := c.Routes[0], c.Routes[1]
+	if c.OK || !plain.OK || plain.Stream || streamed.OK || !streamed.Stream {
+		t.Errorf("drframe: %+v; want the plain check ok and the streamed one failed", c)
+	}
+	if !strings.Contains(streamed.Problem, "its stream carried an error event") || !strings.Contains(streamed.Hint, "rate") {
+		t.Errorf("drframe streamed: problem %q, hint %q", streamed.Problem, streamed.Hint)
+	}
+
+	c = check("drbody")
+	for _, r := range c.Routes {
+		if r.OK || !strings.Contains(r.Problem, "answered 200, but its body was an error") || !strings.Contains(r.Hint, "error_body") {
+			t.Errorf("drbody (stream %v): %+v", r.Stream, r)
+		}
+	}
+	if c.OK {
+		t.Error("drbody passed the doctor")
+	}
+	if c := check("drgood"); !c.OK {
+		t.Errorf("drgood: %+v", c)
+	}
+
+	// One client request takes drframe out of rotation (its error event
+	// is a rate limit: parked): the doctor still checks it, and leaves
+	// its breaker and its history as they were.
+	res, _ := post(t, "/v1/chat/completions", fu.ChatRequest("drm", true))
+	if res.StatusCode != 200 {
+		t.Fatalf("client request: %d", res.StatusCode)
+	}
+	before := fetchStatus(t, adminURL+"/llm_failover/status")
+	hits := errorInStream.Hits()
+	check("drframe")
+	if errorInStream.Hits() != hits+2 {
+		t.Errorf("the doctor sent %d requests to the open channel, want 2", errorInStream.Hits()-hits)
+	}
+	after := fetchStatus(t, adminURL+"/llm_failover/status")
+	if b, a := channelWindow(t, before, "drframe", "5m"), channelWindow(t, after, "drframe", "5m"); a != b {
+		t.Errorf("the doctor's checks were recorded: %+v, then %+v", b, a)
+	}
+	state := func(v statusJSON) string {
+		for _, m := range v.Models {
+			for _, ch := range m.Channels {
+				if ch.Name == "drframe" {
+					return ch.State
+				}
+			}
+		}
+		return ""
+	}
+	if b, a := state(before), state(after); b == "closed" || a != b {
+		t.Errorf("drframe was %s before the doctor's checks and %s after; want it out of rotation, and unchanged", b, a)
 	}
 }

@@ -1,45 +1,14 @@
 package provider
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
 )
 
-// This file is what the doctor needs to know about providers: the API a
-// route is checked on, the check request, and what a refusal of it
-// means (each adapter adds its own provider's meanings, Hinter).
-
-// CheckAPI picks the client API a route is checked on: Anthropic Messages
-// for a Claude model on a provider that speaks it, OpenAI chat otherwise.
-func CheckAPI(a Adapter, upstreamModel string) API {
-	if a.Serves(AnthropicMessages) && (!a.Serves(OpenAIChat) || strings.Contains(strings.ToLower(upstreamModel), "claude")) {
-		return AnthropicMessages
-	}
-	return OpenAIChat
-}
-
-// CheckRequest writes the path, headers and body of a check in api: one
-// short user message with one token of output, not streamed.
-func CheckRequest(api API, model string) (path string, header http.Header, body []byte, err error) {
-	header = http.Header{"Content-Type": {"application/json"}}
-	switch api {
-	case OpenAIChat:
-		path = "/v1/chat/completions"
-	case AnthropicMessages:
-		path = "/v1/messages"
-		header.Set("Anthropic-Version", anthropicVersion)
-	default:
-		return "", nil, nil, fmt.Errorf("no check is written in the %s API", api)
-	}
-	body, err = json.Marshal(struct {
-		Model     string              `json:"model"`
-		MaxTokens int                 `json:"max_tokens"`
-		Messages  []map[string]string `json:"messages"`
-	}{model, 1, []map[string]string{{"role": "user", "content": "ping"}}})
-	return path, header, body, err
-}
+// This file is what the doctor needs to know about providers beyond the
+// synthetic request it shares with probes (probe.go): what a refusal of
+// it means (each adapter adds its own provider's meanings, Hinter).
 
 // Refusal is an upstream's refusal of a check request, or (Status 0) the
 // adapter's failure to build one.

@@ -33,35 +33,40 @@ func ProbeAPI(a Adapter, model string) (API, bool) {
 	return Unknown, false
 }
 
-// ProbeRequest writes the path and body of a synthetic check in api: a
-// streaming request of one user message with at most maxTokens of output.
-// Reasoning is kept to what the API does by default with no reasoning
-// parameter: none on Anthropic (thinking is opt-in), the model's own
-// default on OpenAI-style hosts, whose non-reasoning models refuse
-// reasoning_effort. header holds what a client would send.
-func ProbeRequest(api API, model, prompt string, maxTokens int) (path string, header http.Header, body []byte, err error) {
+// ProbeRequest writes the path and body of a synthetic check in api (a
+// probe's, or the doctor's): one user message with at most maxTokens of
+// output, streamed or not. Reasoning is kept to what the API does by
+// default with no reasoning parameter: none on Anthropic (thinking is
+// opt-in), the model's own default on OpenAI-style hosts, whose
+// non-reasoning models refuse reasoning_effort. header holds what a
+// client would send.
+func ProbeRequest(api API, model, prompt string, maxTokens int, stream bool) (path string, header http.Header, body []byte, err error) {
 	header = http.Header{"Content-Type": {"application/json"}}
 	msgs := []map[string]string{{"role": "user", "content": prompt}}
 	var v any
 	switch api {
 	case OpenAIChat:
 		path = "/v1/chat/completions"
+		var opts map[string]bool
+		if stream {
+			opts = map[string]bool{"include_usage": true}
+		}
 		v = struct {
 			Model         string              `json:"model"`
 			Messages      []map[string]string `json:"messages"`
 			MaxTokens     int                 `json:"max_tokens"`
-			Stream        bool                `json:"stream"`
-			StreamOptions map[string]bool     `json:"stream_options"`
-		}{model, msgs, maxTokens, true, map[string]bool{"include_usage": true}}
+			Stream        bool                `json:"stream,omitempty"`
+			StreamOptions map[string]bool     `json:"stream_options,omitempty"`
+		}{model, msgs, maxTokens, stream, opts}
 	case AnthropicMessages:
 		path = "/v1/messages"
-		header.Set("Anthropic-Version", "2023-06-01")
+		header.Set("Anthropic-Version", anthropicVersion)
 		v = struct {
 			Model     string              `json:"model"`
 			Messages  []map[string]string `json:"messages"`
 			MaxTokens int                 `json:"max_tokens"`
-			Stream    bool                `json:"stream"`
-		}{model, msgs, maxTokens, true}
+			Stream    bool                `json:"stream,omitempty"`
+		}{model, msgs, maxTokens, stream}
 	default:
 		return "", nil, nil, fmt.Errorf("no synthetic check is written in the %s API", api)
 	}
