@@ -73,27 +73,10 @@ func (e *Engine) checkRoute(ctx context.Context, m *Model, route *chain.Route, s
 		c.Problem = "the channel serves no API a check can be written in"
 		return c
 	}
-	maxTokens := probe.DefaultMaxTokens // what the smallest models accept
-	if m.Probe != nil {
-		maxTokens = m.Probe.MaxTokens
-	}
-	path, hdr, body, err := provider.ProbeRequest(api, m.Name, "Say OK.", maxTokens, stream)
-	if err != nil {
-		c.Problem = err.Error()
-		return c
-	}
 	ctx, cancel := context.WithTimeout(ctx, doctorTimeout)
 	defer cancel()
-	r, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://llm-failover-doctor"+path, bytes.NewReader(body))
+	x, w, err := checkExchange(ctx, m, api, stream, modeDoctor)
 	if err != nil {
-		c.Problem = err.Error()
-		return c
-	}
-	r.Header = hdr
-	w := &doctorWriter{probeWriter: probeWriter{header: http.Header{}}}
-	x := newExchange(w, r, api, modeDoctor)
-	x.model, x.body = m, body
-	if x.req, err = api.ParseRequest(body); err != nil {
 		c.Problem = err.Error()
 		return c
 	}
@@ -148,6 +131,32 @@ func (e *Engine) checkRoute(ctx context.Context, m *Model, route *chain.Route, s
 	}
 	c.OK, c.Hint = provider.Diagnose(ch.Adapter, refusal)
 	return c
+}
+
+// checkExchange is a doctor's or a drill's request of model m in api: a
+// small one (the model's probe max_tokens, else what the smallest models
+// accept), as a client would send it.
+func checkExchange(ctx context.Context, m *Model, api provider.API, stream bool, md mode) (*exchange, *doctorWriter, error) {
+	maxTokens := probe.DefaultMaxTokens
+	if m.Probe != nil {
+		maxTokens = m.Probe.MaxTokens
+	}
+	path, hdr, body, err := provider.ProbeRequest(api, m.Name, "Say OK.", maxTokens, stream)
+	if err != nil {
+		return nil, nil, err
+	}
+	r, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://llm-failover-check"+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, nil, err
+	}
+	r.Header = hdr
+	w := &doctorWriter{probeWriter: probeWriter{header: http.Header{}}}
+	x := newExchange(w, r, api, md)
+	x.model, x.body = m, body
+	if x.req, err = api.ParseRequest(body); err != nil {
+		return nil, nil, err
+	}
+	return x, w, nil
 }
 
 // doctorWriter is the check's ResponseWriter: a probe's, that keeps the

@@ -49,6 +49,8 @@ const (
 	reasonResumed reason = "resumed"
 	// reasonProbeFailed opens a channel whose synthetic check failed.
 	reasonProbeFailed reason = "probe_failed"
+	// reasonDrill is the failure a drill makes a channel have.
+	reasonDrill reason = "drill"
 	// reasonNoWorkingChannel is a model incident: every channel was open.
 	reasonNoWorkingChannel reason = history.NoWorkingChannel
 )
@@ -61,7 +63,7 @@ var reasons = []reason{
 	reasonErrorFrame, reasonClosedEarly, reasonGateTimeout, reasonErrorBody, reasonBadBody,
 	reasonTooLarge, reasonLineTooLarge, reasonRedirect, reasonContentType, reasonOverloaded,
 	reasonTruncated, reasonStalled,
-	outcomeClientGone, outcomeRateLimited, reasonResumed, reasonProbeFailed, reasonNoWorkingChannel,
+	outcomeClientGone, outcomeRateLimited, reasonResumed, reasonProbeFailed, reasonNoWorkingChannel, reasonDrill,
 }
 
 // failure is one failure of one attempt.
@@ -126,6 +128,10 @@ const (
 	// modeDoctor: the doctor's check of a route (doctor.go): sent to an
 	// open channel too, and recorded nowhere, not even by the breaker.
 	modeDoctor
+	// modeDrill: a drill request (drill.go): one channel made to fail
+	// inside the gateway, the rest sent whatever their breakers say; only
+	// its failovers are journaled.
+	modeDrill
 )
 
 // exchange is one request on its way through the chain.
@@ -155,6 +161,8 @@ type exchange struct {
 	// upstreamPath is the path the current attempt was sent to, for the
 	// doctor's hints.
 	upstreamPath string
+	// drill is a drill request's plan and path (drill.go); nil otherwise.
+	drill *drillState
 }
 
 // newExchange starts an exchange for r, answered through w.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/llmfailover/caddy-llm-failover/breaker"
 	"github.com/llmfailover/caddy-llm-failover/chain"
@@ -53,7 +54,7 @@ func (e *Engine) walk(x *exchange, routes []*chain.Route, taken *breaker.Ticket,
 		}
 		var ticket breaker.Ticket
 		switch {
-		case x.mode == modeDoctor:
+		case x.mode == modeDoctor || x.mode == modeDrill:
 			// The doctor checks a channel whatever its breaker says,
 			// and takes none of its trial slots.
 		case i == 0 && taken != nil:
@@ -129,10 +130,18 @@ func (e *Engine) try(x *exchange, route *chain.Route, ticket breaker.Ticket, bud
 	}
 	x.committedAt = time.Time{}
 	began := time.Now()
-	res := e.attempt(x, route, budget)
+	var res attemptResult
+	if x.drill != nil && route.Name == x.drill.failed {
+		res = retryWith(&failure{reason: reasonDrill})
+	} else {
+		res = e.attempt(x, route, budget)
+	}
 	x.releaseHeld()
 	e.scrubFailure(res.fail)
 	switch x.mode {
+	case modeDrill:
+		x.drill.step(route.Name, res)
+		return res // only its failovers are journaled
 	case modeDoctor:
 		return res // the doctor reports it, nothing records it
 	case modeSynthetic:
@@ -153,11 +162,14 @@ func (e *Engine) failedOver(x *exchange, route *chain.Route, f *failure, next st
 	if x.mode == modeSynthetic || x.mode == modeDoctor {
 		return
 	}
-	msg := "failover"
-	if x.mode == modeContinue {
+	msg, level := "failover", zapcore.WarnLevel
+	switch x.mode {
+	case modeContinue:
 		msg = "resume attempt failed"
+	case modeDrill:
+		msg, level = "drill failover", zapcore.InfoLevel // asked for
 	}
-	e.logger.Warn(msg,
+	e.logger.Log(level, msg,
 		zap.String("model", x.req.Model),
 		zap.String("channel", route.Name),
 		zap.String("upstream_model", upstreamModel(route, x.req.Model)),

@@ -23,7 +23,8 @@ func init() {
 //	GET  /llm_failover/channels                each channel's breaker state
 //	GET  /llm_failover/jobs                    each background job: last run, success, error, next due
 //	POST /llm_failover/channels/<name>/reset   close one channel's breaker by hand
-//	POST /llm_failover/channels/<name>/check   one cheap real request per model route (doctor.go)
+//	POST /llm_failover/channels/<name>/check   a plain and a streamed request per model route (doctor.go)
+//	POST /llm_failover/drill[?model=<name>]    each channel of each chain made to fail in turn (drill.go)
 //	GET  /llm_failover/status                  the status page's JSON (statusview.go)
 //	GET  /llm_failover/decisions?...           the failover decision journal (decisions.go)
 //
@@ -70,6 +71,8 @@ func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		return resetChannel(w, active(), name)
 	case strings.HasPrefix(path, "channels/") && strings.HasSuffix(path, "/check"):
 		return serveCheck(w, r, active(), strings.TrimSuffix(strings.TrimPrefix(path, "channels/"), "/check"))
+	case path == "drill":
+		return serveDrill(w, r, active())
 	case path == "status":
 		return serveStatus(w, r)
 	case path == "decisions":

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -36,6 +37,10 @@ type Doctor interface {
 	// CheckChannel checks every model route to the channel called name;
 	// found is false when the handler has no such channel.
 	CheckChannel(ctx context.Context, name string) (routes []RouteCheck, found bool)
+	// Drill sends each route of the model called model (every model
+	// when "") one request with that route's channel made to fail
+	// (drill.go); found is false when the handler has no such model.
+	Drill(ctx context.Context, model string) (runs []DrillRun, found bool)
 }
 
 // Doctors registers a handler's doctor.
@@ -50,7 +55,15 @@ type ChannelCheck struct {
 	Channel string       `json:"channel"`
 	OK      bool         `json:"ok"`
 	Routes  []RouteCheck `json:"routes"`
+	// Unexercised says that real traffic got no successful answer from
+	// the channel within exercisedWindow: a fallback that is never used
+	// is not known to work until the day it is needed.
+	Unexercised string `json:"unexercised,omitempty"`
 }
+
+// exercisedWindow is how far back the doctor looks for the channel's last
+// successful answer to real traffic.
+const exercisedWindow = 7 * 24 * time.Hour
 
 // RouteCheck is the verdict on one model route of the channel.
 type RouteCheck struct {
@@ -74,12 +87,7 @@ func serveCheck(w http.ResponseWriter, r *http.Request, a *App, name string) err
 	if err := caddykit.OnlyMethod(r, http.MethodPost); err != nil {
 		return err
 	}
-	var doctors []Doctor
-	if a != nil {
-		a.mu.Lock()
-		doctors = append(doctors, a.doctors...)
-		a.mu.Unlock()
-	}
+	doctors := a.doctorList()
 	out := ChannelCheck{Channel: name, OK: true, Routes: []RouteCheck{}}
 	found := false
 	for _, d := range doctors {
@@ -92,6 +100,12 @@ func serveCheck(w http.ResponseWriter, r *http.Request, a *App, name string) err
 	}
 	if !found {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no channel named %q", name)}
+	}
+	now := time.Now()
+	hist, _ := a.status.sources(now)
+	if hist.Channel(name, now, exercisedWindow).Windows[exercisedWindow].Successes == 0 {
+		out.Unexercised = fmt.Sprintf("no client request got a successful answer from %s in the last %d days: "+
+			"a fallback never used is not known to work; `caddy llm-failover drill` makes each channel fail in turn to show the next ones answer", name, int(exercisedWindow.Hours()/24))
 	}
 	return caddykit.WriteJSON(w, out)
 }
@@ -137,6 +151,9 @@ func printCheck(out io.Writer, c ChannelCheck) {
 	if len(c.Routes) == 0 {
 		fmt.Fprintf(out, "%s: no model routes to it, nothing to check\n", c.Channel)
 		return
+	}
+	if c.Unexercised != "" {
+		defer fmt.Fprintf(out, "    note: %s\n", c.Unexercised)
 	}
 	for _, r := range c.Routes {
 		target := r.Model

@@ -252,3 +252,99 @@ func TestDoctorJudgesAnswersAsTrafficDoes(t *testing.T) {
 		t.Errorf("drframe was %s before the doctor's checks and %s after; want it out of rotation, and unchanged", b, a)
 	}
 }
+
+// The drill shows each fallback answer before the day it is needed: for
+// each channel of a chain but the last, one request as if it had reached
+// that channel and it failed. A fallback that is broken fails the drill;
+// the drill's failovers are journaled (reason drill) and nothing else is
+// recorded. The doctor notes a channel real traffic never got an answer
+// from.
+func TestDrillShowsEachFallback(t *testing.T) {
+	first, second := upstream(t, fu.OK()), upstream(t, fu.OK())
+	broken := upstream(t, fu.Status(503, ""))
+	gateway(t, `
+		channel dlA %s
+		channel dlB %s
+		channel dlC %s
+		channel dlD %s
+		model dlm {
+			route dlA cost 1 1
+			route dlB cost 2 2
+			route dlC cost 3 3
+		}
+		model dlone {
+			route dlD
+		}
+	`, first.URL, second.URL, broken.URL, first.URL)
+	hits := [3]int64{first.Hits(), second.Hits(), broken.Hits()}
+	code, body := brkAdmin(t, http.MethodPost, "/llm_failover/drill?model=dlm")
+	var runs []failoverapp.DrillRun
+	if code != http.StatusOK || json.Unmarshal(body, &runs) != nil || len(runs) != 2 {
+		t.Fatalf("drill: %d %s", code, body)
+	}
+	path := func(r failoverapp.DrillRun) string {
+		var s []string
+		for _, st := range r.Path {
+			s = append(s, st.Channel+" "+st.Outcome)
+		}
+		return strings.Join(s, ", ")
+	}
+	if r := runs[0]; r.Failed != "dlA" || !r.OK || path(r) != "dlA drill, dlB ok" {
+		t.Errorf("drill of dlA: %+v, path %q", r, path(r))
+	}
+	// dlB failing leaves dlC, which is broken: the drill finds it.
+	if r := runs[1]; r.Failed != "dlB" || r.OK || path(r) != "dlB drill, dlC status" || !strings.Contains(r.Problem, "every other channel failed") {
+		t.Errorf("drill of dlB: %+v, path %q", r, path(r))
+	}
+	if got := [3]int64{first.Hits() - hits[0], second.Hits() - hits[1], broken.Hits() - hits[2]}; got != [3]int64{0, 1, 1} {
+		t.Errorf("upstream requests %v; want none to a channel made to fail, one to each fallback", got)
+	}
+	// Only the failovers are journaled; the breakers and history are untouched.
+	var d failoverapp.DecisionsAnswer
+	if err := adminGet(t, "/llm_failover/decisions?model=dlm&reason=drill", &d); err != nil || d.Total != 2 {
+		t.Errorf("journal: %+v %v; want the two drill failovers", d, err)
+	}
+	v := fetchStatus(t, adminURL+"/llm_failover/status")
+	if w := channelWindow(t, v, "dlC", "5m"); w.Attempts != 0 {
+		t.Errorf("the drill was recorded in dlC's history: %+v", w)
+	}
+	for _, m := range v.Models {
+		for _, c := range m.Channels {
+			if c.State != "closed" {
+				t.Errorf("the drill changed %s's breaker: %s", c.Name, c.State)
+			}
+		}
+	}
+	// A model of one channel has nothing to fail over to.
+	code, body = brkAdmin(t, http.MethodPost, "/llm_failover/drill?model=dlone")
+	if code != http.StatusOK || json.Unmarshal(body, &runs) != nil || len(runs) != 1 || runs[0].OK || !strings.Contains(runs[0].Problem, "nothing to fail over to") {
+		t.Errorf("drill of a one-channel model: %d %s", code, body)
+	}
+	if code, _ := brkAdmin(t, http.MethodPost, "/llm_failover/drill?model=nope"); code != http.StatusNotFound {
+		t.Errorf("drill of an unknown model: %d", code)
+	}
+	// The CLI prints the paths, and exits non-zero on a broken fallback.
+	var out bytes.Buffer
+	err := failoverapp.Command(&out, fmt.Sprintf("localhost:%d", adminPort), "drill", "--model", "dlm")
+	if !errors.Is(err, failoverapp.ErrDrillFailed) || !strings.Contains(out.String(), "ok   dlm, dlA made to fail: dlA drill -> dlB ok") ||
+		!strings.Contains(out.String(), "FAIL dlm, dlB made to fail: dlB drill -> dlC status 503") {
+		t.Errorf("CLI: %v\n%s", err, out.String())
+	}
+
+	// No client request ever got an answer from dlB: the doctor says so.
+	if res, _ := post(t, "/v1/chat/completions", fu.ChatRequest("dlm", false)); res.StatusCode != 200 {
+		t.Fatalf("client request: %d", res.StatusCode)
+	}
+	// An attempt is recorded once its answer is written.
+	waitFor(t, 5*time.Second, "dlA's success in the history", func() bool {
+		return channelWindow(t, fetchStatus(t, adminURL+"/llm_failover/status"), "dlA", "5m").Successes > 0
+	})
+	var c failoverapp.ChannelCheck
+	if _, body := brkAdmin(t, http.MethodPost, "/llm_failover/channels/dlB/check"); json.Unmarshal(body, &c) != nil || !strings.Contains(c.Unexercised, "no client request got a successful answer from dlB") {
+		t.Errorf("doctor on the never-used dlB: %s", body)
+	}
+	c = failoverapp.ChannelCheck{}
+	if _, body := brkAdmin(t, http.MethodPost, "/llm_failover/channels/dlA/check"); json.Unmarshal(body, &c) != nil || c.Unexercised != "" {
+		t.Errorf("doctor on dlA, which served: %s", body)
+	}
+}
