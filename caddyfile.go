@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
@@ -237,6 +238,9 @@ func (h *Handler) unmarshalChannel(d *caddyfile.Dispenser, at map[string]string)
 				return d.Err("provider already specified")
 			}
 			name := d.Val()
+			if _, err := caddy.GetModule(provider.Namespace + "." + name); err != nil {
+				return d.Errf("channel %q: unknown provider %q: the providers are %s", c.Name, name, strings.Join(moduleNames(provider.Namespace), ", "))
+			}
 			unm, err := caddyfile.UnmarshalModule(d, provider.Namespace+"."+name)
 			if err != nil {
 				return err
@@ -262,6 +266,9 @@ func (h *Handler) unmarshalChannel(d *caddyfile.Dispenser, at map[string]string)
 				return d.Err("transport already specified")
 			}
 			name := d.Val()
+			if _, err := caddy.GetModule("http.reverse_proxy.transport." + name); err != nil {
+				return d.Errf("channel %q: unknown transport %q: the transports are %s", c.Name, name, strings.Join(moduleNames("http.reverse_proxy.transport"), ", "))
+			}
 			unm, err := caddyfile.UnmarshalModule(d, "http.reverse_proxy.transport."+name)
 			if err != nil {
 				return err
@@ -601,3 +608,13 @@ func unmarshalProbe(d *caddyfile.Dispenser) (*Probe, error) {
 
 // Interface guard
 var _ caddyfile.Unmarshaler = (*Handler)(nil)
+
+// moduleNames lists the names of the modules registered in namespace,
+// sorted: what a config error offers instead of a misspelt one.
+func moduleNames(namespace string) []string {
+	var names []string
+	for _, m := range caddy.GetModules(namespace) {
+		names = append(names, m.ID.Name())
+	}
+	return names
+}

@@ -228,6 +228,20 @@ func TestCaddyfileMistakesNameTheLine(t *testing.T) {
 		model m {
 			route a
 		}`, `channel "a": provider: openai: continuation "on": want one of prefix, continue_final_message, prefill, at Testfile:2`},
+		{"misspelt provider", `
+		channel a http://127.0.0.1:9000 {
+			provider vertx
+		}
+		model m {
+			route a
+		}`, `channel "a": unknown provider "vertx": the providers are anthropic, azure, bedrock, gemini, openai, vertex, at Testfile:3`},
+		{"misspelt transport", `
+		channel a http://127.0.0.1:9000 {
+			transport htpp
+		}
+		model m {
+			route a
+		}`, `channel "a": unknown transport "htpp": the transports are fastcgi, http, at Testfile:3`},
 		{"channel defined twice", good + `
 		channel a http://127.0.0.1:9001`, `channel "a" is defined twice, at Testfile:6`},
 		{"repeated breaker option", good + `

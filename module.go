@@ -24,6 +24,7 @@ import (
 
 	"github.com/llmfailover/caddy-llm-failover/failover"
 	"github.com/llmfailover/caddy-llm-failover/failoverapp"
+	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
 	"github.com/llmfailover/caddy-llm-failover/provider"
 
 	// The other modules of the plugin: the llm_status page and the
@@ -301,7 +302,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	repl := caddy.NewReplacer()
 	for i, c := range h.Channels {
 		ch := plan.Channels[i]
 		if c.ProviderRaw != nil {
@@ -312,7 +312,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			ch.Adapter = mod.(provider.Adapter)
 		}
 		for k, v := range c.Headers {
-			val, err := repl.ReplaceOrErr(v, true, true)
+			val, err := caddykit.Resolve(v)
 			if err != nil {
 				return fmt.Errorf("channel %q: header %s: %w", c.Name, k, err)
 			}

@@ -19,7 +19,6 @@ package failoverapp
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"sync"
 
@@ -135,8 +134,8 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	if a.ProbeLeader != nil {
 		// The DSN may be an {env.*} placeholder; it is a secret, never logged.
-		if a.leaderDSN, err = caddy.NewReplacer().ReplaceOrErr(a.ProbeLeader.DSN, true, true); err != nil || a.leaderDSN == "" {
-			return errors.New("probe_leader: the DSN is empty or has an unresolved placeholder")
+		if a.leaderDSN, err = caddykit.Resolve(a.ProbeLeader.DSN); err != nil {
+			return fmt.Errorf("probe_leader DSN: %w", err)
 		}
 	}
 	if err := caddykit.ValidateHeartbeats(a.Heartbeats); err != nil {

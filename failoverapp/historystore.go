@@ -111,10 +111,9 @@ func (HistoryPostgres) CaddyModule() caddy.ModuleInfo {
 
 // Provision resolves the DSN; it connects to nothing.
 func (p *HistoryPostgres) Provision(caddy.Context) error {
-	dsn, err := caddy.NewReplacer().ReplaceOrErr(p.DSN, true, true)
-	if err != nil || dsn == "" {
-		// The DSN may hold a password; only its unresolved form is shown.
-		return errors.New("history postgres: the DSN is empty or has an unresolved placeholder")
+	dsn, err := caddykit.Resolve(p.DSN)
+	if err != nil {
+		return fmt.Errorf("history postgres DSN: %w", err)
 	}
 	if err := pgconf.Validate(dsn); err != nil {
 		return fmt.Errorf("history postgres: %w", err)

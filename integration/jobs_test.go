@@ -153,3 +153,41 @@ func TestHeartbeatOfAJobThatDoesNotRun(t *testing.T) {
 		})
 	}
 }
+
+// A config that reads a secret from an unset environment variable is
+// refused with a message that names the variable and says what to do,
+// wherever the secret is (a channel header, a heartbeat URL, a DSN), and
+// never shows a resolved secret.
+func TestUnsetEnvironmentVariableIsNamed(t *testing.T) {
+	up := upstream(t, fu.OK())
+	for name, c := range map[string]struct{ globals, body string }{
+		"channel header": {"", `
+			channel a %s {
+				header Authorization "Bearer {env.LLMF_TEST_UNSET_KEY}"
+			}
+			model m {
+				route a
+			}`},
+		"heartbeat url": {failoverOption("heartbeat prober {env.LLMF_TEST_UNSET_KEY}"), `
+			channel a %s
+			model m {
+				route a
+			}`},
+		"wallet dsn": {walletOptions("postgres {env.LLMF_TEST_UNSET_KEY}"), `
+			channel a %s
+			model m {
+				route a
+			}
+			wallet`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			code, body := tryLoadWith(t, c.globals, c.body, up.URL)
+			if code == http.StatusOK {
+				t.Fatal("the config was loaded")
+			}
+			if !strings.Contains(body, "the environment variable LLMF_TEST_UNSET_KEY is not set or empty: set it in the environment caddy runs in") {
+				t.Errorf("the refusal does not name the variable: %s", body)
+			}
+		})
+	}
+}

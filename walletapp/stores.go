@@ -2,13 +2,13 @@ package walletapp
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"path/filepath"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
 	"github.com/llmfailover/caddy-llm-failover/internal/pgconf"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
 )
@@ -98,10 +98,9 @@ func (Postgres) CaddyModule() caddy.ModuleInfo {
 
 // Provision resolves the DSN; it connects to nothing.
 func (p *Postgres) Provision(caddy.Context) error {
-	dsn, err := caddy.NewReplacer().ReplaceOrErr(p.DSN, true, true)
-	if err != nil || dsn == "" {
-		// The DSN may hold a password; only its unresolved form is shown.
-		return errors.New("postgres DSN is empty or has an unresolved placeholder")
+	dsn, err := caddykit.Resolve(p.DSN)
+	if err != nil {
+		return fmt.Errorf("postgres DSN: %w", err)
 	}
 	// A DSN that cannot parse is the config's mistake, refused now; a
 	// database that does not answer is an outage the wallet rides out.

@@ -84,7 +84,7 @@ func UnmarshalHeartbeat(d *caddyfile.Dispenser) (HeartbeatConfig, error) {
 			return c, err
 		}
 	}
-	if _, err := c.heartbeat(caddy.NewReplacer(), false); err != nil {
+	if _, err := c.heartbeat(false); err != nil {
 		return c, d.Errf("heartbeat %s: %v", c.Job, err)
 	}
 	return c, nil
@@ -92,7 +92,7 @@ func UnmarshalHeartbeat(d *caddyfile.Dispenser) (HeartbeatConfig, error) {
 
 // heartbeat checks the config and builds the receiver; with resolve, the
 // URL's placeholders are replaced.
-func (c HeartbeatConfig) heartbeat(repl *caddy.Replacer, resolve bool) (jobs.Heartbeat, error) {
+func (c HeartbeatConfig) heartbeat(resolve bool) (jobs.Heartbeat, error) {
 	if c.Job == "" {
 		return jobs.Heartbeat{}, fmt.Errorf("a heartbeat needs a job name")
 	}
@@ -112,7 +112,7 @@ func (c HeartbeatConfig) heartbeat(repl *caddy.Replacer, resolve bool) (jobs.Hea
 		return jobs.Heartbeat{}, fmt.Errorf("timeout must not be negative")
 	}
 	if resolve {
-		if hb.URL, err = repl.ReplaceOrErr(c.URL, true, true); err != nil {
+		if hb.URL, err = Resolve(c.URL); err != nil {
 			return jobs.Heartbeat{}, fmt.Errorf("url: %w", err)
 		}
 		u, err := url.Parse(hb.URL)
@@ -127,9 +127,8 @@ func (c HeartbeatConfig) heartbeat(repl *caddy.Replacer, resolve bool) (jobs.Hea
 // ValidateHeartbeats resolves and validates every receiver without attaching
 // it, so that a config with a bad one is refused when it loads.
 func ValidateHeartbeats(configs []HeartbeatConfig) error {
-	repl := caddy.NewReplacer()
 	for _, c := range configs {
-		if _, err := c.heartbeat(repl, true); err != nil {
+		if _, err := c.heartbeat(true); err != nil {
 			return fmt.Errorf("heartbeat %s: %w", c.Job, err)
 		}
 	}
@@ -139,7 +138,6 @@ func ValidateHeartbeats(configs []HeartbeatConfig) error {
 // AttachHeartbeats attaches every receiver to its job and returns the
 // function that detaches them all (for Cleanup; safe to call twice).
 func AttachHeartbeats(configs []HeartbeatConfig) (detach func(), err error) {
-	repl := caddy.NewReplacer()
 	var detachers []func()
 	detach = func() {
 		for _, d := range detachers {
@@ -148,7 +146,7 @@ func AttachHeartbeats(configs []HeartbeatConfig) (detach func(), err error) {
 		detachers = nil
 	}
 	for _, c := range configs {
-		hb, err := c.heartbeat(repl, true)
+		hb, err := c.heartbeat(true)
 		if err != nil {
 			detach()
 			return func() {}, fmt.Errorf("heartbeat %s: %w", c.Job, err)
