@@ -80,7 +80,9 @@ func TestContinuationPastItsDeadlineTakesNoTicket(t *testing.T) {
 func TestProbesReleaseHeldBytes(t *testing.T) {
 	up := upstream(t, fu.Status(401, fu.OpenAIErrorBody("bad key", "invalid_request_error", "invalid_api_key")))
 	e := testEngine(t, testPlan(t, Options{}, func(m *Model) {
-		plan, err := probe.NewPlan(time.Millisecond, 0, "", "")
+		// A probe's deadline is its interval: long enough that a loaded
+		// machine still sends it (1 ms lost one probe in ten).
+		plan, err := probe.NewPlan(50*time.Millisecond, 0, "", "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -90,7 +92,7 @@ func TestProbesReleaseHeldBytes(t *testing.T) {
 	before := failoverapp.HeldBytes()
 	for range 10 {
 		e.channels[0].health.Breaker.Reset(time.Now()) // a failed probe opens it
-		time.Sleep(2 * time.Millisecond)               // past the interval
+		time.Sleep(55 * time.Millisecond)              // past the interval
 		if _, err := s.Round(context.Background()); err != nil {
 			t.Fatal(err)
 		}

@@ -61,7 +61,9 @@ func pgSchemaDSN(t *testing.T) string {
 
 var now = time.Date(2026, 3, 2, 0, 1, 30, 0, time.UTC)
 
-// instance records attempts the way one gateway does and flushes them.
+// instance records attempts the way one gateway does and flushes them;
+// each attempt stands for a client request of its model too (what the
+// store keeps of a model is its requests).
 func instance(t *testing.T, s *Store, attempts []history.Attempt, decisions []journal.Decision) {
 	t.Helper()
 	r := history.NewRecorder()
@@ -70,6 +72,7 @@ func instance(t *testing.T, s *Store, attempts []history.Attempt, decisions []jo
 	j.Track(true)
 	for _, a := range attempts {
 		r.Record(a)
+		r.Served(a)
 	}
 	for _, d := range decisions {
 		j.Add(d)
@@ -230,7 +233,9 @@ func TestFailedFlushPutsBack(t *testing.T) {
 	}
 	r := history.NewRecorder()
 	r.Track(true)
-	r.Record(history.Attempt{At: now, Model: "m", Channel: "a", Class: history.Success})
+	a := history.Attempt{At: now, Model: "m", Channel: "a", Class: history.Success}
+	r.Record(a)
+	r.Served(a)
 	ds := r.TakeChanges()
 	s.Close()
 	if err := s.Flush(context.Background(), ds, nil); err == nil {
