@@ -27,7 +27,7 @@ var statusWindows = []struct {
 const recentDecisions = 5
 
 // StatusView is the status page's data, the JSON schema documented in the
-// README ("Status page").
+// in docs/operations.md ("Status page").
 type StatusView struct {
 	Title       string         `json:"title"`
 	GeneratedAt time.Time      `json:"generated_at"`

@@ -9,10 +9,10 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 )
 
-// Every Caddyfile of the README's "Real providers" section is one of
-// testdata/real_providers, and each adapts without error or warning.
-func TestRealProviderCaddyfilesAdaptAndAreInTheREADME(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+// Every Caddyfile of docs/providers.md is one of testdata/real_providers,
+// and each adapts without error or warning.
+func TestRealProviderCaddyfilesAdaptAndAreInTheDocs(t *testing.T) {
+	readme, err := os.ReadFile("../docs/providers.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,7 +26,7 @@ func TestRealProviderCaddyfilesAdaptAndAreInTheREADME(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !strings.Contains(string(readme), string(body)) {
-			t.Errorf("README.md does not show %s as it is", f)
+			t.Errorf("docs/providers.md does not show %s as it is", f)
 		}
 		_, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt(body, map[string]any{"filename": f})
 		if err != nil || len(warnings) > 0 {
