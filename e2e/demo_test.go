@@ -1,0 +1,150 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// portsDemo: Caddyfile.example's ports (8080, 2019; upstreams 9501-9503,
+// heartbeat receiver 9509) moved into 19xxx for the test.
+var portsDemo = ports{19111, 19112}
+
+// Caddyfile.example, as `make run` serves it, answers every API the demo
+// prints a command for in that API's own format (its Responses request
+// got a chat completion, so the SDK's output_text was undefined), and
+// shows the operator features: the status page, readiness, probes that
+// run, a heartbeat receiver that is pinged, the history store.
+func TestBinaryDemoAnswersEveryAPI(t *testing.T) {
+	raw, err := os.ReadFile("../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := strings.NewReplacer(":8080", fmt.Sprintf(":%d", portsDemo.HTTP), "localhost:2019", fmt.Sprintf("localhost:%d", portsDemo.Admin),
+		"127.0.0.1:9501", "127.0.0.1:19113", "127.0.0.1:9502", "127.0.0.1:19114", "127.0.0.1:9503", "127.0.0.1:19115",
+		"127.0.0.1:9509", "127.0.0.1:19116").Replace(string(raw))
+	for _, line := range strings.Split(cfg, "\n") {
+		if line = strings.TrimSpace(line); !strings.HasPrefix(line, "#") && (strings.Contains(line, ":95") || strings.Contains(line, ":8080") || strings.Contains(line, ":2019")) {
+			t.Fatalf("a port of Caddyfile.example was not moved: %s", line)
+		}
+	}
+	in := newInstance(t, "demo", portsDemo, cfg, "FLAKY_API_KEY=k1", "OVERLOADED_API_KEY=k2", "BACKUP_API_KEY=k3")
+	cli := func(args ...string) string {
+		t.Helper()
+		out, err := runCaddy(t, in.env, append([]string{"llm-wallet", "--address", in.adminAddr()}, args...)...)
+		if err != nil {
+			t.Fatalf("llm-wallet %v: %v\n%s", args, err, out)
+		}
+		return out
+	}
+	cli("create-account", "demo")
+	cli("credit", "demo", "5")
+	cli("create-account", "demo-probes")
+	cli("credit", "demo-probes", "1")
+	key := cliFields(cli("create-key", "demo", "demo"))["key"]
+
+	post := func(path string, body string, hdr ...string) (int, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, in.gatewayURL()+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		res, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+		if err != nil {
+			t.Fatalf("POST %s: %v", path, err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, b
+	}
+	var chat struct {
+		Object  string `json:"object"`
+		Choices []struct {
+			Message struct{ Content string } `json:"message"`
+		} `json:"choices"`
+	}
+	if code, b := post("/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`); code != 200 ||
+		json.Unmarshal(b, &chat) != nil || chat.Object != "chat.completion" || len(chat.Choices) != 1 || chat.Choices[0].Message.Content == "" {
+		t.Errorf("chat: %d %s", code, b)
+	}
+	var resp struct {
+		Object string `json:"object"`
+		Output []struct {
+			Content []struct{ Type, Text string } `json:"content"`
+		} `json:"output"`
+	}
+	if code, b := post("/v1/responses", `{"model":"gpt-4o-mini","input":"hi"}`); code != 200 || json.Unmarshal(b, &resp) != nil ||
+		resp.Object != "response" || len(resp.Output) != 1 || len(resp.Output[0].Content) != 1 || resp.Output[0].Content[0].Type != "output_text" {
+		t.Errorf("responses: %d %s; want a Response whose output holds output_text", code, b)
+	}
+	if code, b := post("/v1/responses", `{"model":"gpt-4o-mini","input":"hi","stream":true}`); code != 200 ||
+		!bytes.Contains(b, []byte("event: response.output_text.delta")) || !bytes.Contains(b, []byte("event: response.completed")) {
+		t.Errorf("responses stream: %d %s", code, b)
+	}
+	var emb struct {
+		Object string `json:"object"`
+		Data   []struct {
+			Embedding []float64 `json:"embedding"`
+		} `json:"data"`
+	}
+	if code, b := post("/v1/embeddings", `{"model":"gpt-4o-mini","input":"hi"}`); code != 200 || json.Unmarshal(b, &emb) != nil ||
+		emb.Object != "list" || len(emb.Data) != 1 || len(emb.Data[0].Embedding) == 0 {
+		t.Errorf("embeddings: %d %s", code, b)
+	}
+	if code, b := post("/v1/messages", `{"model":"claude-sonnet-4","max_tokens":256,"stream":true,"messages":[{"role":"user","content":"hi"}]}`,
+		"anthropic-version", "2023-06-01"); code != 200 || !bytes.Contains(b, []byte("event: content_block_delta")) || !bytes.Contains(b, []byte("event: message_stop")) {
+		t.Errorf("messages stream: %d %s", code, b)
+	}
+
+	get := func(url string) (int, string) {
+		res, err := (&http.Client{Timeout: 10 * time.Second}).Get(url)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	if code, body := get(in.gatewayURL() + "/status"); code != 200 || !strings.Contains(body, "llm_failover demo") || !strings.Contains(body, "gpt-4o-mini") {
+		t.Errorf("status page: %d %.300s", code, body)
+	}
+	if code, body := get(in.gatewayURL() + "/status/ready"); code != 200 {
+		t.Errorf("ready: %d %s", code, body)
+	}
+	// The prober runs and pings its heartbeat receiver; the history store
+	// flushes.
+	var jobs []struct {
+		Job        string `json:"job"`
+		Runs       int    `json:"runs"`
+		Heartbeats int    `json:"heartbeats"`
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, body := get(in.adminURL() + "/llm_failover/jobs")
+		_ = json.Unmarshal([]byte(body), &jobs)
+		runs := map[string]int{}
+		for _, j := range jobs {
+			if j.Job == "prober" && j.Heartbeats != 1 {
+				t.Fatalf("the prober has %d heartbeat receivers, want the demo's one", j.Heartbeats)
+			}
+			runs[j.Job] = j.Runs
+		}
+		if runs["prober"] > 0 && runs["history_flush"] > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("jobs after 20 s: %s", body)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if log, _ := os.ReadFile(in.logPath); !bytes.Contains(log, []byte(`"uri":"/ping/prober"`)) {
+		t.Error("the heartbeat receiver was never pinged")
+	}
+}
