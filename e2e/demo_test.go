@@ -147,4 +147,24 @@ func TestBinaryDemoAnswersEveryAPI(t *testing.T) {
 	if log, _ := os.ReadFile(in.logPath); !bytes.Contains(log, []byte(`"uri":"/ping/prober"`)) {
 		t.Error("the heartbeat receiver was never pinged")
 	}
+
+	// Every subcommand prints a table, the admin API's JSON with --json,
+	// and says what to do when nothing answers at the admin address.
+	if out := cli("status"); strings.Contains(out, "{") || !strings.Contains(out, "reachable") || !strings.Contains(out, "sqlite") {
+		t.Errorf("llm-wallet status is not a table:\n%s", out)
+	}
+	out, err := runCaddy(t, in.env, "llm-wallet", "--address", in.adminAddr(), "--json", "status")
+	var st map[string]any
+	if err != nil || json.Unmarshal([]byte(out), &st) != nil || st["reachable"] != true {
+		t.Errorf("llm-wallet --json status: %v\n%s", err, out)
+	}
+	out, err = runCaddy(t, in.env, "llm-failover", "--address", in.adminAddr(), "--json", "drill")
+	var runs []map[string]any
+	if err != nil || json.Unmarshal([]byte(out), &runs) != nil || len(runs) != 2 {
+		t.Errorf("llm-failover --json drill: %v\n%s", err, out)
+	}
+	out, err = runCaddy(t, in.env, "llm-failover", "--address", "localhost:1", "decisions")
+	if err == nil || !strings.Contains(out, "is caddy running?") || !strings.Contains(out, "--config") {
+		t.Errorf("llm-failover against an admin address where nothing answers: %v\n%s", err, out)
+	}
 }

@@ -177,7 +177,7 @@ func (e *Engine) failedOver(x *exchange, route *chain.Route, f *failure, next st
 		zap.String("reason", string(f.reason)),
 		zap.Int("upstream_status", f.status),
 		zap.String("upstream_message", f.message),
-		zap.String("detail", f.detail),
+		detailField(f.detail),
 		zap.Duration("elapsed", time.Since(x.start)),
 		zap.Duration("remaining_budget", time.Until(x.deadline)),
 		zap.String("next_channel", next))
@@ -298,4 +298,13 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// detailField is a failover line's detail (what went wrong locally: a
+// dial error, a timeout), left out when there is none.
+func detailField(detail string) zap.Field {
+	if detail == "" {
+		return zap.Skip()
+	}
+	return zap.String("detail", detail)
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/llmfailover/caddy-llm-failover/breaker"
 	"github.com/llmfailover/caddy-llm-failover/chain"
@@ -157,5 +158,16 @@ func TestCutStreamIsTheChannelsFaultWhenTheClientHangsUpAfter(t *testing.T) {
 				t.Fatalf("%d failure(s) counted against the channel, want 1 (%s)", s.FailuresInWindow, tc.reason)
 			}
 		})
+	}
+}
+
+// A failover line has no empty detail field: it is there only when
+// something went wrong locally.
+func TestFailoverLineDetailOnlyWhenThere(t *testing.T) {
+	if f := detailField(""); f.Type != zapcore.SkipType {
+		t.Errorf("empty detail logged as %+v", f)
+	}
+	if f := detailField("dial tcp: refused"); f.Key != "detail" || f.String != "dial tcp: refused" {
+		t.Errorf("detail logged as %+v", f)
 	}
 }

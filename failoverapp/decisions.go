@@ -82,7 +82,7 @@ func init() {
 	})
 }
 
-func runDecisions(out io.Writer, admin string, args []string) error {
+func runDecisions(out io.Writer, admin string, args []string, asJSON bool) error {
 	fs := flag.NewFlagSet("decisions", flag.ContinueOnError)
 	fs.SetOutput(out)
 	reason := fs.String("reason", "", "only this failure reason")
@@ -102,6 +102,9 @@ func runDecisions(out io.Writer, admin string, args []string) error {
 	var ans DecisionsAnswer
 	if err := caddykit.AdminCall(admin, http.MethodGet, "/llm_failover/decisions?"+q.Encode(), nil, &ans); err != nil {
 		return err
+	}
+	if asJSON {
+		return printJSON(out, ans)
 	}
 	return printDecisions(out, ans)
 }

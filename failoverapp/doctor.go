@@ -112,7 +112,7 @@ func serveCheck(w http.ResponseWriter, r *http.Request, a *App, name string) err
 
 var ErrDoctorFound = errors.New("the doctor found problems")
 
-func runDoctor(out io.Writer, admin string, args []string) error {
+func runDoctor(out io.Writer, admin string, args []string, asJSON bool) error {
 	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
 	fs.SetOutput(out)
 	only := fs.String("channel", "", "check only this channel")
@@ -131,14 +131,24 @@ func runDoctor(out io.Writer, admin string, args []string) error {
 		}
 	}
 	bad := 0
+	checks := []ChannelCheck{}
 	for _, name := range names {
 		var c ChannelCheck
 		if err := caddykit.AdminCall(admin, http.MethodPost, "/llm_failover/channels/"+name+"/check", nil, &c); err != nil {
 			return fmt.Errorf("checking channel %s: %w", name, err)
 		}
-		printCheck(out, c)
+		if asJSON {
+			checks = append(checks, c)
+		} else {
+			printCheck(out, c)
+		}
 		if !c.OK {
 			bad++
+		}
+	}
+	if asJSON {
+		if err := printJSON(out, checks); err != nil {
+			return err
 		}
 	}
 	if bad > 0 {

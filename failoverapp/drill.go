@@ -82,7 +82,7 @@ func (a *App) doctorList() []Doctor {
 // ErrDrillFailed is the drill's exit when a request found no channel.
 var ErrDrillFailed = fmt.Errorf("the drill found a model with no working fallback")
 
-func runDrill(out io.Writer, admin string, args []string) error {
+func runDrill(out io.Writer, admin string, args []string, asJSON bool) error {
 	fs := flag.NewFlagSet("drill", flag.ContinueOnError)
 	fs.SetOutput(out)
 	model := fs.String("model", "", "drill only this model")
@@ -99,6 +99,17 @@ func runDrill(out io.Writer, admin string, args []string) error {
 	}
 	bad := 0
 	for _, r := range runs {
+		if !r.OK {
+			bad++
+		}
+	}
+	if asJSON {
+		if err := printJSON(out, runs); err != nil {
+			return err
+		}
+		runs = nil // printed
+	}
+	for _, r := range runs {
 		steps := make([]string, 0, len(r.Path))
 		for _, s := range r.Path {
 			step := s.Channel + " " + s.Outcome
@@ -109,14 +120,14 @@ func runDrill(out io.Writer, admin string, args []string) error {
 		}
 		verdict := "ok  "
 		if !r.OK {
-			verdict, bad = "FAIL", bad+1
+			verdict = "FAIL"
 		}
 		fmt.Fprintf(out, "%s %s, %s made to fail: %s (%s)\n", verdict, r.Model, r.Failed, strings.Join(steps, " -> "), r.Took)
 		if r.Problem != "" {
 			fmt.Fprintf(out, "    %s\n", r.Problem)
 		}
 	}
-	if len(runs) == 0 {
+	if len(runs) == 0 && !asJSON {
 		fmt.Fprintln(out, "no model has a channel to drill")
 	}
 	if bad > 0 {

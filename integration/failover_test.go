@@ -376,3 +376,55 @@ func TestEveryAPIFailsOver(t *testing.T) {
 		})
 	}
 }
+
+// Each models list names the models a client of its API can use: the
+// Anthropic list (anthropic-version sent) leaves out a model only
+// OpenAI-style channels serve (Gemini here; a generic OpenAI-compatible
+// channel passes every API through, so its models are in both), and the
+// OpenAI list one only an Anthropic channel serves.
+func TestListModelsPerAPI(t *testing.T) {
+	a := upstream(t, fu.OK())
+	gateway(t, `
+		channel oai %s {
+			provider gemini {
+				api_key gm-key
+			}
+		}
+		channel ant %s {
+			provider anthropic
+		}
+		model gpt-only {
+			route oai
+		}
+		model claude-only {
+			route ant
+		}
+	`, a.URL, a.URL)
+	list := func(hdr ...string) []string {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, gatewayURL+"/v1/models", nil)
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var l struct{ Data []struct{ ID string } }
+		if err := json.NewDecoder(res.Body).Decode(&l); err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, m := range l.Data {
+			ids = append(ids, m.ID)
+		}
+		return ids
+	}
+	if got := list(); strings.Join(got, ",") != "gpt-only" {
+		t.Errorf("OpenAI list %v, want [gpt-only]", got)
+	}
+	if got := list("Anthropic-Version", "2023-06-01"); strings.Join(got, ",") != "claude-only" {
+		t.Errorf("Anthropic list %v, want [claude-only]", got)
+	}
+}

@@ -2,10 +2,12 @@ package walletapp
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"sort"
 	"text/tabwriter"
 
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
@@ -18,7 +20,7 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "llm-wallet",
-		Usage: "[--address <admin>] [--wallet <name>] <status|accounts|create-account|balance|credit|keys|create-key|revoke-key|usage|audit> [args]",
+		Usage: "[--address <admin> | --config <file>] [--wallet <name>] [--json] <status|accounts|create-account|balance|credit|keys|create-key|revoke-key|usage|audit> [args]",
 		Short: "Administers the llm_wallet wallets through Caddy's admin API",
 		Long: `
 Administers a prepaid wallet of a running Caddy (the llm_wallet app),
@@ -41,6 +43,7 @@ without touching the database: every subcommand calls the admin API.
 			cmd.Flags().StringP("wallet", "w", "", "The wallet's name (needed when several are configured)")
 			cmd.Flags().StringP("config", "c", "", "Configuration file, to find the admin address")
 			cmd.Flags().StringP("adapter", "", "", "Name of config adapter")
+			cmd.Flags().Bool("json", false, "Print the admin API's JSON answer instead of a table")
 			cmd.Args = cobra.MinimumNArgs(1)
 			// Flags go before the subcommand (see Usage). Parsing stops at
 			// the subcommand so that a negative amount ("credit acme -0.50")
@@ -60,15 +63,30 @@ without touching the database: every subcommand calls the admin API.
 				if err != nil {
 					return fmt.Errorf("finding the admin API: %w", err)
 				}
-				return RunCommand(cmd.OutOrStdout(), admin, name, args)
+				asJSON, _ := cmd.Flags().GetBool("json")
+				return runCommand(cmd.OutOrStdout(), admin, name, args, asJSON)
 			}
 		},
 	})
 }
 
 // RunCommand runs one `caddy llm-wallet` subcommand against the wallet called name
-// (empty: the only one).
+// (empty: the only one), printing a table.
 func RunCommand(out io.Writer, admin, name string, args []string) error {
+	return runCommand(out, admin, name, args, false)
+}
+
+// errPrinted ends a subcommand whose answer was printed as JSON.
+var errPrinted = errors.New("printed")
+
+// runCommand is RunCommand; asJSON prints the admin API's answer as it
+// is instead of a table (an audit that finds differences still fails).
+func runCommand(out io.Writer, admin, name string, args []string, asJSON bool) (err error) {
+	defer func() {
+		if errors.Is(err, errPrinted) {
+			err = nil
+		}
+	}()
 	if args[0] == "audit" && len(args) > 1 {
 		name = args[1]
 	}
@@ -76,8 +94,19 @@ func RunCommand(out io.Writer, admin, name string, args []string) error {
 	if name != "" {
 		prefix += url.PathEscape(name) + "/"
 	}
-	adminCall := func(method, path string, body, out any) error {
-		return caddykit.AdminCall(admin, method, prefix+path, body, out)
+	adminCall := func(method, path string, body, answer any) error {
+		if err := caddykit.AdminCall(admin, method, prefix+path, body, answer); err != nil || !asJSON || answer == nil {
+			return err
+		}
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(answer); err != nil {
+			return err
+		}
+		if a, ok := answer.(*AuditView); ok && !a.Clean {
+			return fmt.Errorf("audit: %d of %d account(s) disagree with the ledger", len(a.Differences), a.Accounts)
+		}
+		return errPrinted
 	}
 	need := func(n int) error {
 		if len(args) < n+1 {
@@ -93,7 +122,20 @@ func RunCommand(out io.Writer, admin, name string, args []string) error {
 		if err := adminCall(http.MethodGet, "status", nil, &st); err != nil {
 			return err
 		}
-		return json.NewEncoder(out).Encode(st)
+		keys := make([]string, 0, len(st))
+		for k := range st {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			v := st[k]
+			if m, ok := v.(map[string]any); ok {
+				b, _ := json.Marshal(m)
+				v = string(b)
+			}
+			fmt.Fprintf(tw, "%s\t%v\n", k, v)
+		}
+		return nil
 	case "accounts":
 		var accts []AccountView
 		if err := adminCall(http.MethodGet, "accounts", nil, &accts); err != nil {

@@ -12,6 +12,8 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
+	"syscall"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -178,6 +180,12 @@ func AdminCall(admin, method, path string, body, out any) error {
 	}
 	resp, err := caddycmd.AdminAPIRequest(admin, method, path, hdr, rd)
 	if err != nil {
+		// AdminAPIRequest wraps the dial error with %v: only its text
+		// is left to tell a refused connection.
+		if errors.Is(err, syscall.ECONNREFUSED) || strings.Contains(err.Error(), "connection refused") {
+			return fmt.Errorf("nothing answers at Caddy's admin address %s: is caddy running? If its admin address is another, "+
+				"give it with --address, or the config that sets it with --config, as for caddy reload: %w", admin, err)
+		}
 		return err
 	}
 	defer resp.Body.Close()
