@@ -42,9 +42,10 @@ func (e *Engine) mayResume(x *exchange) bool {
 
 // resumableAPIs says, per client API, whether stream_resume can ever
 // continue a stream of m: it is on, the API's streams can be continued,
-// and besides the channel that breaks there is one whose provider can
-// continue them. Otherwise no request of m holds money for a
-// continuation that cannot happen.
+// and a channel after the first (a resume goes only to the channels
+// after the one that broke) has a provider that can continue them.
+// Otherwise no request of m holds money for a continuation that cannot
+// happen: a 402 for money only such a continuation needed was false.
 func (e *Engine) resumableAPIs(m *Model) (out [provider.NumAPIs]bool) {
 	if m.Resume != ResumeContinue {
 		return out
@@ -53,7 +54,7 @@ func (e *Engine) resumableAPIs(m *Model) (out [provider.NumAPIs]bool) {
 		if c == nil || len(c.Routes) < 2 || !provider.API(api).Resumable() {
 			continue
 		}
-		for _, r := range c.Routes {
+		for _, r := range c.Routes[1:] {
 			if cont, ok := e.channels[r.Channel].Adapter.(provider.Continuer); ok && cont.CanContinue(provider.API(api)) {
 				out[api] = true
 				break

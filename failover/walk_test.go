@@ -171,3 +171,22 @@ func TestFailoverLineDetailOnlyWhenThere(t *testing.T) {
 		t.Errorf("detail logged as %+v", f)
 	}
 }
+
+// A resume goes only to the channels after the one that broke: a model
+// whose only channel able to continue is its first holds no money for a
+// continuation (it was counted, and the extra reservation caused false
+// 402s).
+func TestNoContinuationReservedWhenOnlyTheFirstCanContinue(t *testing.T) {
+	plan := func(first, second provider.Adapter) *Model {
+		e := testEngine(t, testPlan(t, Options{}, func(m *Model) { m.Resume = ResumeContinue },
+			testChannel{name: uniqueName("rc"), url: "http://127.0.0.1:1", adapter: first},
+			testChannel{name: uniqueName("rc"), url: "http://127.0.0.1:1", adapter: second}))
+		return e.models["m"]
+	}
+	if m := plan(&provider.OpenAI{Continuation: "prefix"}, new(provider.OpenAI)); m.resumable[provider.OpenAIChat] {
+		t.Error("chat counted as resumable: only the first channel can continue")
+	}
+	if m := plan(new(provider.OpenAI), &provider.OpenAI{Continuation: "prefix"}); !m.resumable[provider.OpenAIChat] {
+		t.Error("chat not resumable though the second channel can continue")
+	}
+}

@@ -199,7 +199,7 @@ func TestResumeOnVertexAndBedrock(t *testing.T) {
 			if tt.vertexDown {
 				f.vertex.SetMode(fakeproviders.RateLimited)
 			}
-			s := streamPost(t, nil, "/v1/messages", fu.MessagesRequest("claude-sonnet-4-5", true), "", "anthropic-version", "2023-06-01")
+			s := streamPost(t, nil, "/v1/messages", resumeRequest("claude-sonnet-4-5"), "", "anthropic-version", "2023-06-01")
 			wantText(t, s, strings.Join(pieces[:40], "")+tt.text)
 			for sub, n := range map[string]int{"event: message_start": 1, "event: content_block_start": 1, "event: message_stop": 1, "event: error": 0} {
 				if got := count(s.body, sub); got != n {

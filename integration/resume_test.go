@@ -29,8 +29,16 @@ func wantText(t *testing.T, s streamed, want string) {
 	}
 }
 
+// resumeRequest is a streamed Messages request whose max_tokens leaves
+// room for a continuation after the fakes' 40 pieces (about 80 tokens):
+// a continuation asks for what is left of the client's limit, and none
+// is sought once the delivered text used it up.
+func resumeRequest(model string) []byte {
+	return []byte(`{"model":"` + model + `","max_tokens":1024,"stream":true,"messages":[{"role":"user","content":"Say hello."}]}`)
+}
+
 func resumePost(t *testing.T) streamed {
-	return streamPost(t, nil, "/v1/messages", fu.MessagesRequest("claude", true), "", "anthropic-version", "2023-06-01")
+	return streamPost(t, nil, "/v1/messages", resumeRequest("claude"), "", "anthropic-version", "2023-06-01")
 }
 
 // A Messages stream cut after 40 of 60 text deltas is finished by the

@@ -151,6 +151,19 @@ type anthropicEvent struct {
 func (t *Transcript) messagesEvent(ev streamgate.Event) {
 	var e anthropicEvent
 	switch ev.Name {
+	case "message_delta":
+		// A stop_reason is the answer's end, whatever comes after it: a
+		// continuation would add a second message_delta, more text and
+		// a second charge to an answer the client already has whole.
+		var d struct {
+			Delta struct {
+				StopReason *string `json:"stop_reason"`
+			} `json:"delta"`
+		}
+		if ev.Overflow || json.Unmarshal(ev.Data, &d) != nil || d.Delta.StopReason != nil {
+			t.refuse("the answer had finished")
+		}
+		return
 	case "content_block_start", "content_block_delta", "content_block_stop":
 		if ev.Overflow || json.Unmarshal(ev.Data, &e) != nil || e.Index == nil {
 			t.refuse("a malformed content block event")
@@ -214,6 +227,9 @@ func (t *Transcript) messagesContinue(body []byte) ([]byte, *Splice, error) {
 	prefill := strings.TrimRight(text, " \t\r\n")
 	if prefill == "" {
 		return nil, nil, fmt.Errorf("only white space delivered: %w", ErrNotContinuable)
+	}
+	if err := lessDelivered(req, "max_tokens", text); err != nil {
+		return nil, nil, err
 	}
 	var all []json.RawMessage
 	_ = json.Unmarshal(req["messages"], &all)
@@ -290,4 +306,24 @@ func commonPrefix(a, b string) int {
 		n++
 	}
 	return n
+}
+
+// lessDelivered lowers the output limit named key of a continuation's
+// request by the tokens already delivered (estimated, as an answer with
+// no usage is billed), so that the answer as a whole stays within the
+// client's limit: the continuation was sent the client's whole limit,
+// and a resumed answer could be twice what it allowed, all of it billed.
+// A limit the delivered text used up leaves nothing to continue.
+func lessDelivered(req map[string]json.RawMessage, key, delivered string) error {
+	raw, ok := req[key]
+	var limit int64
+	if !ok || json.Unmarshal(raw, &limit) != nil || limit <= 0 {
+		return nil // none set (or not a count the upstream would take)
+	}
+	left := limit - EstimateTokens([]byte(delivered))
+	if left < 1 {
+		return fmt.Errorf("the client's %s was used by what was delivered: %w", key, ErrNotContinuable)
+	}
+	req[key], _ = json.Marshal(left)
+	return nil
 }

@@ -207,6 +207,22 @@ func (t *Transcript) chatContinue(body []byte) ([]byte, *Splice, error) {
 	out = append(out, `,{"role":"assistant","content":`...)
 	out = append(append(out, text...), '}')
 	out = append(out, body[msgEnd-1:]...)
+	var req map[string]json.RawMessage
+	if err := json.Unmarshal(out, &req); err != nil {
+		return nil, nil, fmt.Errorf("request: %w", err)
+	}
+	_, hasMax := req["max_tokens"]
+	_, hasCompletion := req["max_completion_tokens"]
+	if hasMax || hasCompletion {
+		for _, key := range []string{"max_tokens", "max_completion_tokens"} {
+			if err := lessDelivered(req, key, t.text.String()); err != nil {
+				return nil, nil, err
+			}
+		}
+		if out, err = json.Marshal(req); err != nil {
+			return nil, nil, fmt.Errorf("request: %w", err)
+		}
+	}
 	return out, &Splice{&chatSplice{first: t.chat}}, nil
 }
 

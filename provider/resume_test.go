@@ -2,6 +2,8 @@ package provider
 
 import (
 	"encoding/json"
+	"errors"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -119,4 +121,54 @@ func FuzzTranscript(f *testing.F) {
 		_ = s.Rewrite(nil, antEvent(name, d1))
 		_ = s.Rewrite(nil, antEvent("content_block_delta", d2))
 	})
+}
+
+// A Messages stream that sent its stop_reason has finished, whatever
+// broke after it: continuing it gave the client a second message_delta,
+// more text, and a second charge.
+func TestFinishedMessagesAnswerIsNotContinued(t *testing.T) {
+	tr := AnthropicMessages.NewTranscript(1 << 10)
+	tr.Event(antEvent("content_block_start", textStart))
+	tr.Event(textDelta(0, "Hello there."))
+	tr.Event(antEvent("content_block_stop", `{"type":"content_block_stop","index":0}`))
+	tr.Event(antEvent("message_delta", `{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":3}}`))
+	_, _, err := tr.Continue([]byte(`{"model":"m","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`))
+	if !errors.Is(err, ErrNotContinuable) || !strings.Contains(err.Error(), "finished") {
+		t.Fatalf("Continue after a stop_reason: %v", err)
+	}
+}
+
+// A continuation asks for what is left of the client's output limit, not
+// the whole of it again: 100 allowed and about 80 delivered leaves about
+// 20 (Messages and chat); a limit the delivered text used up is not
+// continued.
+func TestContinuationAsksForWhatIsLeftOfTheLimit(t *testing.T) {
+	delivered := strings.Repeat("word ", 80)
+	used := EstimateTokens([]byte(delivered))
+	if used < 40 || used > 99 {
+		t.Fatalf("the estimate of the delivered text is %d tokens; the test wants between 40 and 99", used)
+	}
+	tr := AnthropicMessages.NewTranscript(1 << 12)
+	tr.Event(antEvent("content_block_start", textStart))
+	tr.Event(textDelta(0, delivered))
+	body, _, err := tr.Continue([]byte(`{"model":"m","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`))
+	var req struct {
+		MaxTokens int64 `json:"max_tokens"`
+	}
+	if err != nil || json.Unmarshal(body, &req) != nil || req.MaxTokens != 100-used {
+		t.Fatalf("Messages continuation: max_tokens %d, want %d (err %v): %s", req.MaxTokens, 100-used, err, body)
+	}
+	if _, _, err := tr.Continue([]byte(`{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`)); !errors.Is(err, ErrNotContinuable) {
+		t.Errorf("a limit the delivered text used up was continued: %v", err)
+	}
+
+	ch := OpenAIChat.NewTranscript(1 << 12)
+	ch.Event(streamgate.Event{Data: []byte(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"gpt","choices":[{"index":0,"delta":{"role":"assistant","content":` + strconv.Quote(delivered) + `},"finish_reason":null}]}`)})
+	body, _, err = ch.Continue([]byte(`{"model":"gpt","max_completion_tokens":100,"stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	var creq struct {
+		MaxCompletionTokens int64 `json:"max_completion_tokens"`
+	}
+	if err != nil || json.Unmarshal(body, &creq) != nil || creq.MaxCompletionTokens != 100-used {
+		t.Fatalf("chat continuation: max_completion_tokens %d, want %d (err %v): %s", creq.MaxCompletionTokens, 100-used, err, body)
+	}
 }

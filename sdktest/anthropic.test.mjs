@@ -142,7 +142,7 @@ test('claude-cut: the MessageStream helper rejects too', T, async () => {
 const resumeText = Array.from({ length: 60 }, (_, i) => ' t' + String(i).padStart(2, '0')).join('');
 
 test('claude-resume: a stream cut after 40 of 60 deltas arrives whole, as one message', T, async () => {
-  const stream = client.messages.stream({ model: 'claude-resume', ...params });
+  const stream = client.messages.stream({ model: 'claude-resume', ...params, max_tokens: 1024 }); // room for the continuation: it asks for what is left
   const message = await stream.finalMessage();
   assert.equal(message.content.length, 1);
   assert.equal(message.content[0].type, 'text');
