@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -1076,7 +1077,10 @@ func TestWalletAdminAndCLI(t *testing.T) {
 		t.Errorf("usage limit 1 shows more than one row")
 	}
 	expect(run("accounts"), "ACCOUNT", "acme", "$1,234.244")
-	expect(run("status"), `"store":"sqlite"`, `"reachable":true`)
+	// A table, like every subcommand (--json prints the JSON: e2e).
+	if out := run("status"); !regexp.MustCompile(`(?m)^store\s+sqlite$`).MatchString(out) || !regexp.MustCompile(`(?m)^reachable\s+true$`).MatchString(out) {
+		t.Errorf("llm-wallet status:\n%s", out)
+	}
 
 	var ks []wallet.Key
 	mustWalletCall(t, http.MethodGet, "accounts/acme/keys", nil, &ks)
