@@ -37,9 +37,10 @@ type Doctor interface {
 	// CheckChannel checks every model route to the channel called name;
 	// found is false when the handler has no such channel.
 	CheckChannel(ctx context.Context, name string) (routes []RouteCheck, found bool)
-	// Drill sends each route of the model called model (every model
-	// when "") one request with that route's channel made to fail
-	// (drill.go); found is false when the handler has no such model.
+	// Drill sends, for each route but the last of the model called
+	// model (every model when ""), one request with that route's channel
+	// made to fail (drill.go); found is false when the handler has no
+	// such model.
 	Drill(ctx context.Context, model string) (runs []DrillRun, found bool)
 }
 
