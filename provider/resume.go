@@ -278,7 +278,19 @@ func (s *messagesSplice) rewrite(dst []byte, ev streamgate.Event) []byte {
 		s.first = *e.Index
 	}
 	if ev.Name == "content_block_start" && s.joinOpen && *e.Index == s.first {
-		return dst // the client's block is still open: this one continues it
+		if e.ContentBlock != nil && e.ContentBlock.Type == "text" {
+			return dst // the client's block is still open: this one continues it
+		}
+		// The continuation opens with another kind of block (a tool_use
+		// after "I'll check the weather."): the client's text block ends
+		// here and this one is numbered after it. Joined, its start was
+		// dropped and its input_json_delta events landed on the text
+		// block: an SDK's message had the stop_reason tool_use and no
+		// tool_use block.
+		stop, _ := json.Marshal(map[string]any{"type": "content_block_stop", "index": s.base})
+		dst = streamgate.AppendEvent(dst, "content_block_stop", stop)
+		s.base++
+		s.joinOpen, s.trim = false, ""
 	}
 	if ev.Name == "content_block_delta" && *e.Index == s.first && s.trim != "" && e.Delta != nil && e.Delta.Type == "text_delta" {
 		text := e.Delta.Text

@@ -172,3 +172,41 @@ func TestContinuationAsksForWhatIsLeftOfTheLimit(t *testing.T) {
 		t.Fatalf("chat continuation: max_completion_tokens %d, want %d (err %v): %s", creq.MaxCompletionTokens, 100-used, err, body)
 	}
 }
+
+// A continuation that opens with a tool_use while the client's text block
+// is still open closes that block and numbers the tool_use after it, so
+// the client's message holds the text and the tool call.
+func TestSpliceKeepsAToolUseThatOpensTheContinuation(t *testing.T) {
+	tr := AnthropicMessages.NewTranscript(1 << 10)
+	tr.Event(antEvent("content_block_start", textStart))
+	tr.Event(textDelta(0, "I'll check the weather."))
+	_, s, err := tr.Continue([]byte(`{"model":"m","max_tokens":500,"tools":[{"name":"weather","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"weather?"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []byte
+	for _, ev := range []streamgate.Event{
+		antEvent("message_start", `{}`),
+		antEvent("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_1","name":"weather","input":{}}}`),
+		antEvent("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{\"city\":\"Paris\"}"}}`),
+		antEvent("content_block_stop", `{"type":"content_block_stop","index":0}`),
+		antEvent("message_delta", `{"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":9}}`),
+	} {
+		out = s.Rewrite(out, ev)
+	}
+	got := string(out)
+	want := []string{
+		`event: content_block_stop` + "\n" + `data: {"index":0,"type":"content_block_stop"}`,
+		`"content_block":{"type":"tool_use","id":"toolu_1","name":"weather","input":{}},"index":1`,
+		`"delta":{"type":"input_json_delta","partial_json":"{\"city\":\"Paris\"}"},"index":1`,
+		`event: content_block_stop` + "\n" + `data: {"index":1,"type":"content_block_stop"}`,
+	}
+	last := -1
+	for _, w := range want {
+		i := strings.Index(got, w)
+		if i <= last {
+			t.Fatalf("the spliced stream lacks, or misorders, %s:\n%s", w, got)
+		}
+		last = i
+	}
+}
