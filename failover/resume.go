@@ -164,6 +164,10 @@ func (e *Engine) resume(x *exchange, rest []*chain.Route, broke attemptResult) a
 			able = append(able, route)
 		}
 	}
+	if len(able) == 0 {
+		e.logger.Info("broken stream not resumed", zap.String("model", x.req.Model), zap.String("channel", rs.from),
+			zap.String("why", "no channel after it can continue a stream of this API"))
+	}
 	x.mode = modeContinue
 	end := e.walk(x, able, nil, time.Now().Add(e.resumeBound()))
 	switch {

@@ -158,8 +158,14 @@ func TestResumeChatNotResumed(t *testing.T) {
 	t.Run("no continuation option", func(t *testing.T) {
 		a := upstream(t, fu.OKNamed("primary").WithPieces(pieces...).WithCutAfter(40))
 		b := upstream(t, chatBackup(pieces[40:]))
-		gateway(t, gateChannels, a.URL, b.URL, "stream_resume continue")
+		pluginLog, _ := loggedGateway(t, gateChannels, a.URL, b.URL, "stream_resume continue")
 		endsWithError(t, chatResumePost(t, fu.ChatRequest("m", true)), b)
+		// Every refusal is logged, this one too.
+		eventually(t, 5*time.Second, "the log line saying why", func() bool {
+			log, _ := os.ReadFile(pluginLog)
+			return bytes.Contains(log, []byte(`"msg":"broken stream not resumed"`)) &&
+				bytes.Contains(log, []byte("no channel after it can continue"))
+		})
 	})
 }
 
