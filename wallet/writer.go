@@ -161,8 +161,18 @@ const (
 // committed after its caller gave up.
 const lateReleaseTimeout = 30 * time.Second
 
-// errStoreClosed is returned for writes submitted after Close.
+// errStoreClosed is returned for writes submitted after Close, and for
+// those Close found waiting to be tried again (closingError).
 var errStoreClosed = errors.New("wallet store is closed")
+
+// closingError is the error of a write that failed on a transient error
+// and is not tried again because the store is closing: the caller learns
+// the store closed (as every other write in flight at Close does) and
+// why this one did not get through. Whether it was applied is what
+// maybeApplied adds.
+func closingError(err error) error {
+	return fmt.Errorf("not retried, the store is closing: %w: %w", errStoreClosed, err)
+}
 
 // errOutcomeUnknown is wrapped in the error of a write whose connection
 // was lost after the write was sent: it may have committed.
@@ -636,7 +646,7 @@ func (w *worker) flush() {
 	for _, op := range w.again {
 		if op.state.CompareAndSwap(opQueued, opStarted) {
 			w.gaveUp.Add(1)
-			finish(op, maybeApplied(op, fmt.Errorf("not retried, the store is closing: %w", op.err)))
+			finish(op, maybeApplied(op, closingError(op.err)))
 		}
 	}
 	clear(w.again)
@@ -757,7 +767,7 @@ func (w *worker) conclude(op *writeOp) {
 		finish(op, maybeApplied(op, err))
 	case w.halted():
 		w.gaveUp.Add(1)
-		finish(op, maybeApplied(op, fmt.Errorf("not retried, the store is closing: %w", err)))
+		finish(op, maybeApplied(op, closingError(err)))
 	case now.Sub(op.failedAt) >= w.budget:
 		w.gaveUp.Add(1)
 		finish(op, maybeApplied(op, fmt.Errorf("gave up after %d runs in %s: %w", op.runs, now.Sub(op.failedAt).Round(time.Millisecond), err)))
