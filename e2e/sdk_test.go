@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -50,6 +51,10 @@ func TestSDKs(t *testing.T) {
 	}
 	channels.WriteString(up("cres1", fu.OK().WithPieces(resumePieces...).WithCutAfter(40)))
 	channels.WriteString(up("cres2", fu.OK().WithPieces(resumePieces[40:]...)))
+	// claude-resume-tool: a text block cut while open, continued by an
+	// answer that opens with a tool_use.
+	channels.WriteString(up("crt1", fu.OK().WithPieces(" I'll", " check", " the weather.", " more").WithCutAfter(3)))
+	channels.WriteString(up("crt2", toolUseStream))
 	// gpt-resume: the same for OpenAI chat, continued on a channel whose
 	// host takes a "prefix": true final assistant message.
 	channels.WriteString(up("gres1", fu.OK().WithPieces(resumePieces...).WithCutAfter(40)))
@@ -89,6 +94,11 @@ func TestSDKs(t *testing.T) {
 		model claude-resume {
 			route cres1 cost 1 1
 			route cres2 cost 2 2
+			stream_resume continue
+		}
+		model claude-resume-tool {
+			route crt1 cost 1 1
+			route crt2 cost 2 2
 			stream_resume continue
 		}
 		model gpt-resume {
@@ -140,3 +150,20 @@ func TestSDKs(t *testing.T) {
 		}
 	}
 }
+
+// toolUseStream answers a Messages stream that is one tool_use block (a
+// continuation that goes on with a tool call).
+var toolUseStream = fu.BehaviorFunc(func(w http.ResponseWriter, r *http.Request, _ int64) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	for _, ev := range [][2]string{
+		{"message_start", `{"type":"message_start","message":{"id":"msg_tool","type":"message","role":"assistant","model":"claude-resume-tool","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":20,"output_tokens":1}}}`},
+		{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_01","name":"weather","input":{}}}`},
+		{"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{\"city\": \"Paris\"}"}}`},
+		{"content_block_stop", `{"type":"content_block_stop","index":0}`},
+		{"message_delta", `{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":12}}`},
+		{"message_stop", `{"type":"message_stop"}`},
+	} {
+		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", ev[0], ev[1])
+	}
+})

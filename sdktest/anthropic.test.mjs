@@ -141,6 +141,22 @@ test('claude-cut: the MessageStream helper rejects too', T, async () => {
 
 const resumeText = Array.from({ length: 60 }, (_, i) => ' t' + String(i).padStart(2, '0')).join('');
 
+test('claude-resume-tool: a continuation that goes on with a tool call keeps it, after the delivered text', T, async () => {
+  const stream = client.messages.stream({
+    model: 'claude-resume-tool', max_tokens: 1024,
+    tools: [{ name: 'weather', description: 'The weather in a city.', input_schema: { type: 'object', properties: { city: { type: 'string' } } } }],
+    messages: [{ role: 'user', content: 'What is the weather in Paris?' }],
+  });
+  const message = await stream.finalMessage();
+  assert.equal(message.stop_reason, 'tool_use');
+  assert.equal(message.content.length, 2);
+  assert.equal(message.content[0].type, 'text');
+  assert.equal(message.content[0].text, " I'll check the weather.");
+  assert.equal(message.content[1].type, 'tool_use');
+  assert.equal(message.content[1].name, 'weather');
+  assert.deepEqual(message.content[1].input, { city: 'Paris' });
+});
+
 test('claude-resume: a stream cut after 40 of 60 deltas arrives whole, as one message', T, async () => {
   const stream = client.messages.stream({ model: 'claude-resume', ...params, max_tokens: 1024 }); // room for the continuation: it asks for what is left
   const message = await stream.finalMessage();
