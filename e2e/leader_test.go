@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"fmt"
 	"syscall"
 	"testing"
 	"time"
@@ -20,24 +19,6 @@ var (
 // ends the frozen leader's silent session, then a follower's next
 // campaign takes the lock.
 const takeoverBound = leader.SessionTimeout + leader.CampaignEvery + leader.CampaignTimeout
-
-// frozenSite probes an idle channel every 300ms, electing one prober per
-// fleet through the PostgreSQL database in LLMF_E2E_DSN.
-func frozenSite(p ports, upstream string) string {
-	return withFailover(globalOptions(p), "probe_leader postgres {env.LLMF_E2E_DSN}") + fmt.Sprintf(`http://:%d {
-	bind 127.0.0.1
-	llm_failover {
-		channel shared %s
-		model gpt-probe {
-			route shared
-			probe {
-				interval 300ms
-			}
-		}
-	}
-}
-`, p.HTTP, upstream)
-}
 
 // signal sends sig to the instance's process, which this test started.
 func (in *instance) signal(sig syscall.Signal) {
@@ -59,8 +40,8 @@ func TestBinaryFrozenProberIsReplaced(t *testing.T) {
 	upA, upB := fu.New(fu.OKNamed("a")), fu.New(fu.OKNamed("b"))
 	defer upA.Close()
 	defer upB.Close()
-	a := newInstance(t, "frozen-a", portsFrozenA, frozenSite(portsFrozenA, upA.URL), "LLMF_E2E_DSN="+dsn)
-	b := newInstance(t, "frozen-b", portsFrozenB, frozenSite(portsFrozenB, upB.URL), "LLMF_E2E_DSN="+dsn)
+	a := newInstance(t, "frozen-a", portsFrozenA, probeSite(portsFrozenA, upA.URL), "LLMF_E2E_DSN="+dsn)
+	b := newInstance(t, "frozen-b", portsFrozenB, probeSite(portsFrozenB, upB.URL), "LLMF_E2E_DSN="+dsn)
 
 	if !waitFor(20*time.Second, func() bool { return upA.Hits()+upB.Hits() >= 4 }) {
 		t.Fatalf("no probes: a %d, b %d", upA.Hits(), upB.Hits())

@@ -2,67 +2,24 @@ package failoverapp
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
 	"github.com/llmfailover/caddy-llm-failover/history"
 	"github.com/llmfailover/caddy-llm-failover/history/store"
 	"github.com/llmfailover/caddy-llm-failover/internal/faultproxy"
+	"github.com/llmfailover/caddy-llm-failover/internal/pgtest"
 	"github.com/llmfailover/caddy-llm-failover/journal"
 )
-
-// freshSchemaDSN returns the test PostgreSQL's DSN pointed at a new, empty
-// schema, or skips (fails in CI) without one.
-func freshSchemaDSN(t *testing.T) string {
-	t.Helper()
-	dsn := os.Getenv("LLMF_TEST_POSTGRES_DSN")
-	if dsn == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("LLMF_TEST_POSTGRES_DSN is not set in CI")
-		}
-		t.Skip("LLMF_TEST_POSTGRES_DSN is not set")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	var rnd [6]byte
-	_, _ = rand.Read(rnd[:])
-	schema := "llmf_hist_" + hex.EncodeToString(rnd[:])
-	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		defer cancel()
-		if c, err := pgx.Connect(ctx, dsn); err == nil {
-			_, _ = c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
-			c.Close(ctx)
-		}
-	})
-	sep := "?"
-	if strings.Contains(dsn, "?") {
-		sep = "&"
-	}
-	return dsn + sep + "search_path=" + schema
-}
 
 // A history store that stops answering costs the status page one bounded
 // read, not one per page view: concurrent views do not queue behind the
 // read, and views soon after a failed read do not try again.
 func TestHistoryReadsDoNotQueueBehindAHungStore(t *testing.T) {
-	proxy, dsn, err := faultproxy.Postgres(freshSchemaDSN(t))
+	proxy, dsn, err := faultproxy.Postgres(pgtest.FreshDSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}

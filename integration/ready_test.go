@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
+	"github.com/llmfailover/caddy-llm-failover/internal/pgtest"
 )
 
 // readyStoreConfig is a gateway billing to the PostgreSQL store at dsn,
@@ -57,7 +58,7 @@ func TestReadinessWalletStoreUnreachable(t *testing.T) {
 		t.Skip("in-process Caddy tests are skipped with -short")
 	}
 	up := upstream(t, fu.OK())
-	dsn := freshSchema(t, postgresDSN(t))
+	dsn := pgtest.FreshDSN(t)
 	proxy, viaProxy := pgProxy(t, dsn)
 	url := fmt.Sprintf("http://localhost:%d/status/ready", httpPort)
 	const unreachable = "wallet default: store unreachable"

@@ -20,6 +20,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
+	"github.com/llmfailover/caddy-llm-failover/internal/pgtest"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
 	"github.com/llmfailover/caddy-llm-failover/walletapp"
 )
@@ -51,7 +52,7 @@ func eachWalletStore(t *testing.T, f func(t *testing.T, s walletStore)) {
 		}})
 	})
 	t.Run("postgres", func(t *testing.T) {
-		dsn := freshSchema(t, postgresDSN(t))
+		dsn := pgtest.FreshDSN(t)
 		t.Setenv("LLMF_IT_WALLET_DSN", dsn)
 		f(t, walletStore{option: "postgres {env.LLMF_IT_WALLET_DSN}", exec: func(t *testing.T, q string, args ...any) {
 			ctx := context.Background()
@@ -416,7 +417,7 @@ func TestWalletImplausibleUsage(t *testing.T) {
 // channel stays what it is without a wallet; the failed attempt's row
 // still lands.
 func TestWalletFailoverDoesNotWaitOnTheStore(t *testing.T) {
-	proxy, slow := pgProxy(t, freshSchema(t, postgresDSN(t)))
+	proxy, slow := pgProxy(t, pgtest.FreshDSN(t))
 	t.Setenv("LLMF_IT_WALLET_DSN", slow)
 
 	var mu sync.Mutex

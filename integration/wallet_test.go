@@ -4,13 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -20,11 +17,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/llmfailover/caddy-llm-failover/failoverapp"
 	"github.com/llmfailover/caddy-llm-failover/internal/faultproxy"
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
+	"github.com/llmfailover/caddy-llm-failover/internal/pgtest"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
 	"github.com/llmfailover/caddy-llm-failover/walletapp"
 )
@@ -788,56 +784,8 @@ func TestWalletInvariantSQLite(t *testing.T) {
 	runInvariant(t, "sqlite "+filepath.Join(t.TempDir(), "w.db"))
 }
 
-// postgresDSN returns the test server's DSN, skipping (or failing in CI)
-// when there is none.
-func postgresDSN(t *testing.T) string {
-	t.Helper()
-	dsn := os.Getenv("LLMF_TEST_POSTGRES_DSN")
-	if dsn == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("LLMF_TEST_POSTGRES_DSN is not set in CI; start scripts/pg-test-server.sh")
-		}
-		t.Skip("LLMF_TEST_POSTGRES_DSN is not set; run: eval \"$(bash scripts/pg-test-server.sh start)\"")
-	}
-	return dsn
-}
-
-// freshSchema creates an empty schema and returns dsn pointing at it.
-func freshSchema(t *testing.T, dsn string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("PostgreSQL at LLMF_TEST_POSTGRES_DSN: %v", err)
-		}
-		t.Skipf("PostgreSQL at LLMF_TEST_POSTGRES_DSN is unavailable: %v", err)
-	}
-	defer conn.Close(context.Background())
-	var rnd [6]byte
-	_, _ = rand.Read(rnd[:])
-	schema := "llmf_it_" + hex.EncodeToString(rnd[:])
-	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		t.Fatalf("creating schema: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		defer cancel()
-		if c, err := pgx.Connect(ctx, dsn); err == nil {
-			_, _ = c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
-			c.Close(ctx)
-		}
-	})
-	sep := "?"
-	if strings.Contains(dsn, "?") {
-		sep = "&"
-	}
-	return dsn + sep + "search_path=" + schema
-}
-
 func TestWalletInvariantPostgres(t *testing.T) {
-	dsn := freshSchema(t, postgresDSN(t))
+	dsn := pgtest.FreshDSN(t)
 	// The DSN reaches the config as an env placeholder, resolved at load.
 	t.Setenv("LLMF_IT_WALLET_DSN", dsn)
 	runInvariant(t, "postgres {env.LLMF_IT_WALLET_DSN}")
@@ -903,7 +851,7 @@ func walletAccountIn(t *testing.T, dsn, id string, credit wallet.Micros) (secret
 // never work is still refused at load, without showing its password.
 func TestWalletStoreDownAtStart(t *testing.T) {
 	a := upstream(t, fu.OKNamed("a"))
-	dsn := freshSchema(t, postgresDSN(t))
+	dsn := pgtest.FreshDSN(t)
 	secret := walletAccountIn(t, dsn, "acct", money(t, "1"))
 	proxy, viaProxy := pgProxy(t, dsn)
 	proxy.Refuse(true)
@@ -953,7 +901,7 @@ func TestWalletStoreDownAtStart(t *testing.T) {
 // used again as soon as it answers.
 func TestWalletOnStoreError(t *testing.T) {
 	a := upstream(t, fu.OKNamed("a"))
-	proxy, viaProxy := pgProxy(t, freshSchema(t, postgresDSN(t)))
+	proxy, viaProxy := pgProxy(t, pgtest.FreshDSN(t))
 
 	gatewayWith(t, storeOption("postgres "+viaProxy), storeErrorConfig, a.URL, "deny")
 	secret, _ := newWalletAccount(t, "acct", "1")

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/pgtest"
 )
 
 // A renamed model's upstream name reaches the ledger on both the charge
@@ -63,7 +65,7 @@ func TestMigrationAddsUpstreamModel(t *testing.T) {
 				}
 				return s
 			}},
-		{"postgres", "pgx", func(t *testing.T) string { return pgDSN(t) }, postgresSchema,
+		{"postgres", "pgx", func(t *testing.T) string { return pgtest.FreshDSN(t) }, postgresSchema,
 			func(t *testing.T, dsn string) Store {
 				s, err := OpenPostgres(ctx, dsn)
 				if err != nil {

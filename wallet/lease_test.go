@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/pgtest"
 )
 
 // abandon drops s the way kill -9 drops a gateway: its writes stop, its
@@ -40,7 +42,7 @@ func twoInstances(t *testing.T, opts Options, f func(t *testing.T, a, b *sqlStor
 			}
 		}},
 		{"postgres", func(t *testing.T) func() *sqlStore {
-			dsn := pgDSN(t)
+			dsn := pgtest.FreshDSN(t)
 			return func() *sqlStore {
 				s, err := OpenPostgres(context.Background(), dsn, opts)
 				if err != nil {

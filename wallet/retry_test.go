@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/llmfailover/caddy-llm-failover/internal/faultproxy"
+	"github.com/llmfailover/caddy-llm-failover/internal/pgtest"
 	"github.com/llmfailover/caddy-llm-failover/internal/sqlitefile"
 )
 
@@ -399,7 +400,7 @@ func TestJudge(t *testing.T) {
 // pgEnded ends a session still running a statement, and leaves an idle
 // one (and any other) alone.
 func TestPostgresEndedTerminatesOnlyARunningSession(t *testing.T) {
-	dsn := pgDSN(t)
+	dsn := pgtest.FreshDSN(t)
 	s := openPG(t, dsn).(*sqlStore)
 	ctx := context.Background()
 	sessionOf := func(c *pgx.Conn) session {

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/pgtest"
 )
 
 // roundTrips counts the messages pgx sends PostgreSQL that each wait for an
@@ -52,7 +54,7 @@ func BenchmarkRoundTripsPerRequest(b *testing.B) {
 	for _, conc := range []int{1, 16} {
 		b.Run(map[int]string{1: "alone", 16: "16-in-flight"}[conc], func(b *testing.B) {
 			rt := &roundTrips{}
-			s, err := OpenPostgres(context.Background(), pgDSN(b), Options{tracer: rt})
+			s, err := OpenPostgres(context.Background(), pgtest.FreshDSN(b), Options{tracer: rt})
 			if err != nil {
 				b.Fatal(err)
 			}

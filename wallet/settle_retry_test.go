@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/llmfailover/caddy-llm-failover/internal/faultproxy"
+	"github.com/llmfailover/caddy-llm-failover/internal/pgtest"
 	"github.com/llmfailover/caddy-llm-failover/internal/sqlitefile"
 )
 
@@ -94,7 +95,7 @@ const (
 // without the proxy too.
 func faultyPG(t *testing.T, opts Options, params ...string) (*sqlStore, *faultproxy.Proxy, *cutter, string) {
 	t.Helper()
-	dsn := pgDSN(t)
+	dsn := pgtest.FreshDSN(t)
 	proxy, via, err := faultproxy.Postgres(dsn)
 	if err != nil {
 		t.Fatal(err)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -14,50 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/llmfailover/caddy-llm-failover/internal/pgtest"
 )
-
-// pgDSN returns a DSN for a fresh, empty schema in the test PostgreSQL
-// server, dropped when the test ends, so tests never see each other's rows.
-func pgDSN(tb testing.TB) string {
-	tb.Helper()
-	dsn := os.Getenv("LLMF_TEST_POSTGRES_DSN")
-	if dsn == "" {
-		if os.Getenv("CI") == "true" {
-			tb.Fatal("LLMF_TEST_POSTGRES_DSN is unset but CI=true: PostgreSQL tests must not be skipped in CI; run `eval \"$(bash scripts/pg-test-server.sh start)\"` first")
-		}
-		tb.Skip("PostgreSQL tests skipped: LLMF_TEST_POSTGRES_DSN is unset (run `eval \"$(bash scripts/pg-test-server.sh start)\"`)")
-	}
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		tb.Fatalf("connecting to test PostgreSQL: %v", err)
-	}
-	defer conn.Close(ctx)
-	schema := "wallet_test_" + strings.ToLower(randomBase62(16))
-	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		tb.Fatalf("creating schema: %v", err)
-	}
-	tb.Cleanup(func() {
-		c, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			tb.Errorf("connecting to drop schema: %v", err)
-			return
-		}
-		defer c.Close(ctx)
-		if _, err := c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
-			tb.Errorf("dropping schema: %v", err)
-		}
-	})
-	u, err := url.Parse(dsn)
-	if err != nil {
-		tb.Fatalf("parsing LLMF_TEST_POSTGRES_DSN: %v", err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String()
-}
 
 func openPG(tb testing.TB, dsn string) Store {
 	tb.Helper()
@@ -84,7 +40,7 @@ var backends = []struct {
 	open func(testing.TB) Store
 }{
 	{"sqlite", openSQLiteT},
-	{"postgres", func(tb testing.TB) Store { return openPG(tb, pgDSN(tb)) }},
+	{"postgres", func(tb testing.TB) Store { return openPG(tb, pgtest.FreshDSN(tb)) }},
 }
 
 func forEachStore(t *testing.T, f func(t *testing.T, s Store)) {
@@ -643,10 +599,10 @@ func TestNoOverdraftUnderLoad(t *testing.T) {
 		runInvariant(t, stores, 10, 1000)
 	})
 	t.Run("postgres", func(t *testing.T) {
-		runInvariant(t, []Store{openPG(t, pgDSN(t))}, 10, 1000)
+		runInvariant(t, []Store{openPG(t, pgtest.FreshDSN(t))}, 10, 1000)
 	})
 	t.Run("postgres-two-instances", func(t *testing.T) {
-		dsn := pgDSN(t)
+		dsn := pgtest.FreshDSN(t)
 		// Open concurrently too: the advisory lock must serialise migrations.
 		var stores [2]Store
 		var wg sync.WaitGroup

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/pgtest"
 )
 
 // A row lock held on one account (an operator's open transaction, another
@@ -17,7 +19,7 @@ import (
 // Reserves on other accounts, group-committed alongside it, succeed at
 // once.
 func TestPostgresRowLockBlocksOnlyItsAccount(t *testing.T) {
-	dsn := pgDSN(t)
+	dsn := pgtest.FreshDSN(t)
 	s := openPG(t, dsn)
 	ctx := context.Background()
 	for _, id := range []string{"locked", "free1", "free2", "free3"} {
@@ -107,7 +109,7 @@ func TestPostgresRowLockBlocksOnlyItsAccount(t *testing.T) {
 // statement_timeout bounds a statement that waits for something other
 // than a row lock, so that a slow store is an error.
 func TestPostgresStatementTimeout(t *testing.T) {
-	dsn := pgDSN(t)
+	dsn := pgtest.FreshDSN(t)
 	s, err := OpenPostgres(context.Background(), dsn, Options{StatementTimeout: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/pgtest"
 )
 
 // holdWriter occupies every writer goroutine of s with an op that blocks
@@ -291,7 +293,7 @@ func TestCloseWithOpsInFlight(t *testing.T) {
 			return open(), open
 		}, true},
 		{"postgres", func(t *testing.T) (Store, func() Store) {
-			dsn := pgDSN(t)
+			dsn := pgtest.FreshDSN(t)
 			open := func() Store {
 				s, err := OpenPostgres(context.Background(), dsn)
 				if err != nil {
@@ -434,7 +436,7 @@ func TestAuthCache(t *testing.T) {
 			return out[0], out[1]
 		}},
 		{"postgres", func(t *testing.T) (Store, Store) {
-			dsn := pgDSN(t)
+			dsn := pgtest.FreshDSN(t)
 			return openPG(t, dsn), openPG(t, dsn)
 		}},
 	} {
@@ -558,7 +560,7 @@ func TestAuthCacheBounded(t *testing.T) {
 // TestPostgresTinyPool: the writer holds a connection of its own, which
 // must not starve reads even when the DSN asks for a one-connection pool.
 func TestPostgresTinyPool(t *testing.T) {
-	s := openPG(t, pgDSN(t)+"&pool_max_conns=1")
+	s := openPG(t, pgtest.FreshDSN(t)+"&pool_max_conns=1")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	mustAccount(t, s, "a", 1_000_000)

@@ -2,62 +2,15 @@ package store
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"net/url"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/llmfailover/caddy-llm-failover/history"
+	"github.com/llmfailover/caddy-llm-failover/internal/pgtest"
 	"github.com/llmfailover/caddy-llm-failover/internal/sqlitefile"
 	"github.com/llmfailover/caddy-llm-failover/journal"
 )
-
-// pgSchemaDSN is a DSN for a fresh schema of the test PostgreSQL, dropped
-// when the test ends.
-func pgSchemaDSN(t *testing.T) string {
-	t.Helper()
-	dsn := os.Getenv("LLMF_TEST_POSTGRES_DSN")
-	if dsn == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("LLMF_TEST_POSTGRES_DSN is unset but CI=true: PostgreSQL tests must not be skipped in CI")
-		}
-		t.Skip(`PostgreSQL tests skipped: LLMF_TEST_POSTGRES_DSN is unset (run eval "$(bash scripts/pg-test-server.sh start)")`)
-	}
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatalf("connecting to test PostgreSQL: %v", err)
-	}
-	defer conn.Close(ctx)
-	var rnd [6]byte
-	_, _ = rand.Read(rnd[:])
-	schema := "history_store_test_" + hex.EncodeToString(rnd[:])
-	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		t.Fatalf("creating schema: %v", err)
-	}
-	t.Cleanup(func() {
-		c, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			t.Errorf("dropping schema: %v", err)
-			return
-		}
-		defer c.Close(ctx)
-		_, _ = c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
-	})
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String()
-}
 
 var now = time.Date(2026, 3, 2, 0, 1, 30, 0, time.UTC)
 
@@ -214,7 +167,7 @@ func TestSQLiteStoreMigratesDecisions(t *testing.T) {
 }
 
 func TestPostgresStore(t *testing.T) {
-	dsn := pgSchemaDSN(t)
+	dsn := pgtest.FreshDSN(t)
 	testStore(t, func() *Store {
 		s, err := OpenPostgres(context.Background(), dsn)
 		if err != nil {
