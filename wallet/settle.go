@@ -513,15 +513,7 @@ func (s *sqlStore) settledBefore(t *stx, jobs []*settleJob, floor int64) (bool, 
 	if err != nil {
 		return false, fmt.Errorf("reading available balances: %w", err)
 	}
-	if err := eachRow(rs, func(rs *sql.Rows) error {
-		var (
-			a  string
-			av int64
-		)
-		err := rs.Scan(&a, &av)
-		avail[a] = Micros(av)
-		return err
-	}); err != nil {
+	if err := scanAvailable(rs, avail); err != nil {
 		return false, fmt.Errorf("reading available balances: %w", err)
 	}
 	for _, j := range jobs {
@@ -599,6 +591,11 @@ func (s *sqlStore) runSettlesInOne(t *stx, jobs []*settleJob, accounts []string,
 	if err != nil {
 		return err
 	}
+	return scanAvailable(rs, avail)
+}
+
+// scanAvailable reads (account, available balance) rows into avail.
+func scanAvailable(rs *sql.Rows, avail map[string]Micros) error {
 	return eachRow(rs, func(rs *sql.Rows) error {
 		var (
 			a  string
