@@ -359,10 +359,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 // that this is intended.
 func (h *Handler) ServesAnyone() bool { return h.Wallet == nil && h.Auth != "off" }
 
+// ReadsClientKeys reports whether the handler takes wallet keys from the
+// client's headers (a wallet without an account placeholder).
+func (h *Handler) ReadsClientKeys() bool { return h.Wallet != nil && h.Wallet.Account == "" }
+
 // Interface guards
 var (
 	_ caddy.Provisioner           = (*Handler)(nil)
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 	_ failoverapp.OpenToAnyone    = (*Handler)(nil)
+	_ failoverapp.ReadsClientKeys = (*Handler)(nil)
 )

@@ -51,3 +51,32 @@ func TestBinaryValidateRefusesAMisspeltHeartbeatJob(t *testing.T) {
 		t.Errorf("validate's refusal does not list the jobs there are:\n%s", out)
 	}
 }
+
+// `caddy validate` warns when a site reads wallet keys and its access
+// log would write them in clear, and is quiet once the documented filter
+// is in place.
+func TestBinaryValidateWarnsOfKeysInTheAccessLog(t *testing.T) {
+	const warning = "access log writes the wallet keys"
+	for _, tt := range []struct {
+		name, log string
+		warn      bool
+	}{
+		{"plain log", "\tlog\n", true},
+		{"filtered log", "\tlog {\n\t\tformat filter {\n\t\t\trequest>headers>X-Api-Key delete\n\t\t\trequest>headers>Api-Key delete\n\t\t}\n\t}\n", false},
+	} {
+		dir := t.TempDir()
+		cfg := filepath.Join(dir, "Caddyfile")
+		config := "{\n\tadmin off\n\tllm_wallet {\n\t\tstore sqlite " + filepath.Join(dir, "w.db") + "\n\t}\n}\n" +
+			"http://localhost:1 {\n" + tt.log + "\tllm_failover {\n\t\tchannel a http://127.0.0.1:1\n\t\tmodel m {\n\t\t\troute a\n\t\t}\n\t\twallet\n\t}\n}\n"
+		if err := os.WriteFile(cfg, []byte(config), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		out, err := runCaddy(t, baseEnv(dir), "validate", "--config", cfg, "--adapter", "caddyfile")
+		if err != nil {
+			t.Fatalf("%s: validate: %v\n%s", tt.name, err, out)
+		}
+		if got := strings.Contains(out, warning); got != tt.warn {
+			t.Errorf("%s: warned %v, want %v:\n%s", tt.name, got, tt.warn, out)
+		}
+	}
+}

@@ -18,6 +18,7 @@
 package failoverapp
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"sync"
@@ -70,6 +71,7 @@ type App struct {
 	historyKey string
 	leaderDSN  string
 	released   bool // Cleanup gave the status reference back
+	started    bool // Start ran (Cleanup without it after validation warns instead)
 
 	mu       sync.Mutex
 	handlers int // Handler's count
@@ -164,7 +166,8 @@ func (a *App) Start() (err error) {
 	for _, c := range a.channels {
 		c.ch.Breaker.SetConfig(c.cfg)
 	}
-	warnUnauthenticated(a.ctx, a.logger)
+	a.started = true
+	a.warnConfigRisks()
 	defer func() {
 		// The prober starts last, so a failed Start has none to wait for.
 		if err != nil {
@@ -218,6 +221,9 @@ func stopStarted(p *prober, detachHeartbeats func()) {
 // to load too, and on the old config during a reload while its streams
 // may still be open: nothing here cuts an in-flight request.
 func (a *App) Cleanup() error {
+	if !a.started && validated(a.ctx) {
+		a.warnConfigRisks()
+	}
 	a.releaseHistory()
 	a.releaseChannels()
 	a.mu.Lock()
@@ -229,6 +235,24 @@ func (a *App) Cleanup() error {
 	a.released = true
 	_, err := statusStates.Delete(statusStateKey)
 	return err
+}
+
+// warnConfigRisks logs what a config allows but an operator rarely
+// means: a public server answering anyone with the channels'
+// credentials, an access log writing wallet keys in clear. It needs
+// every handler provisioned, so it runs when the app starts and, under
+// `caddy validate` (which never starts apps), when the validated config
+// is cleaned up.
+func (a *App) warnConfigRisks() {
+	warnUnauthenticated(a.ctx, a.logger)
+	warnKeysInAccessLog(a.ctx, a.logger)
+}
+
+// validated reports whether ctx was cancelled by caddy.Validate once the
+// config provisioned; Caddy marks that only by the cause's text.
+func validated(ctx caddy.Context) bool {
+	cause := context.Cause(ctx)
+	return cause != nil && cause.Error() == "validation complete"
 }
 
 // active is the app of the running config, nil when there is none (no

@@ -1,6 +1,7 @@
 package integration_test
 
 import (
+	"bytes"
 	"encoding/base64"
 	"net/http"
 	"os"
@@ -128,5 +129,52 @@ func TestAuthOffAndTheWarning(t *testing.T) {
 		if got := strings.Contains(string(log), warning); got != tt.warn {
 			t.Errorf("%s: warning logged %v, want %v", tt.name, got, tt.warn)
 		}
+	}
+}
+
+// A server that reads wallet keys and logs access warns when its access
+// log would write a key in clear, and the warning tells the truth: the
+// key is in the access log exactly when it warned. A filter keyed in
+// the wrong case hides nothing and still warns.
+func TestAccessLogKeyWarning(t *testing.T) {
+	a := upstream(t, fu.OK())
+	const warning = "access log writes the wallet keys"
+	for _, tt := range []struct {
+		name, filter string
+		warn         bool
+	}{
+		{"no filter", "", true},
+		{"documented filter", "\t\tformat filter {\n\t\t\trequest>headers>X-Api-Key delete\n\t\t\trequest>headers>Api-Key delete\n\t\t}", false},
+		{"hash filter", "\t\tformat filter {\n\t\t\trequest>headers>X-Api-Key hash\n\t\t\trequest>headers>Api-Key replace REDACTED\n\t\t}", false},
+		{"lower-case filter", "\t\tformat filter {\n\t\t\trequest>headers>x-api-key delete\n\t\t\trequest>headers>api-key delete\n\t\t}", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			pluginLog, accessLog := loggedGatewayWith(t, tt.filter, `
+		channel a %s
+		model m {
+			route a
+		}
+		wallet`, a.URL)
+			const key = "llmf-not-a-real-key-73b1"
+			res, _ := post(t, "/v1/chat/completions", fu.ChatRequest("m", false), "X-Api-Key", key)
+			if res.StatusCode != 401 {
+				t.Fatalf("unknown key: %d", res.StatusCode)
+			}
+			var plugin, access []byte
+			eventually(t, 5*time.Second, "the access log", func() bool {
+				access, _ = os.ReadFile(accessLog)
+				plugin, _ = os.ReadFile(pluginLog)
+				return bytes.Contains(access, []byte("/v1/chat/completions"))
+			})
+			if got := strings.Contains(string(plugin), warning); got != tt.warn {
+				t.Errorf("warning logged %v, want %v\n%s", got, tt.warn, plugin)
+			}
+			if leaked := bytes.Contains(access, []byte(key)); leaked != tt.warn {
+				t.Errorf("key in the access log %v, but warned %v", leaked, tt.warn)
+			}
+			if tt.warn && !strings.Contains(string(plugin), `"X-Api-Key"`) {
+				t.Errorf("the warning does not name X-Api-Key:\n%s", plugin)
+			}
+		})
 	}
 }
