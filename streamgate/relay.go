@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -31,7 +32,11 @@ import (
 var (
 	ErrGateTimeout = errors.New("streamgate: no decisive event before the gate timeout")
 	ErrIdleTimeout = errors.New("streamgate: upstream idle after commit")
-	ErrClientGone  = errors.New("streamgate: client went away")
+	// ErrContentStall is an upstream that, after commit, kept the
+	// connection busy (pings, comments) but sent no content for longer
+	// than Options.StallFloor allows.
+	ErrContentStall = errors.New("streamgate: upstream content stalled after commit")
+	ErrClientGone   = errors.New("streamgate: client went away")
 )
 
 // Defaults applied to zero Options fields.
@@ -39,6 +44,7 @@ const (
 	DefaultGateTimeout = 30 * time.Second
 	DefaultIdleTimeout = 60 * time.Second
 	DefaultMaxHeld     = 1 << 20
+	DefaultStallFactor = 8
 
 	// DefaultMaxEvent bounds what the parser buffers of one line or one
 	// event's data, before and after commit, so that an upstream sending
@@ -124,6 +130,26 @@ type Options struct {
 	// IdleTimeout bounds the wait for upstream bytes after commit; 0 means
 	// 60s. Time spent writing to a slow client does not count.
 	IdleTimeout time.Duration
+	// StallFloor, when > 0, bounds the wait for upstream content after
+	// commit, for a caller that can continue a stalled stream elsewhere:
+	// an upstream that keeps the connection alive with pings or comments
+	// but has stopped answering never trips IdleTimeout. A committed
+	// stream whose Content events (as Classify tells; never pings,
+	// comments or preambles) stop for longer than max(StallFloor,
+	// StallFactor × the longest gap between its Content events so far)
+	// ends Stalled. The first gap runs from commit, or from the first
+	// Content event when that committed the stream. Scaling by the
+	// longest gap seen lets a model that has already paused to reason
+	// pause again; the floor keeps an early, short gap from making the
+	// limit hair-trigger. As for IdleTimeout, time spent writing to a
+	// slow client does not count, and once the stream's normal end (or an
+	// error event) has been seen no content is due. 0 turns it off, at
+	// no cost.
+	StallFloor time.Duration
+	// StallFactor scales the longest content gap seen into the stall
+	// limit (see StallFloor); <= 0 means 8. It is unused when StallFloor
+	// is 0.
+	StallFactor int
 	// MaxHeld bounds the bytes held before commit; 0 means 1 MiB. Reaching
 	// it commits, so memory stays bounded.
 	MaxHeld int
@@ -166,6 +192,9 @@ func (o Options) withDefaults() Options {
 	if o.MaxHeld <= 0 {
 		o.MaxHeld = DefaultMaxHeld
 	}
+	if o.StallFloor > 0 && o.StallFactor <= 0 {
+		o.StallFactor = DefaultStallFactor
+	}
 	return o
 }
 
@@ -187,8 +216,9 @@ const (
 	// Truncated: after commit the upstream closed or failed before its
 	// normal end; an error event was appended.
 	Truncated
-	// Stalled: after commit the upstream sent nothing for IdleTimeout; an
-	// error event was appended.
+	// Stalled: after commit the upstream sent nothing for IdleTimeout,
+	// or no content for the StallFloor limit; an error event was appended
+	// (or deferred, with DeferBreak).
 	Stalled
 	// ClientGone: a write to the client failed.
 	ClientGone
@@ -244,10 +274,12 @@ type Result struct {
 
 // relay is the state of one Relay call. The Relay goroutine owns it, except
 // that the gate timer may commit (or expire) concurrently before commit,
-// and the idle timer checks for a stall after; mu serializes those with the
-// Relay goroutine. After commit the Relay goroutine forwards without
-// locking: the gate timer then only looks at committed/done, and the idle
-// timer only at done/stalled/idle and the atomic readSince.
+// and the idle and stall timers check for a stall after; mu serializes
+// those with the Relay goroutine. After commit the Relay goroutine forwards
+// without locking: the gate timer then only looks at committed/done, the
+// idle timer only at done/stalled/idle and the atomic readSince, and the
+// stall timer only at done/stalled/stall/committedAt and the atomics
+// readSince, readWait and stallLimit.
 type relay struct {
 	src    io.Reader
 	cancel context.CancelCauseFunc
@@ -261,6 +293,17 @@ type relay struct {
 	// or 0 when no Read is pending.
 	readSince atomic.Int64
 
+	// Content stall detection (StallFloor > 0). readWait is the time (ns)
+	// the Relay goroutine spent blocked in completed Reads since commit or
+	// the last Content event; stallLimit is the current limit in ns, or
+	// -1 once no content is due. lastContent and maxGap (wall clock, ns
+	// since start +1) belong to the Relay goroutine, or to whoever holds
+	// mu before commit.
+	readWait    atomic.Int64
+	stallLimit  atomic.Int64
+	lastContent int64
+	maxGap      int64
+
 	mu          sync.Mutex
 	committed   bool
 	done        bool
@@ -270,6 +313,9 @@ type relay struct {
 	clientGone  bool
 	gate        *time.Timer
 	idle        *time.Timer
+	stall       *time.Timer
+	committedAt int64         // ns since start +1; set with stall
+	noContent   time.Duration // stalled for want of content, after this long
 	held        []byte
 	werr        error
 	sent        int64
@@ -310,6 +356,10 @@ func Relay(src io.Reader, cancel context.CancelCauseFunc, dst Downstream, opts O
 	r := &relay{src: src, cancel: cancel, dst: dst, opts: opts.withDefaults(), start: time.Now()}
 	r.p.MaxEvent = max(r.opts.MaxHeld, DefaultMaxEvent)
 	r.emit = r.onEvent
+	stallOn := r.opts.StallFloor > 0
+	if stallOn {
+		r.stallLimit.Store(int64(r.opts.StallFloor))
+	}
 
 	bp := readBufPool.Get().(*[]byte)
 	defer readBufPool.Put(bp)
@@ -321,15 +371,24 @@ func Relay(src io.Reader, cancel context.CancelCauseFunc, dst Downstream, opts O
 
 	committed := false
 	for {
-		r.readSince.Store(r.now())
+		since := r.now()
+		r.readSince.Store(since)
 		n, err := src.Read(buf)
 		r.readSince.Store(0)
+		if stallOn && committed {
+			r.readWait.Add(r.now() - since)
+		}
 		if n > 0 {
 			var stop bool
 			if committed {
 				stop = r.forward(buf[:n])
 			} else {
 				r.mu.Lock()
+				if stallOn && r.committed {
+					// Committed by the gate timer during this Read: the
+					// wait since commit counts towards a content stall.
+					r.readWait.Add(r.now() - max(since, r.committedAt))
+				}
 				stop = r.hold(buf[:n])
 				committed = r.committed
 				r.mu.Unlock()
@@ -518,12 +577,18 @@ func (r *relay) onEvent(ev Event) {
 	k := r.opts.Classify(ev)
 	if r.committed || r.decided {
 		switch k {
+		case Content:
+			if r.opts.StallFloor > 0 {
+				r.sawContent()
+			}
 		case Terminal:
 			r.sawEnd = true
+			r.contentEnded()
 		case ErrorFrame:
 			// Forwarded as is: the client is told, so the stream ended
 			// honestly and needs no appended error.
 			r.sawEnd = true
+			r.contentEnded()
 			if !r.errAfter {
 				r.errAfter = true
 				r.errData = append([]byte(nil), ev.Data...)
@@ -538,8 +603,12 @@ func (r *relay) onEvent(ev Event) {
 		switch k {
 		case Content:
 			r.decided = true
+			if r.opts.StallFloor > 0 {
+				r.sawContent()
+			}
 		case Terminal:
 			r.decided, r.sawEnd = true, true
+			r.contentEnded()
 		case ErrorFrame:
 			r.failed = true
 			r.errData = append([]byte(nil), ev.Data...)
@@ -551,6 +620,27 @@ func (r *relay) onEvent(ev Event) {
 		r.dropEvent()
 	}
 	r.keep = false
+}
+
+// sawContent restarts the content clock at a Content event after (or
+// deciding) commit, and raises the stall limit if the gap it ends is the
+// longest yet. It runs on the Relay goroutine (under mu before commit).
+func (r *relay) sawContent() {
+	now := r.now()
+	if r.lastContent != 0 {
+		if gap := now - r.lastContent; gap > r.maxGap {
+			r.maxGap = gap
+			limit := int64(math.MaxInt64)
+			if f := int64(r.opts.StallFactor); gap <= math.MaxInt64/f {
+				limit = f * gap
+			}
+			if r.stallLimit.Load() >= 0 { // not once no content is due
+				r.stallLimit.Store(max(limit, int64(r.opts.StallFloor)))
+			}
+		}
+	}
+	r.lastContent = now
+	r.readWait.Store(0)
 }
 
 // commitLocked commits and sends what was held plus extra, flushing once so
@@ -570,6 +660,15 @@ func (r *relay) commitLocked(extra []byte) {
 	r.account() // what was held is the client's now
 	if !r.clientGone {
 		r.idle = time.AfterFunc(r.opts.IdleTimeout, r.onIdle)
+		if r.opts.StallFloor > 0 {
+			// The content clock starts now, unless the Content event
+			// that decided the stream already started it.
+			r.committedAt = r.now()
+			if r.lastContent == 0 {
+				r.lastContent = r.committedAt
+			}
+			r.stall = time.AfterFunc(r.opts.StallFloor, r.onStall)
+		}
 	}
 }
 
@@ -649,6 +748,50 @@ func (r *relay) onIdle() {
 	r.callCancel(ErrIdleTimeout)
 }
 
+// onStall ends a committed stream whose content stopped for longer than
+// the stall limit (Options.StallFloor). What counts is time the Relay
+// goroutine spent blocked in Read since the last Content event (or
+// commit): pings still arriving do not reset it, time spent writing to a
+// slow client does not add to it.
+func (r *relay) onStall() {
+	r.mu.Lock()
+	limit := time.Duration(r.stallLimit.Load())
+	if r.done || r.stalled || limit < 0 {
+		r.mu.Unlock()
+		return // ended, or no content is due: stay stopped
+	}
+	waited := time.Duration(r.readWait.Load())
+	since := r.readSince.Load()
+	if since != 0 {
+		// The pending Read may have begun before a commit made by the
+		// gate timer; only the part after commit counts.
+		waited += time.Duration(r.now() - max(since, r.committedAt))
+	}
+	wait := limit - waited
+	if since == 0 || wait > 0 {
+		// Not blocked in Read (busy with the client), or not for long
+		// enough yet: look again later rather than blame the upstream.
+		if wait <= 0 {
+			wait = max(r.opts.StallFloor/16, time.Millisecond)
+		}
+		r.stall.Reset(wait)
+		r.mu.Unlock()
+		return
+	}
+	r.stalled = true
+	r.noContent = limit
+	r.mu.Unlock()
+	r.callCancel(ErrContentStall)
+}
+
+// contentEnded stops the content clock: the stream's normal end or an
+// error event was seen, so no more content is due.
+func (r *relay) contentEnded() {
+	if r.opts.StallFloor > 0 {
+		r.stallLimit.Store(-1)
+	}
+}
+
 func (r *relay) callCancel(cause error) {
 	if r.cancel != nil {
 		r.cancel(cause)
@@ -662,6 +805,9 @@ func (r *relay) finish(readErr error) Result {
 	r.gate.Stop()
 	if r.idle != nil {
 		r.idle.Stop()
+	}
+	if r.stall != nil {
+		r.stall.Stop()
 	}
 	r.mu.Unlock()
 
@@ -714,7 +860,7 @@ func (r *relay) finish(readErr error) Result {
 		}
 	})
 	r.mu.Lock()
-	stalled := r.stalled
+	stalled, noContent := r.stalled, r.noContent
 	r.mu.Unlock()
 	if !ended && r.opts.EndsAtEOF && errors.Is(readErr, io.EOF) && !unterminated && !stalled {
 		ended = true // an unknown API ends however it likes, but not mid-event
@@ -751,6 +897,11 @@ func (r *relay) finish(readErr error) Result {
 	case ended:
 		res.Outcome, res.Err = Complete, rerr
 		return res
+	case stalled && noContent > 0:
+		res.Outcome = Stalled
+		d := noContent.Round(time.Millisecond)
+		res.Err = fmt.Errorf("streamgate: no upstream content for %v: %w", d, ErrContentStall)
+		res.Deferred = r.appendError(deferred, midEvent, CodeStalled, "upstream stalled: no content for "+d.String()+"; the response is incomplete")
 	case stalled:
 		res.Outcome = Stalled
 		res.Err = fmt.Errorf("streamgate: no upstream bytes for %v: %w", r.opts.IdleTimeout, ErrIdleTimeout)

@@ -22,6 +22,7 @@ type fakeDown struct {
 	commitCh  chan struct{}
 	failWrite int           // fail the n-th Write (1-based); 0 never
 	writeLag  time.Duration // per-Write delay, a slow client
+	lagAfter  int           // writeLag spares the first lagAfter Writes
 	writes    int
 }
 
@@ -44,7 +45,13 @@ func (f *fakeDown) Commit() error {
 }
 
 func (f *fakeDown) Write(p []byte) (int, error) {
-	time.Sleep(f.writeLag)
+	f.mu.Lock()
+	lag := f.writeLag
+	if f.writes < f.lagAfter {
+		lag = 0
+	}
+	f.mu.Unlock()
+	time.Sleep(lag)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(f.ops) == 0 {
