@@ -227,7 +227,7 @@ func TestCaddyfileMistakesNameTheLine(t *testing.T) {
 		}
 		model m {
 			route a
-		}`, `channel "a": provider: openai: continuation "on": want one of prefix, continue_final_message, prefill, at Testfile:2`},
+		}`, `channel "a": provider: openai: continuation "on": want one of instructed, prefix, continue_final_message, prefill, off, at Testfile:2`},
 		{"misspelt provider", `
 		channel a http://127.0.0.1:9000 {
 			provider vertx

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmfailover/caddy-llm-failover/internal/fakeproviders"
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 )
 
@@ -60,6 +61,21 @@ func TestSDKs(t *testing.T) {
 	channels.WriteString(up("gres1", fu.OK().WithPieces(resumePieces...).WithCutAfter(40)))
 	channels.WriteString(strings.TrimSuffix(up("gres2", fu.OK().WithPieces(resumePieces[40:]...)), "\n") +
 		" {\n\t\t\tprovider openai {\n\t\t\t\tcontinuation prefix\n\t\t\t}\n\t\t}\n")
+	// claude-resume-46 and gpt-resume-instructed: the same cut, continued
+	// by models with no prefill, asked in words (a Claude 4.6 that refuses
+	// the prefill first, the OpenAI API), each repeating the delivered
+	// tail before going on.
+	answer := strings.Join(resumePieces, "")
+	claude46 := fakeproviders.NewAnthropic("sk-ant-sdk")
+	t.Cleanup(claude46.Close)
+	claude46.SetModel(&fakeproviders.Model{Answer: answer, NoPrefill: true, Repeat: 7})
+	gpt := fakeproviders.NewOpenAI("sk-openai-sdk")
+	t.Cleanup(gpt.Close)
+	gpt.SetModel(&fakeproviders.Model{Answer: answer, PrefixIsContext: true, Repeat: 9})
+	channels.WriteString(up("c46a", fu.OK().WithPieces(resumePieces...).WithCutAfter(40)))
+	channels.WriteString("\t\tchannel c46b " + claude46.URL + " {\n\t\t\tprovider anthropic\n\t\t\theader X-Api-Key sk-ant-sdk\n\t\t}\n")
+	channels.WriteString(up("ginsa", fu.OK().WithPieces(resumePieces...).WithCutAfter(40)))
+	channels.WriteString("\t\tchannel ginsb " + gpt.URL + " {\n\t\t\theader Authorization \"Bearer sk-openai-sdk\"\n\t\t}\n")
 
 	models := `
 		model gpt-failover {
@@ -104,6 +120,16 @@ func TestSDKs(t *testing.T) {
 		model gpt-resume {
 			route gres1 cost 1 1
 			route gres2 cost 2 2
+			stream_resume continue
+		}
+		model claude-resume-46 {
+			route c46a cost 1 1
+			route c46b cost 2 2 upstream_model claude-opus-4-6
+			stream_resume continue
+		}
+		model gpt-resume-instructed {
+			route ginsa cost 1 1
+			route ginsb cost 2 2 upstream_model gpt-5
 			stream_resume continue
 		}
 		stream_idle_timeout 10s

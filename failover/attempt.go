@@ -49,8 +49,15 @@ func (e *Engine) attempt(x *exchange, route *chain.Route, budget time.Duration) 
 	}
 
 	body, req := x.body, x.req
+	var form provider.ContinuationForm
 	if x.mode == modeContinue {
-		body, req = x.resume.body, x.resume.req
+		c, err := e.continuationFor(x, ch, route)
+		if err != nil {
+			headerTimer.Stop()
+			return retryWith(&failure{reason: reasonNetwork, detail: buildFailed + err.Error()})
+		}
+		x.resume.cur, form = c, c.form
+		body, req = c.body, c.req
 	}
 	if x.bill != nil {
 		body = x.bill.prepare(body)
@@ -63,7 +70,7 @@ func (e *Engine) attempt(x *exchange, route *chain.Route, budget time.Duration) 
 	out, err := ch.Adapter.NewRequest(ctx, provider.Call{
 		API: x.api, Base: ch.Base, Client: x.r, Body: body, Request: req,
 		UpstreamModel: route.UpstreamModel, Header: ch.Header, PassHeader: ch.Extras.Request,
-		Continuation: x.mode == modeContinue,
+		Continuation: form,
 	})
 	if err != nil {
 		headerTimer.Stop()
@@ -82,9 +89,19 @@ func (e *Engine) attempt(x *exchange, route *chain.Route, budget time.Duration) 
 	}
 	if x.mode == modeContinue && (res.StatusCode != http.StatusOK || !ch.Adapter.IsStream(res.Header)) {
 		// A continuation joins a stream the client already has: anything
-		// but a stream (a refused prefill's 400) is this channel's failure,
-		// never the client's answer.
-		return retryWith(statusFailure(x.api, res))
+		// but a stream is this channel's failure, never the client's
+		// answer. A refused prefill says the model wants the instructed
+		// form: learned for the channel's model, and asked again at once
+		// (candidate).
+		f := statusFailure(x.api, res)
+		if form == provider.Prefill && provider.PrefillRefused(f.status, f.message) {
+			f.reason = reasonPrefillRefused
+			if model := upstreamModel(route, x.req.Model); ch.health.LearnRefusesPrefill(model) {
+				e.logger.Info("channel's model refuses a prefill; its continuations are instructed from now on",
+					zap.String("channel", ch.Name), zap.String("upstream_model", model))
+			}
+		}
+		return retryWith(f)
 	}
 	src := ch.Adapter.ResponseBody(res)
 	if route.UpstreamModel != "" && route.UpstreamModel != x.req.Model {
@@ -167,8 +184,15 @@ func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc
 	var d streamgate.Downstream = &downstream{w: client, res: res, onCommit: func() { release(); commit() },
 		copyHeader: func(dst, src http.Header) { e.copyResponseHeader(ch, dst, src) }}
 	continuing := x.mode == modeContinue
+	var join *provider.Joiner
 	if continuing {
-		d = &spliced{w: client, seam: seamComment(x.resume.from, ch.Name), splice: x.resume.splice, onCommit: func() { release(); commit() }}
+		c := x.resume.cur
+		d = &spliced{w: client, seam: seamComment(x.resume.from, ch.Name, c.form), splice: c.splice, onCommit: func() { release(); commit() }}
+		if join = c.splice.Joiner(); join != nil {
+			// The instructed answer's text is held until it is known to
+			// join the delivered text.
+			opts.Classify = join.Classify(opts.Classify)
+		}
 	}
 	opts.GateTimeout = e.opts.StreamGate
 	opts.GateFailover = e.opts.StreamGateFailover
@@ -231,6 +255,11 @@ func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc
 				}
 			}
 			return attemptResult{verdict: broken, fail: f}
+		}
+		if join != nil {
+			if why := join.Abandoned(); why != "" {
+				return retryWith(&failure{reason: reasonRestarted, detail: why})
+			}
 		}
 		if status := x.api.ErrorFrameRefusal(out.ErrorData); status != 0 && !continuing {
 			// The upstream refused the request itself: every channel would.

@@ -273,7 +273,7 @@ func (b *bill) answers() []*billedAnswer {
 		a := &billedAnswer{channel: b.channel, upstreamModel: b.upstreamModel, meter: b.meter,
 			body: b.x.body, inputBound: b.inputBound, outputBound: b.outputBound}
 		if b.broken != nil {
-			a.body, a.inputBound, a.outputBound = b.x.resume.body, b.contInBound, b.contOutBound
+			a.body, a.inputBound, a.outputBound = b.x.resume.cur.body, b.contInBound, b.contOutBound
 		}
 		out = append(out, a)
 	}

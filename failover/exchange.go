@@ -47,6 +47,12 @@ const (
 	outcomeRateLimited reason = "rate_limited"
 	// reasonResumed journals a broken stream continued on another channel.
 	reasonResumed reason = "resumed"
+	// reasonPrefillRefused: a continuation's model takes no prefill; the
+	// channel is asked again at once in the instructed form.
+	reasonPrefillRefused reason = "prefill_refused"
+	// reasonRestarted: an instructed continuation started the answer
+	// over and said something else; it is abandoned unseen.
+	reasonRestarted reason = "continuation_restarted"
 	// reasonProbeFailed opens a channel whose synthetic check failed.
 	reasonProbeFailed reason = "probe_failed"
 	// reasonDrill is the failure a drill makes a channel have.
@@ -63,7 +69,8 @@ var reasons = []reason{
 	reasonErrorFrame, reasonClosedEarly, reasonGateTimeout, reasonErrorBody, reasonBadBody,
 	reasonTooLarge, reasonLineTooLarge, reasonRedirect, reasonContentType, reasonOverloaded,
 	reasonTruncated, reasonStalled,
-	outcomeClientGone, outcomeRateLimited, reasonResumed, reasonProbeFailed, reasonNoWorkingChannel, reasonDrill,
+	outcomeClientGone, outcomeRateLimited, reasonResumed, reasonPrefillRefused, reasonRestarted,
+	reasonProbeFailed, reasonNoWorkingChannel, reasonDrill,
 }
 
 // failure is one failure of one attempt.
@@ -96,10 +103,15 @@ func (f *failure) rateLimited() bool {
 
 // channelFault reports whether the failure says something about the
 // channel's health. An answer over max_response_body is the request's
-// doing (it asked for that much), and a gateway over max_held_bytes the
-// load's, so they fail over without counting.
+// doing (it asked for that much), a gateway over max_held_bytes the
+// load's, and a continuation's refused prefill or restarted answer the
+// form's and the model's, so they fail over without counting.
 func (f *failure) channelFault() bool {
-	return f.reason != reasonTooLarge && f.reason != reasonOverloaded
+	switch f.reason {
+	case reasonTooLarge, reasonOverloaded, reasonPrefillRefused, reasonRestarted:
+		return false
+	}
+	return true
 }
 
 func (f *failure) String() string {

@@ -37,8 +37,8 @@ var (
 	}, []string{"model"})
 	resumesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "llm_failover", Name: "resumes_total",
-		Help: "Broken streams continued on another channel, by model and outcome (resumed; broken: the continuation broke too; failed: none continued).",
-	}, []string{"model", "outcome"})
+		Help: "Broken streams continued on another channel, by model, outcome (resumed; broken: the continuation broke too; failed: none continued) and the form the continuation was asked in (prefill, instructed; none when it failed).",
+	}, []string{"model", "outcome", "form"})
 )
 
 func registerMetrics(reg prometheus.Registerer) error {

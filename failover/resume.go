@@ -25,14 +25,69 @@ type resumeState struct {
 	// Set when the stream broke and a continuation is to be sought.
 	wanted   bool
 	from     string // the channel whose stream broke
-	body     []byte // the request with the delivered text as prefill
-	req      provider.Request
-	splice   *provider.Splice
 	errEvent []byte // the original failure's error event
+	// forms holds the continuation built for each form, on first use;
+	// cur is the one the attempt in flight sends.
+	forms map[provider.ContinuationForm]*continuation
+	cur   *continuation
+}
+
+// continuation is one form of the request that continues a broken
+// stream: the body sent, parsed, and the Splice that joins its answer.
+type continuation struct {
+	form   provider.ContinuationForm
+	body   []byte
+	req    provider.Request
+	splice *provider.Splice
 }
 
 // pending reports whether a broken stream waits for its continuation.
 func (rs *resumeState) pending() bool { return rs != nil && rs.wanted }
+
+// build returns the continuation in form, building it once.
+func (rs *resumeState) build(x *exchange, form provider.ContinuationForm) (*continuation, error) {
+	if c, ok := rs.forms[form]; ok {
+		return c, nil
+	}
+	body, splice, err := rs.transcript.Continue(x.body, form)
+	var req provider.Request
+	if err == nil {
+		// Parsed again: an adapter edits the body at the offsets it holds.
+		req, err = x.api.ParseRequest(body)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if rs.forms == nil {
+		rs.forms = make(map[provider.ContinuationForm]*continuation, 2)
+	}
+	c := &continuation{form: form, body: body, req: req, splice: splice}
+	rs.forms[form] = c
+	return c, nil
+}
+
+// continuationFor picks how ch is asked to continue: its adapter's form,
+// or the instructed one once its upstream model refused a prefill (or a
+// prefill cannot be built: only white space was delivered).
+func (e *Engine) continuationFor(x *exchange, ch *Channel, route *chain.Route) (*continuation, error) {
+	form := continuationForm(ch, x.api)
+	if form == provider.Prefill && ch.health.RefusesPrefill(upstreamModel(route, x.req.Model)) {
+		form = provider.Instructed
+	}
+	c, err := x.resume.build(x, form)
+	if err != nil && form == provider.Prefill {
+		c, err = x.resume.build(x, provider.Instructed)
+	}
+	return c, err
+}
+
+// continuationForm is how a channel's adapter continues a stream of api.
+func continuationForm(ch *Channel, api provider.API) provider.ContinuationForm {
+	if c, ok := ch.Adapter.(provider.Continuer); ok {
+		return c.ContinuationForm(api)
+	}
+	return provider.CannotContinue
+}
 
 // mayResume reports whether a broken stream of x may be continued: the
 // wallet then reserves for one continuation too (billing.go).
@@ -55,7 +110,7 @@ func (e *Engine) resumableAPIs(m *Model) (out [provider.NumAPIs]bool) {
 			continue
 		}
 		for _, r := range c.Routes[1:] {
-			if cont, ok := e.channels[r.Channel].Adapter.(provider.Continuer); ok && cont.CanContinue(provider.API(api)) {
+			if continuationForm(e.channels[r.Channel], provider.API(api)) != provider.CannotContinue {
 				out[api] = true
 				break
 			}
@@ -92,8 +147,18 @@ func (e *Engine) watchForResume(x *exchange, opts *streamgate.Options, d streamg
 		t.Event(ev)
 	}
 	opts.DeferBreak = true
+	// A stream that will be resumed is also judged by its content, not
+	// only its bytes: an upstream that keeps pinging but stopped
+	// answering is a break too. Never sooner than 20 s (a reasoning
+	// pause is no stall), unless stream_idle_timeout says less.
+	opts.StallFloor = min(resumeStallFloor, e.opts.StreamIdleTimeout)
 	return announcing{Downstream: d, header: x.w.Header()}
 }
+
+// resumeStallFloor is the least content silence that breaks a stream
+// that will be resumed; the gate raises it to 8 times the longest pause
+// the stream made before (streamgate.Options.StallFloor).
+const resumeStallFloor = 20 * time.Second
 
 // announcing declares the resumed trailer when its stream is committed:
 // a trailer must be announced before the headers go out.
@@ -126,18 +191,14 @@ func (e *Engine) broke(x *exchange, ch *Channel, out streamgate.Result) bool {
 		return false
 	}
 	rs.errEvent = out.Deferred
-	body, splice, err := rs.transcript.Continue(x.body)
-	var req provider.Request
-	if err == nil {
-		// Parsed again: an adapter edits the body at the offsets it holds.
-		req, err = x.api.ParseRequest(body)
-	}
-	if err != nil {
+	// The instructed form asks least of the delivered text: if it cannot
+	// be built, no form can.
+	if _, err := rs.build(x, provider.Instructed); err != nil {
 		e.logger.Info("broken stream not resumed", zap.String("model", x.req.Model),
 			zap.String("channel", ch.Name), zap.String("why", err.Error()))
 		return false
 	}
-	rs.wanted, rs.from, rs.body, rs.req, rs.splice = true, ch.Name, body, req, splice
+	rs.wanted, rs.from = true, ch.Name
 	return true
 }
 
@@ -160,7 +221,7 @@ func (e *Engine) resume(x *exchange, rest []*chain.Route, broke attemptResult) a
 	}
 	var able []*chain.Route
 	for _, route := range rest {
-		if c, ok := e.channels[route.Channel].Adapter.(provider.Continuer); ok && c.CanContinue(x.api) {
+		if continuationForm(e.channels[route.Channel], x.api) != provider.CannotContinue {
 			able = append(able, route)
 		}
 	}
@@ -179,19 +240,20 @@ func (e *Engine) resume(x *exchange, rest []*chain.Route, broke attemptResult) a
 		if end.res.verdict == broken {
 			outcome = "broken" // the continuation itself broke off
 		}
-		resumesTotal.WithLabelValues(x.req.Model, outcome).Inc()
-		x.w.Header().Set(resumedTrailer, oneLine(rs.from)+" -> "+oneLine(next))
+		form := rs.cur.form.String()
+		resumesTotal.WithLabelValues(x.req.Model, outcome, form).Inc()
+		x.w.Header().Set(resumedTrailer, oneLine(rs.from)+" -> "+oneLine(next)+" ("+form+")")
 		delivered := provider.EstimateTokens([]byte(rs.transcript.Text()))
 		e.logger.Warn("broken stream resumed",
 			zap.String("model", x.req.Model), zap.String("channel", rs.from),
-			zap.String("next_channel", next), zap.String("reason", string(reasonResumed)),
+			zap.String("next_channel", next), zap.String("reason", string(reasonResumed)), zap.String("form", form),
 			zap.Int("delivered_bytes", len(rs.transcript.Text())), zap.Int64("delivered_tokens", delivered))
 		e.decided(x, rs.from, &failure{reason: reasonResumed, delivered: delivered}, next)
 		return end.res
 	case x.r.Context().Err() != nil:
 		return attemptResult{verdict: clientGone}
 	}
-	resumesTotal.WithLabelValues(x.req.Model, "failed").Inc()
+	resumesTotal.WithLabelValues(x.req.Model, "failed", "none").Inc()
 	w := &idleWriter{w: x.w, rc: http.NewResponseController(x.w), idle: e.opts.StreamIdleTimeout}
 	defer w.done()
 	if _, err := w.Write(rs.errEvent); err == nil {
@@ -241,10 +303,11 @@ func (e *Engine) resumeBound() time.Duration {
 	return e.opts.StreamIdleTimeout
 }
 
-// seamComment is the SSE comment that marks where a continuation begins;
-// clients ignore it, people reading the stream see it.
-func seamComment(from, to string) string {
-	return ": llm-failover resumed from " + oneLine(from) + " on " + oneLine(to) + "\n\n"
+// seamComment is the SSE comment that marks where a continuation begins,
+// and in which form it was asked; clients ignore it, people reading the
+// stream see it.
+func seamComment(from, to string, form provider.ContinuationForm) string {
+	return ": llm-failover resumed from " + oneLine(from) + " on " + oneLine(to) + " (" + form.String() + ")\n\n"
 }
 
 // oneLine keeps a channel name (an operator's label) on one line of an

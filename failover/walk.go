@@ -99,6 +99,14 @@ func (e *Engine) candidate(x *exchange, route *chain.Route, ticket breaker.Ticke
 	if res.done() || (x.mode != modeChain && x.mode != modeContinue) {
 		return res
 	}
+	if res.fail.reason == reasonPrefillRefused {
+		// Its model takes no prefill: asked again at once, instructed.
+		e.decided(x, route.Name, res.fail, route.Name)
+		if ticket, ok := e.channels[route.Channel].health.Breaker.Admit(time.Now()); ok {
+			return e.try(x, route, ticket, budget-time.Since(began))
+		}
+		return res
+	}
 	wait, ok := e.opts.RetrySame.wait(res.fail)
 	left := budget - time.Since(began) - wait
 	if !ok || left <= 0 {

@@ -183,10 +183,10 @@ func TestNoContinuationReservedWhenOnlyTheFirstCanContinue(t *testing.T) {
 			testChannel{name: uniqueName("rc"), url: "http://127.0.0.1:1", adapter: second}))
 		return e.models["m"]
 	}
-	if m := plan(&provider.OpenAI{Continuation: "prefix"}, new(provider.OpenAI)); m.resumable[provider.OpenAIChat] {
+	if m := plan(&provider.OpenAI{Continuation: "prefix"}, &provider.OpenAI{Continuation: "off"}); m.resumable[provider.OpenAIChat] {
 		t.Error("chat counted as resumable: only the first channel can continue")
 	}
-	if m := plan(new(provider.OpenAI), &provider.OpenAI{Continuation: "prefix"}); !m.resumable[provider.OpenAIChat] {
+	if m := plan(&provider.OpenAI{Continuation: "off"}, &provider.OpenAI{Continuation: "prefix"}); !m.resumable[provider.OpenAIChat] {
 		t.Error("chat not resumable though the second channel can continue")
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -31,6 +32,23 @@ type Channel struct {
 	// lastUsed is when real traffic last reached the channel (Unix
 	// nanoseconds), so that only idle channels are probed.
 	lastUsed atomic.Int64
+	// noPrefill holds the upstream models that refused a continuation's
+	// prefill here: they are asked in the instructed form from then on,
+	// across reloads, instead of paying a refused request per resume.
+	noPrefill sync.Map // upstream model → struct{}
+}
+
+// RefusesPrefill reports whether the channel's model refused a prefill.
+func (c *Channel) RefusesPrefill(model string) bool {
+	_, ok := c.noPrefill.Load(model)
+	return ok
+}
+
+// LearnRefusesPrefill records that the channel's model refused a prefill;
+// it reports whether this was news.
+func (c *Channel) LearnRefusesPrefill(model string) bool {
+	_, known := c.noPrefill.LoadOrStore(model, struct{}{})
+	return !known
 }
 
 // Touch records that real traffic reached the channel at now.

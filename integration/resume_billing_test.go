@@ -127,14 +127,14 @@ func TestResumeAdmissionBound(t *testing.T) {
 	auditClean(t)
 }
 
-// A billed stream whose resume fails (b refuses the prefill) is charged
+// A billed stream whose resume fails (b refuses the request) is charged
 // as a cut stream: one row for what a delivered, a zero row for b's
 // attempt, nothing left reserved.
 func TestResumeBilledFailedResumeReleases(t *testing.T) {
 	eachWalletStore(t, func(t *testing.T, s walletStore) {
 		pieces := resumePieces()
 		a := upstream(t, fu.OKNamed("primary").WithPieces(pieces...).WithCutAfter(40).WithUsage(200, 60))
-		b := upstream(t, fu.Status(400, `{"type":"error","error":{"type":"invalid_request_error","message":"prefill rejected"}}`))
+		b := upstream(t, fu.Status(400, `{"type":"error","error":{"type":"invalid_request_error","message":"messages: roles must alternate"}}`))
 		gatewayWith(t, walletOptions(s.option), resumeWalletChannels, a.URL, b.URL)
 		secret, _ := newWalletAccount(t, "acct", "1")
 		got := resumeBilledPost(t, secret, resumeBody(t))

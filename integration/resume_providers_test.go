@@ -82,7 +82,7 @@ func TestResumeChatCutDeliveredWhole(t *testing.T) {
 	}
 	t.Logf("resume took %s from the 40th chunk to the first continued one", s.at(`" t40"`)-s.at(`" t39"`))
 	for sub, n := range map[string]int{`"role":"assistant"`: 1, "data: [DONE]": 1, `"finish_reason":"stop"`: 1,
-		`"usage":{"prompt_tokens":9`: 1, ": llm-failover resumed from a on b\n": 1,
+		`"usage":{"prompt_tokens":9`: 1, ": llm-failover resumed from a on b (prefill)\n": 1,
 		"chatcmpl-backup": 0, "backup-model": 0, "fp_backup": 0, `"created":99`: 0, `"error"`: 0} {
 		if got := count(s.body, sub); got != n {
 			t.Errorf("%d × %q, want %d:\n%s", got, sub, n, s.body)
@@ -136,7 +136,7 @@ func endsWithError(t *testing.T, s streamed, b *fu.Server) {
 }
 
 // Streams a join could corrupt are not resumed: tool calls, JSON
-// output; nor is a chat stream whose backups cannot continue.
+// output; nor is a chat stream whose backups may not continue.
 func TestResumeChatNotResumed(t *testing.T) {
 	pieces := resumePieces()
 	t.Run("tool call", func(t *testing.T) {
@@ -155,10 +155,10 @@ func TestResumeChatNotResumed(t *testing.T) {
 		body := `{"model":"m","stream":true,"response_format":{"type":"json_object"},"messages":[{"role":"user","content":"Say hello in JSON."}]}`
 		endsWithError(t, chatResumePost(t, []byte(body)), b)
 	})
-	t.Run("no continuation option", func(t *testing.T) {
+	t.Run("continuation off", func(t *testing.T) {
 		a := upstream(t, fu.OKNamed("primary").WithPieces(pieces...).WithCutAfter(40))
 		b := upstream(t, chatBackup(pieces[40:]))
-		pluginLog, _ := loggedGateway(t, gateChannels, a.URL, b.URL, "stream_resume continue")
+		pluginLog, _ := loggedGateway(t, chatResumeChannels, a.URL, b.URL, "off")
 		endsWithError(t, chatResumePost(t, fu.ChatRequest("m", true)), b)
 		// Every refusal is logged, this one too.
 		eventually(t, 5*time.Second, "the log line saying why", func() bool {

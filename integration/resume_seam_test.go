@@ -68,10 +68,10 @@ func TestResumeOneIdentityAndTrailer(t *testing.T) {
 	// Go's client takes the announcement (Trailer:) out of the headers
 	// and fills Response.Trailer at the end of the body; its server sends
 	// only announced trailers.
-	if got := s.res.Trailer.Get("X-Llm-Failover-Resumed"); got != "a -> b" {
-		t.Errorf("trailer %s = %q, want \"a -> b\" (trailers %v)", "X-Llm-Failover-Resumed", got, s.res.Trailer)
+	if got := s.res.Trailer.Get("X-Llm-Failover-Resumed"); got != "a -> b (prefill)" {
+		t.Errorf("trailer %s = %q, want \"a -> b (prefill)\" (trailers %v)", "X-Llm-Failover-Resumed", got, s.res.Trailer)
 	}
-	mustContain(t, s.body, ": llm-failover resumed from a on b\n")
+	mustContain(t, s.body, ": llm-failover resumed from a on b (prefill)\n")
 	eventually(t, 5*time.Second, "the access log line", func() bool {
 		b, _ := os.ReadFile(accessLog)
 		return strings.Contains(string(b), "/v1/messages")

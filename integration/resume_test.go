@@ -57,7 +57,7 @@ func TestResumeCutStreamDeliveredWhole(t *testing.T) {
 	// What a resume costs: from the last delivered delta to the seam.
 	t.Logf("resume took %s from the 40th delta to the first continued one", s.at(" t40")-s.at(" t39"))
 	for sub, n := range map[string]int{"event: message_start": 1, "event: content_block_start": 1, "event: message_stop": 1,
-		"event: message_delta": 1, ": llm-failover resumed from a on b\n": 1, "event: error": 0, `"index":1`: 0} {
+		"event: message_delta": 1, ": llm-failover resumed from a on b (prefill)\n": 1, "event: error": 0, `"index":1`: 0} {
 		if got := count(s.body, sub); got != n {
 			t.Errorf("%d × %q, want %d:\n%s", got, sub, n, s.body)
 		}
@@ -110,8 +110,9 @@ func anthropicSteps(pieces []string) []any {
 	return steps
 }
 
-// A backup that rejects the prefill leaves the client with the original
-// failure's error event, not the 400.
+// A backup that rejects the prefill is asked again in the instructed
+// form; when it rejects that too, the client has the original failure's
+// error event, not the 400.
 func TestResumePrefillRejectedKeepsOriginalError(t *testing.T) {
 	pieces := resumePieces()
 	a := upstream(t, fu.OKNamed("primary").WithPieces(pieces...).WithCutAfter(40))
@@ -124,7 +125,7 @@ func TestResumePrefillRejectedKeepsOriginalError(t *testing.T) {
 	}
 	originalErrorLast(t, s, pieces[:40])
 	mustNotContain(t, s.body, "llm-failover resumed", "message_stop")
-	hits(t, b, 1)
+	hits(t, b, 2)
 }
 
 // A stream with a tool_use block is never resumed.
@@ -193,9 +194,14 @@ func TestResumeAfterErrorEvent(t *testing.T) {
 	mustContain(t, s.body, ": llm-failover resumed from a on b", "event: message_stop")
 }
 
-// resumes reads caddy_llm_failover_resumes_total{model,outcome}.
+// resumes reads caddy_llm_failover_resumes_total{form,model,outcome},
+// summed over the forms.
 func resumes(t *testing.T, model, outcome string) float64 {
 	t.Helper()
-	v, _ := brkMetric(t, fmt.Sprintf(`caddy_llm_failover_resumes_total{model=%q,outcome=%q}`, model, outcome))
-	return v
+	var sum float64
+	for _, form := range []string{"prefill", "instructed", "none"} {
+		v, _ := brkMetric(t, fmt.Sprintf(`caddy_llm_failover_resumes_total{form=%q,model=%q,outcome=%q}`, form, model, outcome))
+		sum += v
+	}
+	return sum
 }

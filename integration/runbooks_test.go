@@ -46,8 +46,8 @@ func TestStatusServesRunbooks(t *testing.T) {
 	}
 	res, body := getBody(t, gatewayURL+"/status/runbooks/state-open")
 	firstLine, _, _ := strings.Cut(string(want), "\n")
-	mustContain(t, body, firstLine, "reset &lt;channel&gt;")
-	mustNotContain(t, body, "<channel>")
+	mustContain(t, body, firstLine, "channels/&lt;name&gt;/reset")
+	mustNotContain(t, body, "<name>")
 	if csp := res.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'none'") {
 		t.Errorf("CSP %q", csp)
 	}

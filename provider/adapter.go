@@ -65,20 +65,22 @@ type Call struct {
 	// PassHeader names client headers the operator forwards besides the
 	// API's own allowlist.
 	PassHeader []string
-	// Continuation reports that Body continues a stream another channel
-	// broke (stream_resume): its final assistant message is the text
-	// delivered so far. An adapter whose upstream must be told to continue
-	// it, rather than answer after it, says so its own way.
-	Continuation bool
+	// Continuation, when set, says that Body continues a stream another
+	// channel broke (stream_resume), and in which form. In a Prefill its
+	// final assistant message is the text delivered so far: an adapter
+	// whose upstream must be told to continue it, rather than answer
+	// after it, says so its own way.
+	Continuation ContinuationForm
 }
 
 // OpenAI is an OpenAI-compatible upstream: the client's path is joined to
 // the base URL and sent as is, whatever the API (such hosts often serve
 // /v1/messages too).
 type OpenAI struct {
-	// Continuation is how the host continues a final assistant message
-	// (prefix, continue_final_message or prefill; continuation.go), or
-	// "" when it cannot: its chat streams are not resumed.
+	// Continuation is how the host is asked to continue a chat answer
+	// (continuation.go): prefix, continue_final_message or prefill for a
+	// host that continues a final assistant message, or instructed (the
+	// default: the OpenAI API has no prefill).
 	Continuation string `json:"continuation,omitempty"`
 
 	passThrough
@@ -98,7 +100,7 @@ func (OpenAI) DefaultBaseURL() string { return "" }
 // NewRequest builds the upstream request of one attempt; a chat
 // continuation is marked the way the host documents it.
 func (o OpenAI) NewRequest(ctx context.Context, c Call) (*http.Request, error) {
-	if c.Continuation && c.API == OpenAIChat {
+	if c.Continuation == Prefill && c.API == OpenAIChat {
 		if c.UpstreamModel != "" {
 			c.Body, c.UpstreamModel = c.Request.WithModel(c.Body, c.UpstreamModel), ""
 		}

@@ -28,16 +28,30 @@ const (
 	// servers that continue a trailing assistant message (llama.cpp's
 	// llama-server).
 	ContinuePrefill = "prefill"
+	// ContinueInstructed asks in a user turn to continue the delivered
+	// text (the default: the OpenAI API and most hosts have no prefill).
+	ContinueInstructed = "instructed"
+	// ContinueOff never asks the host to continue a chat answer.
+	ContinueOff = "off"
 )
 
 // continuations are the option's values, as the error message lists them.
-var continuations = []string{ContinuePrefix, ContinueFinalMessage, ContinuePrefill}
+var continuations = []string{ContinueInstructed, ContinuePrefix, ContinueFinalMessage, ContinuePrefill, ContinueOff}
 
-// CanContinue: a pass-through channel speaking Messages forwards the
-// prefill unchanged; OpenAI chat is continued only where the operator
-// said how.
-func (o OpenAI) CanContinue(api API) bool {
-	return api == AnthropicMessages || api == OpenAIChat && o.Continuation != ""
+// ContinuationForm: a pass-through channel speaking Messages forwards the
+// prefill unchanged (learning, like Anthropic's, when its model refuses
+// one); chat is continued in the form the operator named, instructed by
+// default.
+func (o OpenAI) ContinuationForm(api API) ContinuationForm {
+	switch {
+	case api == AnthropicMessages:
+		return Prefill
+	case api != OpenAIChat || o.Continuation == ContinueOff:
+		return CannotContinue
+	case o.Continuation == "" || o.Continuation == ContinueInstructed:
+		return Instructed
+	}
+	return Prefill
 }
 
 // Validate refuses an unknown continuation option (Caddy calls it when it

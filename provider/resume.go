@@ -9,27 +9,90 @@ import (
 	"github.com/llmfailover/caddy-llm-failover/streamgate"
 )
 
-// Continuer is implemented by adapters whose upstream takes a final
-// assistant message as a prefill and continues it, so that a stream cut on
-// another channel can be finished there: Anthropic Messages (first party,
-// Vertex, Bedrock, or passed through unchanged) and OpenAI chat on an
-// OpenAI-compatible host configured with its continuation option. A
-// channel whose adapter is no Continuer, or says false, is skipped for a
-// resume.
-type Continuer interface {
-	CanContinue(api API) bool
+// ContinuationForm is how a channel is asked to continue an answer
+// another channel broke off.
+type ContinuationForm uint8
+
+const (
+	// CannotContinue: the channel is skipped for a resume.
+	CannotContinue ContinuationForm = iota
+	// Prefill sends the delivered text as the final assistant message,
+	// which the upstream continues (older Claude models; hosts with a
+	// prefix option, which the adapter sets).
+	Prefill
+	// Instructed sends the delivered text as an assistant turn and then a
+	// user turn asking to continue it exactly where it stopped, for
+	// upstreams with no prefill (the OpenAI API, Azure, Gemini, Claude
+	// 4.6 and later). The answer's overlap with the delivered text is
+	// trimmed, and an answer that starts over is trimmed or abandoned
+	// (Joiner).
+	Instructed
+)
+
+// String is the form's name, as logs, the seam and the docs say it.
+func (f ContinuationForm) String() string {
+	switch f {
+	case Prefill:
+		return "prefill"
+	case Instructed:
+		return "instructed"
+	}
+	return "none"
 }
 
-// CanContinue: the first-party API takes an assistant prefill.
-func (Anthropic) CanContinue(api API) bool { return api == AnthropicMessages }
+// Continuer is implemented by adapters whose upstream can be asked to go
+// on with an answer another channel broke off. A channel whose adapter is
+// no Continuer, or says CannotContinue, is skipped for a resume.
+type Continuer interface {
+	ContinuationForm(api API) ContinuationForm
+}
 
-// CanContinue: Claude on Vertex takes an assistant prefill; the body goes
-// through the same rewrite (anthropic_version in it, model in the URL).
-func (*Vertex) CanContinue(api API) bool { return api == AnthropicMessages }
+// ContinuationForm: Messages takes a prefill, until a model refuses it
+// (Claude 4.6 and later answer 400 "does not support assistant message
+// prefill"; the caller then learns the instructed form for that model).
+func (Anthropic) ContinuationForm(api API) ContinuationForm { return messagesForm(api) }
 
-// CanContinue: Claude on Bedrock takes an assistant prefill; its event
-// stream is decoded to SSE before the Splice reads it.
-func (*Bedrock) CanContinue(api API) bool { return api == AnthropicMessages }
+// ContinuationForm: Claude on Vertex as on Anthropic (the body goes
+// through the same rewrite); other models through Vertex's OpenAI
+// endpoint, which has no prefill, are instructed.
+func (*Vertex) ContinuationForm(api API) ContinuationForm {
+	if api == OpenAIChat {
+		return Instructed
+	}
+	return messagesForm(api)
+}
+
+// ContinuationForm: Claude on Bedrock as on Anthropic; its event stream
+// is decoded to SSE before the Splice reads it.
+func (*Bedrock) ContinuationForm(api API) ContinuationForm { return messagesForm(api) }
+
+// ContinuationForm: Azure OpenAI chat has no prefill.
+func (*Azure) ContinuationForm(api API) ContinuationForm { return chatInstructed(api) }
+
+// ContinuationForm: Gemini's OpenAI-compatible chat has no prefill.
+func (*Gemini) ContinuationForm(api API) ContinuationForm { return chatInstructed(api) }
+
+func messagesForm(api API) ContinuationForm {
+	if api == AnthropicMessages {
+		return Prefill
+	}
+	return CannotContinue
+}
+
+func chatInstructed(api API) ContinuationForm {
+	if api == OpenAIChat {
+		return Instructed
+	}
+	return CannotContinue
+}
+
+// PrefillRefused reports whether an upstream's error answer is the one a
+// model that takes no prefill gives a continuation ("This model does not
+// support assistant message prefill. The conversation must end with a
+// user message."): the channel is fine, the form is wrong.
+func PrefillRefused(status int, message string) bool {
+	return status == 400 && strings.Contains(strings.ToLower(message), "prefill")
+}
 
 // Interface guards.
 var (
@@ -37,6 +100,8 @@ var (
 	_ Continuer = OpenAI{}
 	_ Continuer = (*Vertex)(nil)
 	_ Continuer = (*Bedrock)(nil)
+	_ Continuer = (*Azure)(nil)
+	_ Continuer = (*Gemini)(nil)
 )
 
 // Transcript collects the text a committed stream delivered, so that
@@ -103,35 +168,64 @@ func (t *Transcript) Text() string { return t.text.String() }
 // ErrNotContinuable says a stream or a request cannot be continued.
 var ErrNotContinuable = errors.New("not continuable")
 
-// Continue returns the request body that asks another channel to go on
-// from the delivered text, and the Splice that fits its answer into the
-// client's stream. A request that ends with its own assistant message is
-// not continued (the delivered text would have to be merged into it).
-func (t *Transcript) Continue(body []byte) ([]byte, *Splice, error) {
+// Continue returns the request body that asks another channel, in form,
+// to go on from the delivered text, and the Splice that fits its answer
+// into the client's stream. A request that ends with its own assistant
+// message is not continued (the delivered text would have to be merged
+// into it).
+func (t *Transcript) Continue(body []byte, form ContinuationForm) ([]byte, *Splice, error) {
 	if t.why != "" {
 		return nil, nil, fmt.Errorf("%s: %w", t.why, ErrNotContinuable)
 	}
 	if !t.delivered {
 		return nil, nil, fmt.Errorf("no text delivered: %w", ErrNotContinuable)
 	}
-	if t.api == OpenAIChat {
-		return t.chatContinue(body)
+	if form != Prefill && form != Instructed {
+		return nil, nil, fmt.Errorf("no continuation form: %w", ErrNotContinuable)
 	}
-	return t.messagesContinue(body)
+	if t.api == OpenAIChat {
+		return t.chatContinue(body, form)
+	}
+	return t.messagesContinue(body, form)
 }
+
+// continueInstruction is the user turn of an instructed continuation.
+// It asks for the rest only, from the next character: the Joiner trims
+// what a model repeats anyway.
+const continueInstruction = "Your previous message was cut off mid-answer by a network failure. " +
+	"Continue it from exactly where it stopped: output only the text that comes next, starting with the very next character " +
+	"(even mid-word or mid-sentence), without repeating anything already written, without restarting, " +
+	"and without any introduction or comment about the interruption."
 
 // Splice rewrites a continuation's stream into the client's stream, as
 // one answer.
-type Splice struct{ r rewriter }
+type Splice struct {
+	r rewriter
+	// join is the instructed form's overlap check; nil for a prefill.
+	join *Joiner
+}
 
 // rewriter is one API's Splice.
 type rewriter interface {
 	rewrite(dst []byte, ev streamgate.Event) []byte
+	// trimStart sets the continuation text to take off the front of its
+	// first text (the overlap with what was delivered).
+	trimStart(s string)
 }
 
 // Rewrite appends to dst what the client gets for one event of the
 // continuation.
-func (s *Splice) Rewrite(dst []byte, ev streamgate.Event) []byte { return s.r.rewrite(dst, ev) }
+func (s *Splice) Rewrite(dst []byte, ev streamgate.Event) []byte {
+	if s.join != nil {
+		s.r.trimStart(s.join.settle())
+		s.join = nil
+	}
+	return s.r.rewrite(dst, ev)
+}
+
+// Joiner returns the overlap check an instructed continuation's stream
+// must pass before it is committed, or nil for a prefill.
+func (s *Splice) Joiner() *Joiner { return s.join }
 
 // anthropicEvent is the part of a Messages stream event a Transcript and
 // a Splice read.
@@ -196,7 +290,7 @@ func (t *Transcript) messagesEvent(ev streamgate.Event) {
 }
 
 // messagesContinue is Continue for a Messages stream.
-func (t *Transcript) messagesContinue(body []byte) ([]byte, *Splice, error) {
+func (t *Transcript) messagesContinue(body []byte, form ContinuationForm) ([]byte, *Splice, error) {
 	var req map[string]json.RawMessage
 	if err := json.Unmarshal(body, &req); err != nil {
 		return nil, nil, fmt.Errorf("request: %w", err)
@@ -233,19 +327,30 @@ func (t *Transcript) messagesContinue(body []byte) ([]byte, *Splice, error) {
 	}
 	var all []json.RawMessage
 	_ = json.Unmarshal(req["messages"], &all)
-	msg, _ := json.Marshal(map[string]string{"role": "assistant", "content": prefill})
-	all = append(all, msg)
+	s := &messagesSplice{joinOpen: t.open, first: -1}
+	splice := &Splice{r: s}
+	if form == Prefill {
+		msg, _ := json.Marshal(map[string]string{"role": "assistant", "content": prefill})
+		all = append(all, msg)
+		s.trim = text[len(prefill):]
+	} else {
+		// Not the final message, so it may end in white space: it is the
+		// text exactly as the client has it.
+		msg, _ := json.Marshal(map[string]string{"role": "assistant", "content": text})
+		ask, _ := json.Marshal(map[string]string{"role": "user", "content": continueInstruction})
+		all = append(all, msg, ask)
+		splice.join = newJoiner(t.api, text)
+	}
 	req["messages"], _ = json.Marshal(all)
 	out, err := json.Marshal(req)
 	if err != nil {
 		return nil, nil, fmt.Errorf("request: %w", err)
 	}
-	s := &messagesSplice{trim: text[len(prefill):], joinOpen: t.open, first: -1}
 	s.base = t.index + 1
 	if t.open {
 		s.base = t.index
 	}
-	return out, &Splice{s}, nil
+	return out, splice, nil
 }
 
 // messagesSplice rewrites a continuation's Messages stream into the
@@ -260,6 +365,8 @@ type messagesSplice struct {
 	base     int    // index the continuation's block 0 gets
 	first    int    // the continuation's first block index, -1 before it
 }
+
+func (s *messagesSplice) trimStart(trim string) { s.trim = trim }
 
 func (s *messagesSplice) rewrite(dst []byte, ev streamgate.Event) []byte {
 	switch ev.Name {

@@ -159,7 +159,7 @@ func isDone(data []byte) bool { return string(bytes.TrimSpace(data)) == "[DONE]"
 // channel's own option, which its adapter adds (Call.Continuation).
 // Requests whose answer a join could corrupt are refused: several choices,
 // log probabilities, JSON or schema output.
-func (t *Transcript) chatContinue(body []byte) ([]byte, *Splice, error) {
+func (t *Transcript) chatContinue(body []byte, form ContinuationForm) ([]byte, *Splice, error) {
 	msgEnd := -1
 	var why string // the first reason found
 	refuse := func(r string) {
@@ -202,10 +202,15 @@ func (t *Transcript) chatContinue(body []byte) ([]byte, *Splice, error) {
 		return nil, nil, fmt.Errorf("%s: %w", why, ErrNotContinuable)
 	}
 	text, _ := json.Marshal(t.text.String())
-	out := make([]byte, 0, len(body)+len(text)+32)
+	out := make([]byte, 0, len(body)+len(text)+len(continueInstruction)+64)
 	out = append(out, body[:msgEnd-1]...) // up to the array's ']'
 	out = append(out, `,{"role":"assistant","content":`...)
 	out = append(append(out, text...), '}')
+	if form == Instructed {
+		ask, _ := json.Marshal(continueInstruction)
+		out = append(out, `,{"role":"user","content":`...)
+		out = append(append(out, ask...), '}')
+	}
 	out = append(out, body[msgEnd-1:]...)
 	var req map[string]json.RawMessage
 	if err := json.Unmarshal(out, &req); err != nil {
@@ -223,7 +228,11 @@ func (t *Transcript) chatContinue(body []byte) ([]byte, *Splice, error) {
 			return nil, nil, fmt.Errorf("request: %w", err)
 		}
 	}
-	return out, &Splice{&chatSplice{first: t.chat}}, nil
+	splice := &Splice{r: &chatSplice{first: t.chat}}
+	if form == Instructed {
+		splice.join = newJoiner(t.api, t.text.String())
+	}
+	return out, splice, nil
 }
 
 // lastRoleRefusal says why a messages array cannot be continued (empty,
@@ -259,21 +268,60 @@ func lastRoleRefusal(msgs []byte) string {
 type chatSplice struct {
 	first chatIdentity
 	buf   []byte // the chunk being rewritten, reused
+	// trim is continuation text still to take off the front of its
+	// content (the overlap with what was delivered).
+	trim string
 }
+
+func (s *chatSplice) trimStart(trim string) { s.trim = trim }
 
 func (s *chatSplice) rewrite(dst []byte, ev streamgate.Event) []byte {
 	if ev.Name != "" || ev.Overflow || isDone(ev.Data) {
 		return streamgate.AppendEvent(dst, ev.Name, ev.Data)
 	}
-	out, usage, ok := s.chunk(s.buf[:0], ev.Data)
+	data := ev.Data
+	if s.trim != "" {
+		data = s.trimContent(data)
+	}
+	out, usage, ok := s.chunk(s.buf[:0], data)
 	s.buf = out
 	if !ok {
 		return streamgate.AppendEvent(dst, ev.Name, ev.Data)
 	}
-	if !usage && classifyChat(ev.Data) == streamgate.Preamble {
+	if !usage && classifyChat(data) == streamgate.Preamble {
 		return dst // the role chunk, or one as empty: the client had its own
 	}
 	return streamgate.AppendEvent(dst, "", out)
+}
+
+// trimContent takes what is left of s.trim off the front of a chunk's
+// content. It decodes the chunk: only the first chunks of an instructed
+// continuation get here, until the overlap is gone.
+func (s *chatSplice) trimContent(data []byte) []byte {
+	var chunk map[string]json.RawMessage
+	var choices []map[string]json.RawMessage
+	if json.Unmarshal(data, &chunk) != nil || json.Unmarshal(chunk["choices"], &choices) != nil || len(choices) == 0 {
+		return data
+	}
+	var delta map[string]json.RawMessage
+	var content *string
+	if json.Unmarshal(choices[0]["delta"], &delta) != nil || json.Unmarshal(delta["content"], &content) != nil || content == nil {
+		return data
+	}
+	n := commonPrefix(*content, s.trim)
+	text := (*content)[n:]
+	s.trim = s.trim[n:]
+	if n < len(*content) {
+		s.trim = "" // the model went on differently: keep what it said
+	}
+	delta["content"], _ = json.Marshal(text)
+	choices[0]["delta"], _ = json.Marshal(delta)
+	chunk["choices"], _ = json.Marshal(choices)
+	out, err := json.Marshal(chunk)
+	if err != nil {
+		return data
+	}
+	return out
 }
 
 // chunk appends the rewritten chunk to dst and reports whether it carries

@@ -53,7 +53,7 @@ func TestChatSpliceOneAnswer(t *testing.T) {
 	tr := OpenAIChat.NewTranscript(1 << 10)
 	tr.Event(chatChunk("first", "gpt", `{"role":"assistant","content":"","refusal":null}`, "null"))
 	tr.Event(chatText("first", "Hello \"wide\" "))
-	body, s, err := tr.Continue([]byte(chatReq))
+	body, s, err := tr.Continue([]byte(chatReq), Prefill)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +140,7 @@ func TestChatTranscriptRefuses(t *testing.T) {
 			tr.Event(text)
 		}
 		tr.Event(c.ev)
-		_, _, err := tr.Continue([]byte(c.body))
+		_, _, err := tr.Continue([]byte(c.body), Prefill)
 		if err == nil || !strings.Contains(err.Error(), c.why) {
 			t.Errorf("%s: %v, want a refusal saying %q", name, err, c.why)
 		}
@@ -148,7 +148,7 @@ func TestChatTranscriptRefuses(t *testing.T) {
 	// Text still continues when the request allows it.
 	tr := OpenAIChat.NewTranscript(64)
 	tr.Event(text)
-	if _, _, err := tr.Continue([]byte(`{"model":"gpt","n":1,"logprobs":false,"response_format":{"type":"text"},"messages":[{"role":"user","content":"hi"}]}`)); err != nil {
+	if _, _, err := tr.Continue([]byte(`{"model":"gpt","n":1,"logprobs":false,"response_format":{"type":"text"},"messages":[{"role":"user","content":"hi"}]}`), Prefill); err != nil {
 		t.Errorf("plain text request refused: %v", err)
 	}
 }
@@ -158,7 +158,7 @@ func TestChatTranscriptRefuses(t *testing.T) {
 func TestOpenAIContinuationBody(t *testing.T) {
 	tr := OpenAIChat.NewTranscript(64)
 	tr.Event(chatText("a", "so far"))
-	body, _, err := tr.Continue([]byte(`{"model":"gpt", "messages":[ {"role":"user","content":"hi"} ],"stream":true}`))
+	body, _, err := tr.Continue([]byte(`{"model":"gpt", "messages":[ {"role":"user","content":"hi"} ],"stream":true}`), Prefill)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +168,7 @@ func TestOpenAIContinuationBody(t *testing.T) {
 	}
 	base, _ := url.Parse("http://up.example")
 	client := httptest.NewRequest("POST", "/v1/chat/completions", nil)
-	send := func(o OpenAI, continuation bool) map[string]any {
+	send := func(o OpenAI, continuation ContinuationForm) map[string]any {
 		t.Helper()
 		out, err := o.NewRequest(context.Background(), Call{API: OpenAIChat, Base: base, Client: client, Body: body, Request: req,
 			UpstreamModel: "renamed", Continuation: continuation})
@@ -189,28 +189,46 @@ func TestOpenAIContinuationBody(t *testing.T) {
 		msgs := v["messages"].([]any)
 		return msgs[len(msgs)-1].(map[string]any)
 	}
-	if m := last(send(OpenAI{Continuation: ContinuePrefix}, true)); m["prefix"] != true || m["content"] != "so far" || m["role"] != "assistant" {
+	if m := last(send(OpenAI{Continuation: ContinuePrefix}, Prefill)); m["prefix"] != true || m["content"] != "so far" || m["role"] != "assistant" {
 		t.Errorf("prefix: %v", m)
 	}
-	if v := send(OpenAI{Continuation: ContinueFinalMessage}, true); v["continue_final_message"] != true || v["add_generation_prompt"] != false || last(v)["prefix"] != nil {
+	if v := send(OpenAI{Continuation: ContinueFinalMessage}, Prefill); v["continue_final_message"] != true || v["add_generation_prompt"] != false || last(v)["prefix"] != nil {
 		t.Errorf("continue_final_message: %v", v)
 	}
-	if v := send(OpenAI{Continuation: ContinuePrefill}, true); len(last(v)) != 2 || v["continue_final_message"] != nil {
+	if v := send(OpenAI{Continuation: ContinuePrefill}, Prefill); len(last(v)) != 2 || v["continue_final_message"] != nil {
 		t.Errorf("prefill: %v", v)
 	}
-	if v := send(OpenAI{Continuation: ContinuePrefix}, false); last(v)["prefix"] != nil {
+	if v := send(OpenAI{Continuation: ContinuePrefix}, CannotContinue); last(v)["prefix"] != nil {
 		t.Errorf("a first attempt was marked: %v", v)
 	}
 }
 
 // Which channels continue what, and how the option is configured.
 func TestOpenAIContinuationConfig(t *testing.T) {
-	if (OpenAI{}).CanContinue(OpenAIChat) || !(OpenAI{Continuation: ContinuePrefill}).CanContinue(OpenAIChat) ||
-		(OpenAI{Continuation: ContinuePrefill}).CanContinue(OpenAIResponses) || !(OpenAI{}).CanContinue(AnthropicMessages) {
-		t.Error("OpenAI CanContinue")
-	}
-	if !(&Vertex{}).CanContinue(AnthropicMessages) || (&Vertex{}).CanContinue(OpenAIChat) || !(&Bedrock{}).CanContinue(AnthropicMessages) {
-		t.Error("cloud Claude CanContinue")
+	for _, c := range []struct {
+		name string
+		c    Continuer
+		api  API
+		want ContinuationForm
+	}{
+		{"openai chat by default", OpenAI{}, OpenAIChat, Instructed},
+		{"openai chat instructed", OpenAI{Continuation: ContinueInstructed}, OpenAIChat, Instructed},
+		{"openai chat prefill", OpenAI{Continuation: ContinuePrefill}, OpenAIChat, Prefill},
+		{"openai chat prefix", OpenAI{Continuation: ContinuePrefix}, OpenAIChat, Prefill},
+		{"openai chat off", OpenAI{Continuation: ContinueOff}, OpenAIChat, CannotContinue},
+		{"openai responses", OpenAI{Continuation: ContinuePrefill}, OpenAIResponses, CannotContinue},
+		{"openai messages", OpenAI{}, AnthropicMessages, Prefill},
+		{"anthropic", Anthropic{}, AnthropicMessages, Prefill},
+		{"vertex claude", &Vertex{}, AnthropicMessages, Prefill},
+		{"vertex chat", &Vertex{}, OpenAIChat, Instructed},
+		{"bedrock", &Bedrock{}, AnthropicMessages, Prefill},
+		{"azure chat", &Azure{}, OpenAIChat, Instructed},
+		{"azure responses", &Azure{}, OpenAIResponses, CannotContinue},
+		{"gemini chat", &Gemini{}, OpenAIChat, Instructed},
+	} {
+		if got := c.c.ContinuationForm(c.api); got != c.want {
+			t.Errorf("%s: %s, want %s", c.name, got, c.want)
+		}
 	}
 	base, _ := url.Parse("http://up.example")
 	for in, want := range map[string]string{
@@ -219,7 +237,7 @@ func TestOpenAIContinuationConfig(t *testing.T) {
 		"openai {\n\tcontinuation prefill\n}":                "",
 		"openai":                                             "",
 		"openai {\n\tcontinuation\n}":                        "wrong argument count",
-		"openai {\n\tcontinuation on\n}":                     `continuation "on": want one of prefix, continue_final_message, prefill`,
+		"openai {\n\tcontinuation on\n}":                     `continuation "on": want one of instructed, prefix, continue_final_message, prefill, off`,
 		"openai {\n\tresume prefix\n}":                       "unrecognized provider option",
 	} {
 		var o OpenAI
@@ -246,7 +264,7 @@ func FuzzChatResume(f *testing.F) {
 	f.Fuzz(func(t *testing.T, first, next string) {
 		tr := OpenAIChat.NewTranscript(64)
 		tr.Event(streamgate.Event{Data: []byte(first)})
-		body, s, err := tr.Continue([]byte(chatReq))
+		body, s, err := tr.Continue([]byte(chatReq), Prefill)
 		if err != nil {
 			return
 		}
@@ -271,7 +289,7 @@ func FuzzChatResume(f *testing.F) {
 func BenchmarkChatSplice(b *testing.B) {
 	tr := OpenAIChat.NewTranscript(1 << 10)
 	tr.Event(chatText("first", "so far"))
-	_, s, err := tr.Continue([]byte(chatReq))
+	_, s, err := tr.Continue([]byte(chatReq), Prefill)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -29,7 +29,7 @@ func TestSpliceJoinsOpenBlockExactly(t *testing.T) {
 	tr.Event(antEvent("content_block_start", textStart))
 	tr.Event(textDelta(0, "Hello"))
 	tr.Event(textDelta(0, " wide "))
-	body, s, err := tr.Continue([]byte(`{"model":"m","max_tokens":9,"messages":[{"role":"user","content":"hi"}]}`))
+	body, s, err := tr.Continue([]byte(`{"model":"m","max_tokens":9,"messages":[{"role":"user","content":"hi"}]}`), Prefill)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestSpliceNumbersAfterClosedBlock(t *testing.T) {
 	tr.Event(antEvent("content_block_start", textStart))
 	tr.Event(textDelta(0, "Hi"))
 	tr.Event(antEvent("content_block_stop", `{"type":"content_block_stop","index":0}`))
-	_, s, err := tr.Continue([]byte(`{"messages":[{"role":"user","content":"hi"}]}`))
+	_, s, err := tr.Continue([]byte(`{"messages":[{"role":"user","content":"hi"}]}`), Prefill)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,18 +84,18 @@ func TestTranscriptRefuses(t *testing.T) {
 	}{"tool_use": {tool, req}, "cap": {capped, req}, "prefill": {prefilled, []byte(`{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"x"}]}`)},
 		"output_format": {prefilled, []byte(`{"messages":[{"role":"user","content":"hi"}],"output_format":{"type":"json_schema","schema":{}}}`)},
 		"output_config": {prefilled, []byte(`{"messages":[{"role":"user","content":"hi"}],"output_config":{"format":{"type":"json_schema","schema":{}}}}`)}} {
-		if _, _, err := c.tr.Continue(c.body); err == nil {
+		if _, _, err := c.tr.Continue(c.body, Prefill); err == nil {
 			t.Errorf("%s: continued", name)
 		}
 	}
 	// Without structured output (output_config may say other things) it
 	// continues.
-	if _, _, err := prefilled.Continue([]byte(`{"messages":[{"role":"user","content":"hi"}],"output_config":{"effort":"low"},"output_format":null}`)); err != nil {
+	if _, _, err := prefilled.Continue([]byte(`{"messages":[{"role":"user","content":"hi"}],"output_config":{"effort":"low"},"output_format":null}`), Prefill); err != nil {
 		t.Errorf("plain request not continued: %v", err)
 	}
 	// A Responses stream has no prefill: its Transcript refuses at once,
 	// and says why.
-	if _, _, err := OpenAIResponses.NewTranscript(10).Continue(req); err == nil || !strings.Contains(err.Error(), "Responses API") {
+	if _, _, err := OpenAIResponses.NewTranscript(10).Continue(req, Prefill); err == nil || !strings.Contains(err.Error(), "Responses API") {
 		t.Errorf("Responses continued, or without a reason: %v", err)
 	}
 	if OpenAIEmbeddings.NewTranscript(10) != nil {
@@ -111,7 +111,7 @@ func FuzzTranscript(f *testing.F) {
 		tr := AnthropicMessages.NewTranscript(64)
 		tr.Event(antEvent(name, d1))
 		tr.Event(antEvent("content_block_delta", d2))
-		body, s, err := tr.Continue([]byte(`{"messages":[{"role":"user","content":"hi"}]}`))
+		body, s, err := tr.Continue([]byte(`{"messages":[{"role":"user","content":"hi"}]}`), Prefill)
 		if err != nil {
 			return
 		}
@@ -132,7 +132,7 @@ func TestFinishedMessagesAnswerIsNotContinued(t *testing.T) {
 	tr.Event(textDelta(0, "Hello there."))
 	tr.Event(antEvent("content_block_stop", `{"type":"content_block_stop","index":0}`))
 	tr.Event(antEvent("message_delta", `{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":3}}`))
-	_, _, err := tr.Continue([]byte(`{"model":"m","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`))
+	_, _, err := tr.Continue([]byte(`{"model":"m","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`), Prefill)
 	if !errors.Is(err, ErrNotContinuable) || !strings.Contains(err.Error(), "finished") {
 		t.Fatalf("Continue after a stop_reason: %v", err)
 	}
@@ -151,20 +151,20 @@ func TestContinuationAsksForWhatIsLeftOfTheLimit(t *testing.T) {
 	tr := AnthropicMessages.NewTranscript(1 << 12)
 	tr.Event(antEvent("content_block_start", textStart))
 	tr.Event(textDelta(0, delivered))
-	body, _, err := tr.Continue([]byte(`{"model":"m","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`))
+	body, _, err := tr.Continue([]byte(`{"model":"m","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`), Prefill)
 	var req struct {
 		MaxTokens int64 `json:"max_tokens"`
 	}
 	if err != nil || json.Unmarshal(body, &req) != nil || req.MaxTokens != 100-used {
 		t.Fatalf("Messages continuation: max_tokens %d, want %d (err %v): %s", req.MaxTokens, 100-used, err, body)
 	}
-	if _, _, err := tr.Continue([]byte(`{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`)); !errors.Is(err, ErrNotContinuable) {
+	if _, _, err := tr.Continue([]byte(`{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`), Prefill); !errors.Is(err, ErrNotContinuable) {
 		t.Errorf("a limit the delivered text used up was continued: %v", err)
 	}
 
 	ch := OpenAIChat.NewTranscript(1 << 12)
 	ch.Event(streamgate.Event{Data: []byte(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"gpt","choices":[{"index":0,"delta":{"role":"assistant","content":` + strconv.Quote(delivered) + `},"finish_reason":null}]}`)})
-	body, _, err = ch.Continue([]byte(`{"model":"gpt","max_completion_tokens":100,"stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	body, _, err = ch.Continue([]byte(`{"model":"gpt","max_completion_tokens":100,"stream":true,"messages":[{"role":"user","content":"hi"}]}`), Prefill)
 	var creq struct {
 		MaxCompletionTokens int64 `json:"max_completion_tokens"`
 	}
@@ -180,7 +180,7 @@ func TestSpliceKeepsAToolUseThatOpensTheContinuation(t *testing.T) {
 	tr := AnthropicMessages.NewTranscript(1 << 10)
 	tr.Event(antEvent("content_block_start", textStart))
 	tr.Event(textDelta(0, "I'll check the weather."))
-	_, s, err := tr.Continue([]byte(`{"model":"m","max_tokens":500,"tools":[{"name":"weather","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"weather?"}]}`))
+	_, s, err := tr.Continue([]byte(`{"model":"m","max_tokens":500,"tools":[{"name":"weather","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"weather?"}]}`), Prefill)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,10 @@
 //                   text deltas " t00".." t59" and cuts after the 40th,
 //                   channel 2 streams " t40".." t59": the SDK must see one
 //                   message with the whole text.
+//   claude-resume-46  the same cut, continued by a model that refuses a
+//                   prefill (Claude 4.6 and later) and, asked in words,
+//                   repeats the delivered tail first: the SDK must still see
+//                   one message with the whole text, exactly.
 // Clients use apiKey "sk-client-test"; the gateway must not forward it.
 //
 // maxRetries is 0 everywhere so the SDK's own retries cannot hide (or
@@ -164,4 +168,14 @@ test('claude-resume: a stream cut after 40 of 60 deltas arrives whole, as one me
   assert.equal(message.content[0].type, 'text');
   assert.equal(message.content[0].text, resumeText);
   assert.equal(message.stop_reason, 'end_turn');
+});
+
+test('claude-resume-46: a cut stream continued by a model with no prefill arrives whole, nothing repeated', T, async () => {
+  const stream = client.messages.stream({ model: 'claude-resume-46', ...params, max_tokens: 1024 });
+  const message = await stream.finalMessage();
+  assert.equal(message.content.length, 1);
+  assert.equal(message.content[0].type, 'text');
+  assert.equal(message.content[0].text, resumeText);
+  assert.equal(message.stop_reason, 'end_turn');
+  assert.equal(message.model, 'claude-resume-46');
 });

@@ -21,6 +21,9 @@
 //                  (provider openai { continuation prefix }) streams
 //                  " t40".." t59": the SDK must see one completion with the
 //                  whole text.
+//   gpt-resume-instructed  the same cut, continued by a channel with no
+//                  prefill (the OpenAI API), asked in words; it repeats the
+//                  delivered tail first: one completion, the exact text.
 // Clients use apiKey "sk-client-test"; the gateway must not forward it.
 //
 // maxRetries is 0 everywhere so the SDK's own retries cannot hide (or
@@ -191,4 +194,23 @@ test('gpt-resume: a stream cut after 40 of 60 chunks arrives whole, as one compl
   assert.equal(ids.size, 1, `chunk ids ${[...ids]}`);
   assert.equal(roles, 1);
   assert.equal(usage, 1);
+});
+
+test('gpt-resume-instructed: a cut stream continued where there is no prefill arrives whole, nothing repeated', T, async () => {
+  const stream = client.chat.completions.stream({
+    model: 'gpt-resume-instructed', messages, stream_options: { include_usage: true },
+  });
+  const ids = new Set();
+  let roles = 0;
+  for await (const chunk of stream) {
+    ids.add(chunk.id);
+    if (chunk.choices?.[0]?.delta?.role) roles++;
+  }
+  const completion = await stream.finalChatCompletion();
+  assert.equal(completion.choices.length, 1);
+  assert.equal(completion.choices[0].message.content, resumeText);
+  assert.equal(completion.choices[0].finish_reason, 'stop');
+  assert.equal(completion.model, 'gpt-resume-instructed');
+  assert.equal(ids.size, 1, `chunk ids ${[...ids]}`);
+  assert.equal(roles, 1);
 });

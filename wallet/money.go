@@ -215,13 +215,18 @@ func MaxCost(e Estimate, p Price) (Micros, int64) {
 }
 
 // ContinuationBounds returns the most input and output tokens one
-// continuation can have: its input is the request's plus the prefill,
-// which is at most the output already delivered, so at most the output
-// bound; its output is at most the output bound.
+// continuation can have: its input is the request's plus the delivered
+// text, which is at most the output bound, plus, when it is asked in
+// words rather than by a prefill, the turn asking it
+// (ContinuationAskTokens); its output is at most the output bound.
 func (e Estimate) ContinuationBounds() (in, out int64) {
 	in, out = e.Bounds()
-	return int64(satAdd(uint64(in), uint64(out))), out
+	return int64(satAdd(satAdd(uint64(in), uint64(out)), ContinuationAskTokens)), out
 }
+
+// ContinuationAskTokens bounds the user turn that asks a model with no
+// prefill to continue (about 80 tokens, and its message framing).
+const ContinuationAskTokens = 256
 
 // Bounds returns the most input and output tokens the request can have.
 // A usage report beyond them is implausible.

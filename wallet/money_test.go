@@ -192,11 +192,11 @@ func TestMaxCostWithContinuation(t *testing.T) {
 	e.Continuations = 1
 	both, in2 := MaxCost(e, p)
 	cin, cout := e.ContinuationBounds()
-	if in2 != in || cin != in+64 || cout != 64 {
-		t.Fatalf("bounds %d, continuation %d in %d out; want %d, %d, 64", in2, cin, cout, in, in+64)
+	if in2 != in || cin != in+64+ContinuationAskTokens || cout != 64 {
+		t.Fatalf("bounds %d, continuation %d in %d out; want %d, %d, 64", in2, cin, cout, in, in+64+ContinuationAskTokens)
 	}
-	if both != alone+p.Cost(in+64, 64) {
-		t.Errorf("MaxCost with a continuation = %s, want %s + %s", both, alone, p.Cost(in+64, 64))
+	if both != alone+p.Cost(in+64+ContinuationAskTokens, 64) {
+		t.Errorf("MaxCost with a continuation = %s, want %s + %s", both, alone, p.Cost(in+64+ContinuationAskTokens, 64))
 	}
 	e = Estimate{BodyBytes: math.MaxInt, MaxOutput: math.MaxInt64, Continuations: 1}
 	if cost, _ := MaxCost(e, p); cost != math.MaxInt64 {

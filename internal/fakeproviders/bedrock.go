@@ -22,6 +22,7 @@ import (
 // Bedrock is a fake Bedrock runtime serving Claude through InvokeModel.
 // It accepts requests signed with its known keys, and nothing else.
 type Bedrock struct {
+	modelSlot
 	state
 	*httptest.Server
 	Region, AccessKeyID, SecretAccessKey string
@@ -70,9 +71,14 @@ func (b *Bedrock) serve(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, anthropicMessage(model, "Hello from bedrock"))
 		return
 	}
+	events, refusal := b.claudeEvents(model, "Hello from bedrock", body)
+	if refusal != "" {
+		w.Header().Set("X-Amzn-Errortype", "ValidationException")
+		writeJSON(w, http.StatusBadRequest, `{"message":"`+refusal+`"}`)
+		return
+	}
 	w.Header().Set("Content-Type", "application/vnd.amazon.eventstream")
 	enc := eventstream.NewEncoder()
-	events := anthropicEvents(model, "Hello from bedrock")
 	switch Mode(b.mode.Load()) {
 	case ExceptionBeforeContent:
 		_ = exception(enc, w, "throttlingException", "Too many requests, please wait before trying again.")

@@ -21,6 +21,7 @@ import (
 // endpoint at /token.
 type Vertex struct {
 	state
+	modelSlot
 	*httptest.Server
 	Project, Region string
 	// TokenTTL is the lifetime of the tokens it issues.
@@ -122,12 +123,13 @@ func (v *Vertex) serve(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, anthropicMessage(model, "Hello from vertex"))
 		return
 	}
-	w.Header().Set("Content-Type", "text/event-stream")
-	for _, ev := range anthropicEvents(model, "Hello from vertex") {
-		var t struct{ Type string }
-		_ = json.Unmarshal([]byte(ev), &t)
-		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", t.Type, ev)
+	events, refusal := v.claudeEvents(model, "Hello from vertex", body)
+	if refusal != "" {
+		// rawPredict passes Anthropic's own error through.
+		writeJSON(w, http.StatusBadRequest, anthropicError("invalid_request_error", refusal))
+		return
 	}
+	writeSSE(w, events)
 }
 
 // serveOpenAI is Vertex's OpenAI-compatible endpoint for Gemini: the

@@ -1,0 +1,271 @@
+package integration_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/llmfailover/caddy-llm-failover/failoverapp"
+	"github.com/llmfailover/caddy-llm-failover/internal/fakeproviders"
+	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
+	"github.com/llmfailover/caddy-llm-failover/provider"
+	"github.com/llmfailover/caddy-llm-failover/wallet"
+)
+
+// instructedMessages decodes the messages of a continuation's request.
+func instructedMessages(t *testing.T, body []byte) (msgs []map[string]any, req map[string]any) {
+	t.Helper()
+	if err := json.Unmarshal(body, &req); err != nil {
+		t.Fatalf("request %s: %v", body, err)
+	}
+	raw, _ := json.Marshal(req["messages"])
+	_ = json.Unmarshal(raw, &msgs)
+	return msgs, req
+}
+
+// checkInstructed checks an instructed continuation's request: the
+// client's conversation, the delivered text as the assistant's turn, a
+// user turn asking to go on, and the client's output limit less what
+// was delivered.
+func checkInstructed(t *testing.T, body []byte, delivered, limitKey string, limit int64) {
+	t.Helper()
+	msgs, req := instructedMessages(t, body)
+	n := len(msgs)
+	if n != 3 || msgs[1]["role"] != "assistant" || msgs[1]["content"] != delivered || msgs[2]["role"] != "user" ||
+		!strings.Contains(msgs[2]["content"].(string), "Continue it from exactly where it stopped") {
+		t.Fatalf("not an instructed continuation: %s", body)
+	}
+	if got, want := int64(req[limitKey].(float64)), limit-provider.EstimateTokens([]byte(delivered)); got != want {
+		t.Errorf("%s %d, want the client's %d less the %d delivered", limitKey, got, limit, limit-want)
+	}
+}
+
+// A stream cut on one channel is finished by a Claude 4.6 model that
+// refuses a prefill, through Anthropic's own API, Vertex and Bedrock: the
+// refusal is learned at once and the same channel asked again in the
+// instructed form; its repeat of the delivered tail is trimmed, so the
+// client's text is exact; the ledger has the two parts; the next resume
+// goes straight to the instructed form.
+func TestResumeInstructedOnClaude46(t *testing.T) {
+	pieces := resumePieces()
+	answer := strings.Join(pieces, "")
+	delivered := strings.Join(pieces[:40], "")
+	for _, tt := range []struct {
+		name, channel, upstreamModel string
+	}{
+		{"anthropic", "provider anthropic\n\t\t\theader X-Api-Key sk-ant-test", "claude-opus-4-6"},
+		{"vertex", "provider vertex {\n\t\t\t\tproject proj-1\n\t\t\t\tregion us-east5\n\t\t\t\tcredentials_file %s\n\t\t\t}", "claude-opus-4-6@default"},
+		{"bedrock", "provider bedrock {\n\t\t\t\tregion us-east-1\n\t\t\t\taccess_key_id AKIAFAKE\n\t\t\t\tsecret_access_key fake-secret\n\t\t\t}", "us.anthropic.claude-opus-4-6-v1:0"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			model := &fakeproviders.Model{Answer: answer, NoPrefill: true, Repeat: 7}
+			var url string
+			var bodies func() []byte
+			var hitsOf func() int
+			args := []any{}
+			switch tt.name {
+			case "anthropic":
+				f := fakeproviders.NewAnthropic("sk-ant-test")
+				t.Cleanup(f.Close)
+				f.SetModel(model)
+				url, bodies, hitsOf = f.URL, f.LastBody, f.Hits
+			case "vertex":
+				f := fakeproviders.NewVertex("proj-1", "us-east5", 3600e9)
+				t.Cleanup(f.Close)
+				f.SetModel(model)
+				sa, err := f.WriteServiceAccount(t.TempDir())
+				if err != nil {
+					t.Fatal(err)
+				}
+				url, bodies, hitsOf = f.URL, f.LastBody, f.Hits
+				args = append(args, sa)
+			case "bedrock":
+				f := fakeproviders.NewBedrock("us-east-1", "AKIAFAKE", "fake-secret")
+				t.Cleanup(f.Close)
+				f.SetModel(model)
+				url, bodies, hitsOf = f.URL, f.LastBody, f.Hits
+			}
+			a := upstream(t, fu.OKNamed("primary").WithPieces(pieces...).WithCutAfter(40))
+			cfg := `
+		channel a %s {
+		}
+		channel b %s {
+			` + tt.channel + `
+		}
+		model claude {
+			route a cost 1 1
+			route b cost 2 2 upstream_model ` + tt.upstreamModel + `
+			price 3 15
+		}
+		wallet
+		stream_resume continue
+`
+			gateway(t, cfg, append([]any{a.URL, url}, args...)...)
+			secret, _ := newWalletAccount(t, "acct-"+tt.name, "1")
+			post := func() streamed {
+				s := streamPost(t, nil, "/v1/messages", resumeBody(t), "", "X-Api-Key", secret, "Anthropic-Version", "2023-06-01")
+				waitUnreserved(t, "acct-"+tt.name)
+				return s
+			}
+			s := post()
+			wantText(t, s, answer)
+			mustContain(t, s.body, ": llm-failover resumed from a on b (instructed)")
+			for sub, n := range map[string]int{"event: message_start": 1, "event: message_delta": 1, "event: message_stop": 1, "event: error": 0} {
+				if got := count(s.body, sub); got != n {
+					t.Errorf("%d × %q, want %d:\n%s", got, sub, n, s.body)
+				}
+			}
+			if got := hitsOf(); got != 2 {
+				t.Fatalf("backup asked %d times, want the refused prefill and the instructed form", got)
+			}
+			checkInstructed(t, bodies(), delivered, "max_tokens", 1000)
+			// The refused prefill cost nothing: a zero failed_attempt row.
+			var charges []string
+			for _, r := range requestRows(t, "acct-"+tt.name) {
+				switch {
+				case r.Kind == wallet.KindCharge:
+					charges = append(charges, r.Channel)
+				case r.Kind != wallet.KindFailedAttempt || parseMoney(t, r.Cost) != 0:
+					t.Errorf("ledger row %+v", r)
+				}
+			}
+			if strings.Join(charges, ",") != "a,b" {
+				t.Fatalf("charges %v, want a's and b's", charges)
+			}
+			var journaled failoverapp.DecisionsAnswer
+			if err := adminGet(t, "/llm_failover/decisions?reason=prefill_refused", &journaled); err != nil || journaled.Total == 0 {
+				t.Errorf("no prefill_refused decision journaled (%v)", err)
+			}
+			if f := *brkState(t, "b").Failures; f != 0 {
+				t.Errorf("the refused prefill counted against b's breaker: %d failures", f)
+			}
+
+			// Learned: the next resume asks in the instructed form at once.
+			s = post()
+			wantText(t, s, answer)
+			if got := hitsOf(); got != 3 {
+				t.Fatalf("backup asked %d times in all, want one more", got)
+			}
+		})
+	}
+}
+
+// The OpenAI API has no prefill (a final assistant message is context:
+// its model starts a new answer), so a chat stream is continued in the
+// instructed form by default; the continuation's repeat of the delivered
+// tail is trimmed and the client's limit is lowered by what it has.
+func TestResumeInstructedOnOpenAI(t *testing.T) {
+	pieces := resumePieces()
+	answer := strings.Join(pieces, "")
+	delivered := strings.Join(pieces[:40], "")
+	o := fakeproviders.NewOpenAI("sk-openai-test")
+	t.Cleanup(o.Close)
+	o.SetModel(&fakeproviders.Model{Answer: answer, PrefixIsContext: true, Repeat: 9})
+	a := upstream(t, fu.OKNamed("primary").WithPieces(pieces...).WithCutAfter(40))
+	gateway(t, `
+		channel a %s {
+		}
+		channel b %s {
+			header Authorization "Bearer sk-openai-test"
+		}
+		model m {
+			route a cost 1 1
+			route b cost 2 2 upstream_model gpt-5
+		}
+		stream_resume continue
+`, a.URL, o.URL)
+	body := []byte(`{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":1000,"messages":[{"role":"user","content":"Count."}]}`)
+	s := chatResumePost(t, body)
+	wantText(t, s, answer)
+	mustContain(t, s.body, ": llm-failover resumed from a on b (instructed)")
+	if got := s.res.Trailer.Get("X-Llm-Failover-Resumed"); got != "a -> b (instructed)" {
+		t.Errorf("trailer %q", got)
+	}
+	for sub, n := range map[string]int{`"finish_reason":"stop"`: 1, "data: [DONE]": 1, "chatcmpl-fake": 0, `"error"`: 0} {
+		if got := count(s.body, sub); got != n {
+			t.Errorf("%d × %q, want %d:\n%s", got, sub, n, s.body)
+		}
+	}
+	checkInstructed(t, o.LastBody(), delivered, "max_completion_tokens", 1000)
+	if o.Hits() != 1 {
+		t.Errorf("backup asked %d times", o.Hits())
+	}
+	if p := o.Problems(); len(p) > 0 {
+		t.Errorf("fake refused: %v", p)
+	}
+}
+
+// A continuation that starts the answer over is trimmed when it repeats
+// all of it, and abandoned unseen when it then says something else: the
+// client gets the original failure, never two beginnings.
+func TestResumeInstructedRestart(t *testing.T) {
+	pieces := resumePieces()
+	answer := strings.Join(pieces, "")
+	for _, tt := range []struct {
+		name, restart string
+		resumed       bool
+	}{
+		{"repeats all, then goes on", answer, true},
+		{"starts over differently", strings.Join(pieces[:10], "") + " and then something else entirely.", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			o := fakeproviders.NewOpenAI("sk-openai-test")
+			t.Cleanup(o.Close)
+			o.SetModel(&fakeproviders.Model{Answer: answer, Restart: tt.restart})
+			a := upstream(t, fu.OKNamed("primary").WithPieces(pieces...).WithCutAfter(40))
+			gateway(t, `
+		channel a %s {
+		}
+		channel b %s {
+			header Authorization "Bearer sk-openai-test"
+		}
+		model m {
+			route a cost 1 1
+			route b cost 2 2
+		}
+		stream_resume continue
+`, a.URL, o.URL)
+			s := chatResumePost(t, fu.ChatRequest("m", true))
+			if tt.resumed {
+				wantText(t, s, answer)
+				return
+			}
+			okStream(t, s)
+			if got := fu.StreamText(mustSSE(t, s.body)); got != strings.Join(pieces[:40], "") {
+				t.Fatalf("the client saw the restart: %q", got)
+			}
+			mustNotContain(t, s.body, "something else", "llm-failover resumed", "[DONE]")
+			var journaled failoverapp.DecisionsAnswer
+			if err := adminGet(t, "/llm_failover/decisions?reason=continuation_restarted", &journaled); err != nil || journaled.Total == 0 {
+				t.Errorf("no continuation_restarted decision journaled (%v)", err)
+			}
+			if f := *brkState(t, "b").Failures; f != 0 {
+				t.Errorf("the restart counted against b's breaker: %d failures", f)
+			}
+		})
+	}
+}
+
+// A stream that will be resumed and keeps pinging after its content
+// stopped is a break once the content has been silent for the stall
+// floor (here stream_idle_timeout, 1 s, below the 20 s default): the
+// pings never trip the byte idle timeout, and without the content check
+// the client would wait for ever.
+func TestResumeContentStallWhilePinging(t *testing.T) {
+	pieces := resumePieces()
+	steps := anthropicSteps(pieces[:20])
+	for range 200 {
+		steps = append(steps, 50*time.Millisecond, "event: ping\ndata: {\"type\":\"ping\"}\n\n")
+	}
+	a := upstream(t, sseScript(steps...))
+	b := upstream(t, fu.OKNamed("backup").WithPieces(pieces[20:]...))
+	gateway(t, gateChannels, a.URL, b.URL, "stream_resume continue\nstream_idle_timeout 1s")
+	s := resumePost(t)
+	wantText(t, s, strings.Join(pieces, ""))
+	if s.endAt < 900*time.Millisecond || s.endAt > 6*time.Second {
+		t.Fatalf("ended after %s; the content stall floor is 1s and the pings went on for 10s", s.endAt)
+	}
+	mustContain(t, s.body, ": llm-failover resumed from a on b (prefill)")
+	t.Logf("a content stall resumed: stream ended %s after the request", s.endAt)
+}
