@@ -143,6 +143,10 @@ type ChannelStateView struct {
 	Calls          int       `json:"calls"`
 	TimesOpened    uint64    `json:"times_opened"`
 	CurrentWeight  []string  `json:"weights,omitempty"`
+	// NoPrefillModels are the upstream models that refused a
+	// continuation's prefill on this channel since the process started;
+	// their continuations are asked in the instructed form.
+	NoPrefillModels []string `json:"no_prefill_models,omitempty"`
 }
 
 func channelsView(snap Snapshot) []ChannelStateView {
@@ -152,7 +156,7 @@ func channelsView(snap Snapshot) []ChannelStateView {
 		cv := ChannelStateView{
 			Name: c.Name, BaseURL: c.BaseURL, State: s.State.String(), Failures: s.FailuresInWindow,
 			OpenUntil: s.OpenUntil, ParkedUntil: s.ParkedUntil, TrialsInFlight: s.TrialsInFlight,
-			SuccessRate: s.SuccessRate, Calls: s.Calls, TimesOpened: s.Opened,
+			SuccessRate: s.SuccessRate, Calls: s.Calls, TimesOpened: s.Opened, NoPrefillModels: c.NoPrefill,
 		}
 		if s.RetryIn > 0 {
 			cv.RetryIn = s.RetryIn.Round(time.Millisecond).String()

@@ -44,6 +44,17 @@ func (c *Channel) RefusesPrefill(model string) bool {
 	return ok
 }
 
+// noPrefillModels lists the models RefusesPrefill knows, sorted.
+func (c *Channel) noPrefillModels() []string {
+	var out []string
+	c.noPrefill.Range(func(k, _ any) bool {
+		out = append(out, k.(string))
+		return true
+	})
+	sort.Strings(out)
+	return out
+}
+
 // LearnRefusesPrefill records that the channel's model refused a prefill;
 // it reports whether this was news.
 func (c *Channel) LearnRefusesPrefill(model string) bool {
@@ -183,6 +194,9 @@ type ChannelStatus struct {
 	// Weights are the channel's current chain.Score in each model that
 	// routes to it under the weighted policy.
 	Weights []ModelWeight
+	// NoPrefill lists the upstream models that refused a continuation's
+	// prefill here, sorted: their continuations are instructed.
+	NoPrefill []string
 }
 
 // ModelWeight is a channel's score in one weighted model.
@@ -216,7 +230,7 @@ func (a *App) Snapshot(now time.Time) Snapshot {
 			continue
 		}
 		index[c.ch] = len(s.Channels)
-		s.Channels = append(s.Channels, ChannelStatus{Name: c.ch.Name, BaseURL: c.ch.BaseURL, Health: c.ch.Breaker.Snapshot(now)})
+		s.Channels = append(s.Channels, ChannelStatus{Name: c.ch.Name, BaseURL: c.ch.BaseURL, Health: c.ch.Breaker.Snapshot(now), NoPrefill: c.ch.noPrefillModels()})
 	}
 	for _, m := range a.models {
 		ms := ModelStatus{Name: m.Chain.Name, Policy: m.Chain.Policy, MaxHops: m.Chain.MaxHops}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmfailover/caddy-llm-failover/internal/fakeproviders"
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 )
 
@@ -16,7 +17,8 @@ import (
 // Messages stream cut by channel a after 40 of 60 deltas is continued by
 // channel b (loopback fake upstreams, in-process Caddy). It reports
 // resume-ns, the mean time from the last delivered delta to the first
-// continued one, and ttft-ns, the mean time to the first delta of an
+// continued one (prefilled, and instructed on a model that takes no
+// prefill and repeats the delivered tail), and ttft-ns, the mean time to the first delta of an
 // unbroken stream through the same gateway, for comparison.
 //
 //	LLMF_TEST_PORT_OFFSET=300 go test -run '^$' -bench Resume -benchtime 200x .
@@ -28,14 +30,27 @@ func BenchmarkResume(b *testing.B) {
 	b.Cleanup(cont.Close)
 	whole := fu.New(fu.OKNamed("whole").WithPieces(pieces...))
 	b.Cleanup(whole.Close)
+	// A model with no prefill, asked in words, that repeats the
+	// delivered tail: the Joiner holds its first text until it knows.
+	noPrefill := fakeproviders.NewAnthropic("sk-ant-bench")
+	b.Cleanup(noPrefill.Close)
+	noPrefill.SetModel(&fakeproviders.Model{Answer: strings.Join(pieces, ""), NoPrefill: true, Repeat: 7})
 	// The breaker must not open a, whose every stream is cut.
 	gateway(b, `
 		channel a %s
 		channel b %s
 		channel c %s
+		channel d %s {
+			provider anthropic
+			header X-Api-Key sk-ant-bench
+		}
 		model claude {
 			route a cost 1 1
 			route b cost 2 2
+		}
+		model claude-46 {
+			route a cost 1 1
+			route d cost 2 2
 		}
 		model whole {
 			route c
@@ -45,18 +60,29 @@ func BenchmarkResume(b *testing.B) {
 			failures 64
 		}
 		stream_resume continue
-	`, cut.URL, cont.URL, whole.URL)
+	`, cut.URL, cont.URL, whole.URL, noPrefill.URL)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}, Timeout: 30 * time.Second}
 	b.Cleanup(client.CloseIdleConnections)
 	last, first := `"text":" t39"`, `"text":" t40"`
 
 	b.Run("resumed", func(b *testing.B) {
-		body := fu.MessagesRequest("claude", true)
+		body := resumeRequest("claude")
 		timeLines(b, client, body, last, first)
 		var total time.Duration
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
 			at := timeLines(b, client, body, last, first)
+			total += at[1] - at[0]
+		}
+		b.ReportMetric(float64(total.Nanoseconds())/float64(b.N), "resume-ns")
+	})
+	b.Run("instructed", func(b *testing.B) {
+		body := resumeRequest("claude-46")
+		timeLines(b, client, body, last, `"text":" t40`) // learns that d takes no prefill
+		var total time.Duration
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			at := timeLines(b, client, body, last, `"text":" t40`)
 			total += at[1] - at[0]
 		}
 		b.ReportMetric(float64(total.Nanoseconds())/float64(b.N), "resume-ns")

@@ -141,6 +141,16 @@ func TestResumeInstructedOnClaude46(t *testing.T) {
 				t.Errorf("the refused prefill counted against b's breaker: %d failures", f)
 			}
 
+			var chans []failoverapp.ChannelStateView
+			if err := adminGet(t, "/llm_failover/channels", &chans); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range chans {
+				if c.Name == "b" && strings.Join(c.NoPrefillModels, ",") != tt.upstreamModel {
+					t.Errorf("channel b's no_prefill_models %v, want [%s]", c.NoPrefillModels, tt.upstreamModel)
+				}
+			}
+
 			// Learned: the next resume asks in the instructed form at once.
 			s = post()
 			wantText(t, s, answer)
@@ -268,4 +278,29 @@ func TestResumeContentStallWhilePinging(t *testing.T) {
 	}
 	mustContain(t, s.body, ": llm-failover resumed from a on b (prefill)")
 	t.Logf("a content stall resumed: stream ended %s after the request", s.endAt)
+}
+
+// With the default settings, a stream that will be resumed and goes
+// silent for 90 s after content (pings only, every 5 s, as Anthropic's
+// keep the connection busy) is continued within 45 s of the stall: the
+// content stall floor is 20 s, the backup's first token follows at once.
+func TestResumeNinetySecondStall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("takes 20 s")
+	}
+	pieces := resumePieces()
+	steps := anthropicSteps(pieces[:20])
+	for range 18 {
+		steps = append(steps, 5*time.Second, "event: ping\ndata: {\"type\":\"ping\"}\n\n")
+	}
+	a := upstream(t, sseScript(steps...))
+	b := upstream(t, fu.OKNamed("backup").WithPieces(pieces[20:]...))
+	gateway(t, gateChannels, a.URL, b.URL, "stream_resume continue")
+	s := resumePost(t)
+	wantText(t, s, strings.Join(pieces, ""))
+	stall := s.at(" t20") - s.at(" t19")
+	if stall < 19*time.Second || stall > 45*time.Second {
+		t.Fatalf("the first continued token came %s after the stall began, want 20 s to 45 s", stall)
+	}
+	t.Logf("90 s stall: the first continued token %s after the last delivered one", stall)
 }
