@@ -26,14 +26,12 @@ type resumeState struct {
 	wanted   bool
 	from     string // the channel whose stream broke
 	errEvent []byte // the original failure's error event
-	// forms holds the continuation built for each form, on first use;
-	// cur is the one the attempt in flight sends.
-	forms map[provider.ContinuationForm]*continuation
-	cur   *continuation
+	// cur is the continuation the attempt in flight sends.
+	cur *continuation
 }
 
-// continuation is one form of the request that continues a broken
-// stream: the body sent, parsed, and the Splice that joins its answer.
+// continuation is one attempt's request to continue a broken stream:
+// the body sent, parsed, and the Splice that joins its answer.
 type continuation struct {
 	form   provider.ContinuationForm
 	body   []byte
@@ -44,11 +42,10 @@ type continuation struct {
 // pending reports whether a broken stream waits for its continuation.
 func (rs *resumeState) pending() bool { return rs != nil && rs.wanted }
 
-// build returns the continuation in form, building it once.
+// build returns a continuation in form. Each attempt gets its own: a
+// Splice, and an instructed one's Joiner, keep what they have read of
+// one channel's answer, which says nothing of the next channel's.
 func (rs *resumeState) build(x *exchange, form provider.ContinuationForm) (*continuation, error) {
-	if c, ok := rs.forms[form]; ok {
-		return c, nil
-	}
 	body, splice, err := rs.transcript.Continue(x.body, form)
 	var req provider.Request
 	if err == nil {
@@ -58,12 +55,7 @@ func (rs *resumeState) build(x *exchange, form provider.ContinuationForm) (*cont
 	if err != nil {
 		return nil, err
 	}
-	if rs.forms == nil {
-		rs.forms = make(map[provider.ContinuationForm]*continuation, 2)
-	}
-	c := &continuation{form: form, body: body, req: req, splice: splice}
-	rs.forms[form] = c
-	return c, nil
+	return &continuation{form: form, body: body, req: req, splice: splice}, nil
 }
 
 // continuationFor picks how ch is asked to continue: its adapter's form,

@@ -304,3 +304,41 @@ func TestResumeNinetySecondStall(t *testing.T) {
 	}
 	t.Logf("90 s stall: the first continued token %s after the last delivered one", stall)
 }
+
+// Each continuation attempt judges its own answer: a backup that began
+// by repeating the answer's start and then failed before anything was
+// committed leaves nothing behind for the next backup's join (sharing
+// the first one's reading, the second was judged a restart and dropped).
+func TestResumeInstructedFreshJoinPerAttempt(t *testing.T) {
+	pieces := resumePieces()
+	answer := strings.Join(pieces, "")
+	chunk := func(delta string) string {
+		return "data: {\"id\":\"chatcmpl-b\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":" + delta + ",\"finish_reason\":null}]}\n\n"
+	}
+	start, _ := json.Marshal(map[string]string{"content": answer[:20]})
+	b := upstream(t, sseScript(chunk(`{"role":"assistant","content":""}`), chunk(string(start)),
+		"data: {\"error\":{\"message\":\"overloaded\",\"type\":\"server_error\"}}\n\n"))
+	c := fakeproviders.NewOpenAI("sk-openai-test")
+	t.Cleanup(c.Close)
+	c.SetModel(&fakeproviders.Model{Answer: answer, PrefixIsContext: true, Repeat: 4})
+	a := upstream(t, fu.OKNamed("primary").WithPieces(pieces...).WithCutAfter(40))
+	gateway(t, `
+		channel a %s {
+		}
+		channel b %s {
+		}
+		channel c %s {
+			header Authorization "Bearer sk-openai-test"
+		}
+		model m {
+			route a cost 1 1
+			route b cost 2 2
+			route c cost 3 3
+		}
+		stream_resume continue
+`, a.URL, b.URL, c.URL)
+	s := chatResumePost(t, fu.ChatRequest("m", true))
+	wantText(t, s, answer)
+	mustContain(t, s.body, ": llm-failover resumed from a on c (instructed)")
+	hits(t, b, 1)
+}
