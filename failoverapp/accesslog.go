@@ -60,30 +60,16 @@ func warnKeysInAccessLog(ctx caddy.Context, logger *zap.Logger) {
 // readsClientKeys reports whether a server has a handler that reads
 // wallet keys, in its routes, subroutes or named routes.
 func readsClientKeys(srv *caddyhttp.Server) bool {
-	if routesReadKeys(srv.Routes) {
+	reads := func(h caddyhttp.MiddlewareHandler) bool {
+		v, ok := h.(ReadsClientKeys)
+		return ok && v.ReadsClientKeys()
+	}
+	if anyHandler(srv.Routes, reads) {
 		return true
 	}
 	for _, r := range srv.NamedRoutes {
-		if r != nil && routesReadKeys(caddyhttp.RouteList{*r}) {
+		if r != nil && anyHandler(caddyhttp.RouteList{*r}, reads) {
 			return true
-		}
-	}
-	return false
-}
-
-func routesReadKeys(routes caddyhttp.RouteList) bool {
-	for _, r := range routes {
-		for _, mh := range r.Handlers {
-			switch v := mh.(type) {
-			case ReadsClientKeys:
-				if v.ReadsClientKeys() {
-					return true
-				}
-			case *caddyhttp.Subroute:
-				if routesReadKeys(v.Routes) {
-					return true
-				}
-			}
 		}
 	}
 	return false

@@ -38,17 +38,22 @@ func warnUnauthenticated(ctx caddy.Context, logger *zap.Logger) {
 // servesAnyone reports whether routes hold a handler serving anyone,
 // subroutes included.
 func servesAnyone(routes caddyhttp.RouteList) bool {
+	return anyHandler(routes, func(h caddyhttp.MiddlewareHandler) bool {
+		v, ok := h.(OpenToAnyone)
+		return ok && v.ServesAnyone()
+	})
+}
+
+// anyHandler reports whether a handler of routes, or of their
+// subroutes, satisfies is.
+func anyHandler(routes caddyhttp.RouteList, is func(caddyhttp.MiddlewareHandler) bool) bool {
 	for _, r := range routes {
 		for _, mh := range r.Handlers {
-			switch v := mh.(type) {
-			case OpenToAnyone:
-				if v.ServesAnyone() {
-					return true
-				}
-			case *caddyhttp.Subroute:
-				if servesAnyone(v.Routes) {
-					return true
-				}
+			if is(mh) {
+				return true
+			}
+			if sub, ok := mh.(*caddyhttp.Subroute); ok && anyHandler(sub.Routes, is) {
+				return true
 			}
 		}
 	}
