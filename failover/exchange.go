@@ -90,8 +90,10 @@ type failure struct {
 	// (provider.API.ErrorFrameStatus); 0 for other failures.
 	frameStatus int
 	// delivered: for a resumed stream, the tokens the client had when it
-	// broke (journaled with reason "resumed").
+	// broke, and form, how its continuation was asked for (journaled with
+	// reason "resumed").
 	delivered int64
+	form      string
 }
 
 // rateLimited reports whether the failure is a rate limit: a 429, or an

@@ -104,6 +104,6 @@ func (e *Engine) decided(x *exchange, channel string, f *failure, next string) {
 	e.app.Decided(journal.Decision{
 		At: time.Now(), RequestID: requestID(x), Model: x.req.Model, Channel: channel, Attempt: x.attempts,
 		Reason: string(f.reason), UpstreamStatus: f.status, Elapsed: time.Since(x.start), Remaining: time.Until(x.deadline), Next: next,
-		DeliveredTokens: f.delivered,
+		DeliveredTokens: f.delivered, Form: f.form,
 	})
 }

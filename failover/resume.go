@@ -240,7 +240,7 @@ func (e *Engine) resume(x *exchange, rest []*chain.Route, broke attemptResult) a
 			zap.String("model", x.req.Model), zap.String("channel", rs.from),
 			zap.String("next_channel", next), zap.String("reason", string(reasonResumed)), zap.String("form", form),
 			zap.Int("delivered_bytes", len(rs.transcript.Text())), zap.Int64("delivered_tokens", delivered))
-		e.decided(x, rs.from, &failure{reason: reasonResumed, delivered: delivered}, next)
+		e.decided(x, rs.from, &failure{reason: reasonResumed, delivered: delivered, form: form}, next)
 		return end.res
 	case x.r.Context().Err() != nil:
 		return attemptResult{verdict: clientGone}

@@ -137,6 +137,9 @@ func TestResumeInstructedOnClaude46(t *testing.T) {
 			if err := adminGet(t, "/llm_failover/decisions?reason=prefill_refused", &journaled); err != nil || journaled.Total == 0 {
 				t.Errorf("no prefill_refused decision journaled (%v)", err)
 			}
+			if err := adminGet(t, "/llm_failover/decisions?reason=resumed", &journaled); err != nil || journaled.Total == 0 || journaled.Decisions[0].Form != "instructed" {
+				t.Errorf("the resumed decision does not say the form: %+v (%v)", journaled, err)
+			}
 			if f := *brkState(t, "b").Failures; f != 0 {
 				t.Errorf("the refused prefill counted against b's breaker: %d failures", f)
 			}

@@ -33,6 +33,9 @@ type Decision struct {
 	// DeliveredTokens is how much of the answer the client already had
 	// when its stream broke (reason "resumed"; the gateway's estimate).
 	DeliveredTokens int64 `json:"delivered_tokens,omitempty"`
+	// Form is how the continuation was asked for (reason "resumed":
+	// prefill or instructed).
+	Form string `json:"form,omitempty"`
 }
 
 // Journal is a fixed-size ring of decisions, safe for concurrent use.

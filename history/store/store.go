@@ -62,7 +62,8 @@ func schema() []string {
 		elapsed_ns BIGINT NOT NULL,
 		remaining_ns BIGINT NOT NULL,
 		next_channel TEXT NOT NULL DEFAULT '',
-		delivered_tokens BIGINT NOT NULL DEFAULT 0
+		delivered_tokens BIGINT NOT NULL DEFAULT 0,
+		form TEXT NOT NULL DEFAULT ''
 	)`,
 		`CREATE INDEX IF NOT EXISTS llmf_decisions_at ON llmf_decisions (at)`,
 	}
@@ -90,8 +91,8 @@ func newStore(db *sql.DB, kind string, dollar bool) *Store {
 	all := append(keys, cols...)
 	s.upsert = fmt.Sprintf("INSERT INTO llmf_history_buckets (%s) VALUES (%s) ON CONFLICT (res, start, scope, name) DO UPDATE SET %s",
 		strings.Join(all, ", "), s.placeholders(len(all)), strings.Join(set, ", "))
-	s.insert = "INSERT INTO llmf_decisions (at, request_id, model, channel, attempt, reason, upstream_status, elapsed_ns, remaining_ns, next_channel, delivered_tokens) VALUES (" +
-		s.placeholders(11) + ")"
+	s.insert = "INSERT INTO llmf_decisions (at, request_id, model, channel, attempt, reason, upstream_status, elapsed_ns, remaining_ns, next_channel, delivered_tokens, form) VALUES (" +
+		s.placeholders(12) + ")"
 	return s
 }
 
@@ -137,14 +138,20 @@ func migrate(ctx context.Context, db *sql.DB, columnExists string, prelude ...st
 			return fmt.Errorf("migrating the history schema: %w", err)
 		}
 	}
-	// Added after the first release: stores created before it lack it.
-	var n int
-	if err := tx.QueryRowContext(ctx, columnExists, "llmf_decisions", "delivered_tokens").Scan(&n); err != nil {
-		return fmt.Errorf("migrating the history schema: %w", err)
-	}
-	if n == 0 {
-		if _, err := tx.ExecContext(ctx, "ALTER TABLE llmf_decisions ADD COLUMN delivered_tokens BIGINT NOT NULL DEFAULT 0"); err != nil {
+	// Added after the first release: stores created before them lack
+	// them.
+	for _, col := range []struct{ name, def string }{
+		{"delivered_tokens", "BIGINT NOT NULL DEFAULT 0"},
+		{"form", "TEXT NOT NULL DEFAULT ''"},
+	} {
+		var n int
+		if err := tx.QueryRowContext(ctx, columnExists, "llmf_decisions", col.name).Scan(&n); err != nil {
 			return fmt.Errorf("migrating the history schema: %w", err)
+		}
+		if n == 0 {
+			if _, err := tx.ExecContext(ctx, "ALTER TABLE llmf_decisions ADD COLUMN "+col.name+" "+col.def); err != nil {
+				return fmt.Errorf("migrating the history schema: %w", err)
+			}
 		}
 	}
 	return tx.Commit()
@@ -189,7 +196,7 @@ func (s *Store) Flush(ctx context.Context, deltas []history.Delta, decisions []j
 		defer st.Close()
 		for _, d := range decisions {
 			if _, err := st.ExecContext(ctx, d.At.UnixNano(), d.RequestID, d.Model, d.Channel, int64(d.Attempt), d.Reason,
-				int64(d.UpstreamStatus), int64(d.Elapsed), int64(d.Remaining), d.Next, d.DeliveredTokens); err != nil {
+				int64(d.UpstreamStatus), int64(d.Elapsed), int64(d.Remaining), d.Next, d.DeliveredTokens, d.Form); err != nil {
 				return fmt.Errorf("flushing decisions: %w", err)
 			}
 		}
@@ -244,7 +251,7 @@ func (s *Store) readBuckets(ctx context.Context, q string, res history.Resolutio
 
 // Decisions reads the latest limit decisions, oldest first.
 func (s *Store) Decisions(ctx context.Context, limit int) ([]journal.Decision, error) {
-	rows, err := s.db.QueryContext(ctx, "SELECT at, request_id, model, channel, attempt, reason, upstream_status, elapsed_ns, remaining_ns, next_channel, delivered_tokens FROM llmf_decisions ORDER BY at DESC LIMIT "+s.arg(1), limit)
+	rows, err := s.db.QueryContext(ctx, "SELECT at, request_id, model, channel, attempt, reason, upstream_status, elapsed_ns, remaining_ns, next_channel, delivered_tokens, form FROM llmf_decisions ORDER BY at DESC LIMIT "+s.arg(1), limit)
 	if err != nil {
 		return nil, fmt.Errorf("reading decisions: %w", err)
 	}
@@ -253,7 +260,7 @@ func (s *Store) Decisions(ctx context.Context, limit int) ([]journal.Decision, e
 	for rows.Next() {
 		var d journal.Decision
 		var at, attempt, status, elapsed, remaining int64
-		if err := rows.Scan(&at, &d.RequestID, &d.Model, &d.Channel, &attempt, &d.Reason, &status, &elapsed, &remaining, &d.Next, &d.DeliveredTokens); err != nil {
+		if err := rows.Scan(&at, &d.RequestID, &d.Model, &d.Channel, &attempt, &d.Reason, &status, &elapsed, &remaining, &d.Next, &d.DeliveredTokens, &d.Form); err != nil {
 			return nil, fmt.Errorf("reading decisions: %w", err)
 		}
 		d.At, d.Attempt, d.UpstreamStatus = time.Unix(0, at), int(attempt), int(status)

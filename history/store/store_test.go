@@ -64,7 +64,7 @@ func testStore(t *testing.T, open func() *Store) {
 		{At: now, Model: "m", Channel: "a", Class: history.Client, Reason: "status", Status: 400},
 	}
 	d := journal.Decision{At: now, RequestID: "r1", Model: "m", Channel: "a", Attempt: 1, Reason: "status", UpstreamStatus: 503,
-		Elapsed: time.Second, Remaining: time.Minute, Next: "b", DeliveredTokens: 40}
+		Elapsed: time.Second, Remaining: time.Minute, Next: "b", DeliveredTokens: 40, Form: "instructed"}
 	instance(t, s, a, []journal.Decision{d})
 	instance(t, s, b, nil)
 
@@ -96,7 +96,7 @@ func testStore(t *testing.T, open func() *Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 1 || !got[0].At.Equal(d.At) || got[0].Next != "b" || got[0].Remaining != time.Minute || got[0].UpstreamStatus != 503 || got[0].DeliveredTokens != 40 {
+	if len(got) != 1 || !got[0].At.Equal(d.At) || got[0].Next != "b" || got[0].Remaining != time.Minute || got[0].UpstreamStatus != 503 || got[0].DeliveredTokens != 40 || got[0].Form != "instructed" {
 		t.Fatalf("decisions %+v", got)
 	}
 
@@ -134,8 +134,8 @@ func TestSQLiteStore(t *testing.T) {
 	})
 }
 
-// A store created before decisions had delivered_tokens gains the
-// column when opened, and keeps its rows.
+// A store created before decisions had delivered_tokens and form gains
+// the columns when opened, and keeps its rows.
 func TestSQLiteStoreMigratesDecisions(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "old.db")
 	db, err := sqlitefile.Open(path, time.Second)
@@ -160,7 +160,7 @@ func TestSQLiteStoreMigratesDecisions(t *testing.T) {
 		}
 		got, err := s.Decisions(context.Background(), 10)
 		s.Close()
-		if err != nil || len(got) != 1 || got[0].RequestID != "r0" || got[0].DeliveredTokens != 0 {
+		if err != nil || len(got) != 1 || got[0].RequestID != "r0" || got[0].DeliveredTokens != 0 || got[0].Form != "" {
 			t.Fatalf("decisions %+v, %v", got, err)
 		}
 	}
