@@ -164,48 +164,93 @@ func TestResumeInstructedOnClaude46(t *testing.T) {
 	}
 }
 
-// The OpenAI API has no prefill (a final assistant message is context:
-// its model starts a new answer), so a chat stream is continued in the
-// instructed form by default; the continuation's repeat of the delivered
-// tail is trimmed and the client's limit is lowered by what it has.
-func TestResumeInstructedOnOpenAI(t *testing.T) {
+// The OpenAI API, Azure OpenAI and Gemini have no prefill (a final
+// assistant message is context: the model starts a new answer), so a
+// chat stream is continued on them in the instructed form by default:
+// the continuation's repeat of the delivered tail is trimmed, the
+// client's limit is lowered by what it has, and the ledger has the two
+// parts.
+func TestResumeInstructedOnOpenAIAzureGemini(t *testing.T) {
 	pieces := resumePieces()
 	answer := strings.Join(pieces, "")
 	delivered := strings.Join(pieces[:40], "")
-	o := fakeproviders.NewOpenAI("sk-openai-test")
-	t.Cleanup(o.Close)
-	o.SetModel(&fakeproviders.Model{Answer: answer, PrefixIsContext: true, Repeat: 9})
-	a := upstream(t, fu.OKNamed("primary").WithPieces(pieces...).WithCutAfter(40))
-	gateway(t, `
+	model := &fakeproviders.Model{Answer: answer, PrefixIsContext: true, Repeat: 9}
+	for _, tt := range []struct {
+		name, channel, upstreamModel string
+	}{
+		{"openai", `header Authorization "Bearer sk-openai-test"`, "gpt-5"},
+		{"azure", "provider azure {\n\t\t\t\tapi_key az-key\n\t\t\t}", "gpt5-prod"},
+		{"gemini", "provider gemini {\n\t\t\t\tapi_key gm-key\n\t\t\t}", "gemini-2.5-flash"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var url string
+			var lastBody func() []byte
+			var hitsOf func() int
+			var problems func() []string
+			switch tt.name {
+			case "openai":
+				f := fakeproviders.NewOpenAI("sk-openai-test")
+				t.Cleanup(f.Close)
+				f.SetModel(model)
+				url, lastBody, hitsOf, problems = f.URL, f.LastBody, f.Hits, f.Problems
+			case "azure":
+				f := fakeproviders.NewAzure("az-key", "gpt5-prod")
+				t.Cleanup(f.Close)
+				f.SetModel(model)
+				url, lastBody, hitsOf, problems = f.URL, f.LastBody, f.Hits, f.Problems
+			case "gemini":
+				f := fakeproviders.NewGemini("gm-key")
+				t.Cleanup(f.Close)
+				f.SetModel(model)
+				url, lastBody, hitsOf, problems = f.URL, f.LastBody, f.Hits, f.Problems
+			}
+			a := upstream(t, fu.OKNamed("primary").WithPieces(pieces...).WithCutAfter(40))
+			gateway(t, `
 		channel a %s {
 		}
 		channel b %s {
-			header Authorization "Bearer sk-openai-test"
+			`+tt.channel+`
 		}
 		model m {
 			route a cost 1 1
-			route b cost 2 2 upstream_model gpt-5
+			route b cost 2 2 upstream_model `+tt.upstreamModel+`
+			price 3 15
 		}
+		wallet
 		stream_resume continue
-`, a.URL, o.URL)
-	body := []byte(`{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":1000,"messages":[{"role":"user","content":"Count."}]}`)
-	s := chatResumePost(t, body)
-	wantText(t, s, answer)
-	mustContain(t, s.body, ": llm-failover resumed from a on b (instructed)")
-	if got := s.res.Trailer.Get("X-Llm-Failover-Resumed"); got != "a -> b (instructed)" {
-		t.Errorf("trailer %q", got)
-	}
-	for sub, n := range map[string]int{`"finish_reason":"stop"`: 1, "data: [DONE]": 1, "chatcmpl-fake": 0, `"error"`: 0} {
-		if got := count(s.body, sub); got != n {
-			t.Errorf("%d × %q, want %d:\n%s", got, sub, n, s.body)
-		}
-	}
-	checkInstructed(t, o.LastBody(), delivered, "max_completion_tokens", 1000)
-	if o.Hits() != 1 {
-		t.Errorf("backup asked %d times", o.Hits())
-	}
-	if p := o.Problems(); len(p) > 0 {
-		t.Errorf("fake refused: %v", p)
+`, a.URL, url)
+			account := "acct-chat-" + tt.name
+			secret, _ := newWalletAccount(t, account, "1")
+			body := []byte(`{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":1000,"messages":[{"role":"user","content":"Count."}]}`)
+			s := streamPost(t, nil, "/v1/chat/completions", body, "", "Authorization", "Bearer "+secret)
+			waitUnreserved(t, account)
+			wantText(t, s, answer)
+			mustContain(t, s.body, ": llm-failover resumed from a on b (instructed)")
+			if got := s.res.Trailer.Get("X-Llm-Failover-Resumed"); got != "a -> b (instructed)" {
+				t.Errorf("trailer %q", got)
+			}
+			for sub, n := range map[string]int{`"finish_reason":"stop"`: 1, "data: [DONE]": 1, "chatcmpl-fake": 0, `"error"`: 0} {
+				if got := count(s.body, sub); got != n {
+					t.Errorf("%d × %q, want %d:\n%s", got, sub, n, s.body)
+				}
+			}
+			checkInstructed(t, lastBody(), delivered, "max_completion_tokens", 1000)
+			if hitsOf() != 1 {
+				t.Errorf("backup asked %d times", hitsOf())
+			}
+			if p := problems(); len(p) > 0 {
+				t.Errorf("fake refused: %v", p)
+			}
+			var charges []string
+			for _, r := range requestRows(t, account) {
+				if r.Kind == wallet.KindCharge {
+					charges = append(charges, r.Channel)
+				}
+			}
+			if strings.Join(charges, ",") != "a,b" {
+				t.Fatalf("charges %v, want a's and b's", charges)
+			}
+		})
 	}
 }
 

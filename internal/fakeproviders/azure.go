@@ -15,6 +15,7 @@ import (
 // /openai/deployments/<deployment>/chat/completions?api-version=<date>.
 type Azure struct {
 	state
+	modelSlot
 	*httptest.Server
 	APIKey string
 	// APIVersions are the dated api-versions the resource accepts.
@@ -51,6 +52,7 @@ func (a *Azure) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body, _ := io.ReadAll(r.Body)
+	a.received(body)
 	var req chatRequest
 	if err := json.Unmarshal(body, &req); err != nil {
 		a.refuse(w, http.StatusBadRequest, "body is not JSON: %v", err)
@@ -93,7 +95,9 @@ func (a *Azure) serve(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if req.Stream {
-		writeChatStream(w, a.Model, "Hello from azure", "stop")
+		if !a.streamModel(w, a.Model, body) {
+			writeChatStream(w, a.Model, "Hello from azure", "stop")
+		}
 		return
 	}
 	writeJSON(w, http.StatusOK, chatCompletion(a.Model, "Hello from azure", "stop"))

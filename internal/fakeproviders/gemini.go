@@ -12,6 +12,7 @@ import (
 // bearer token, errors wrapped in an array as Google sends them.
 type Gemini struct {
 	state
+	modelSlot
 	*httptest.Server
 	APIKey string
 }
@@ -42,6 +43,7 @@ func (g *Gemini) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body, _ := io.ReadAll(r.Body)
+	g.received(body)
 	var req chatRequest
 	if err := json.Unmarshal(body, &req); err != nil || req.Model == "" {
 		g.refuse(w, http.StatusBadRequest, "body is not a chat request")
@@ -52,7 +54,9 @@ func (g *Gemini) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.Stream {
-		writeChatStream(w, req.Model, "Hello from gemini", "stop")
+		if !g.streamModel(w, req.Model, body) {
+			writeChatStream(w, req.Model, "Hello from gemini", "stop")
+		}
 		return
 	}
 	writeJSON(w, http.StatusOK, chatCompletion(req.Model, "Hello from gemini", "stop"))

@@ -245,13 +245,22 @@ func (o *OpenAI) serve(w http.ResponseWriter, r *http.Request) {
 		o.refuse(w, http.StatusBadRequest, "want a streamed request naming its model")
 		return
 	}
-	text, _, ok := o.reply(body)
+	if !o.streamModel(w, req.Model, body) {
+		writeChatStream(w, req.Model, "Hello from openai", "stop")
+	}
+}
+
+// streamModel streams the fake Model's reply to a chat request body as
+// chunks a few bytes each, with usage and [DONE]; it reports false, and
+// writes nothing, when no Model is set.
+func (s *modelSlot) streamModel(w http.ResponseWriter, model string, body []byte) bool {
+	text, _, ok := s.reply(body)
 	if !ok {
-		text = "Hello from openai"
+		return false
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	chunk := func(delta, finish string) {
-		fmt.Fprintf(w, "data: {\"id\":\"chatcmpl-fake\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":%q,\"choices\":[{\"index\":0,\"delta\":%s,\"finish_reason\":%s}]}\n\n", req.Model, delta, finish)
+		fmt.Fprintf(w, "data: {\"id\":\"chatcmpl-fake\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":%q,\"choices\":[{\"index\":0,\"delta\":%s,\"finish_reason\":%s}]}\n\n", model, delta, finish)
 	}
 	chunk(`{"role":"assistant","content":""}`, "null")
 	for _, p := range pieces(text, 6) {
@@ -259,8 +268,9 @@ func (o *OpenAI) serve(w http.ResponseWriter, r *http.Request) {
 		chunk(string(d), "null")
 	}
 	chunk(`{}`, `"stop"`)
-	fmt.Fprintf(w, "data: {\"id\":\"chatcmpl-fake\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":%q,\"choices\":[],\"usage\":{\"prompt_tokens\":20,\"completion_tokens\":%d,\"total_tokens\":%d}}\n\n", req.Model, len(text)/4+1, 20+len(text)/4+1)
+	fmt.Fprintf(w, "data: {\"id\":\"chatcmpl-fake\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":%q,\"choices\":[],\"usage\":{\"prompt_tokens\":20,\"completion_tokens\":%d,\"total_tokens\":%d}}\n\n", model, len(text)/4+1, 20+len(text)/4+1)
 	fmt.Fprint(w, "data: [DONE]\n\n")
+	return true
 }
 
 // readBody reads a request's body (a fake's requests are small).
