@@ -154,7 +154,9 @@ func TestResumeInstructedOnClaude46(t *testing.T) {
 				}
 			}
 
-			// Learned: the next resume asks in the instructed form at once.
+			// Learned, and kept across a reload: the next resume asks in
+			// the instructed form at once.
+			gateway(t, cfg, append([]any{a.URL, url}, args...)...)
 			s = post()
 			wantText(t, s, answer)
 			if got := hitsOf(); got != 3 {
