@@ -11,9 +11,22 @@ import (
 
 // Usage is the token usage of one attempt as the upstream reported it.
 // Unreported counts are zero with their Known flag false.
+//
+// Input counts every input token the model processed; the cache classes
+// say how many of them were read from the provider's prompt cache, or
+// written to it (for 5 minutes, or for an hour), which providers bill at
+// their own prices. Input less the three is plain input.
 type Usage struct {
 	Input, Output           int64
 	InputKnown, OutputKnown bool
+
+	CacheRead, CacheWrite, CacheWrite1h int64
+}
+
+// PlainInput is the input read neither from nor into a cache (never
+// negative, whatever an upstream reported).
+func (u Usage) PlainInput() int64 {
+	return max(0, u.Input-u.CacheRead-u.CacheWrite-u.CacheWrite1h)
 }
 
 // Meter extracts token usage from one upstream attempt's response, streamed
@@ -101,8 +114,21 @@ func (u *Usage) set(input, output *int64) {
 // OpenAI chat, completions and embeddings.
 
 type openAIUsage struct {
-	PromptTokens     *int64 `json:"prompt_tokens"`
-	CompletionTokens *int64 `json:"completion_tokens"`
+	PromptTokens        *int64 `json:"prompt_tokens"`
+	CompletionTokens    *int64 `json:"completion_tokens"`
+	PromptTokensDetails *struct {
+		// CachedTokens is the part of prompt_tokens read from the
+		// prompt cache (OpenAI, Azure, Gemini's compatible endpoint).
+		CachedTokens int64 `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+// cached is the cache-read part of the prompt, 0 when not reported.
+func (c *openAIUsage) cached() int64 {
+	if c.PromptTokensDetails == nil {
+		return 0
+	}
+	return c.PromptTokensDetails.CachedTokens
 }
 
 // openAIUsageBody reads a chat chunk or a whole body alike: with
@@ -149,6 +175,9 @@ func openAIUsageBody(u *Usage, data []byte) {
 	}
 	if c != nil {
 		u.set(c.PromptTokens, c.CompletionTokens)
+		if c.PromptTokens != nil {
+			u.CacheRead = c.cached()
+		}
 	}
 }
 
@@ -175,6 +204,10 @@ func (c *openAIUsage) decode(v []byte) bool {
 			dst = &in
 		case asciiEqualFold(key, "completion_tokens"):
 			dst = &out
+		case asciiEqualFold(key, "prompt_tokens_details"):
+			// Nested: left to json.Unmarshal (a report with cached
+			// tokens is the rare, cached, case).
+			return false
 		default:
 			continue // Next skips the value
 		}
@@ -257,8 +290,19 @@ var (
 // OpenAI Responses.
 
 type responsesUsage struct {
-	InputTokens  *int64 `json:"input_tokens"`
-	OutputTokens *int64 `json:"output_tokens"`
+	InputTokens        *int64 `json:"input_tokens"`
+	OutputTokens       *int64 `json:"output_tokens"`
+	InputTokensDetails *struct {
+		CachedTokens int64 `json:"cached_tokens"`
+	} `json:"input_tokens_details"`
+}
+
+// setOn takes the report, cached input included.
+func (r *responsesUsage) setOn(u *Usage) {
+	u.set(r.InputTokens, r.OutputTokens)
+	if r.InputTokens != nil && r.InputTokensDetails != nil {
+		u.CacheRead = r.InputTokensDetails.CachedTokens
+	}
 }
 
 var responsesUsageFormat = usageFormat{
@@ -272,7 +316,7 @@ var responsesUsageFormat = usageFormat{
 			} `json:"response"`
 		}
 		if json.Unmarshal(data, &c) == nil && c.Response != nil && c.Response.Usage != nil {
-			u.set(c.Response.Usage.InputTokens, c.Response.Usage.OutputTokens)
+			c.Response.Usage.setOn(u)
 		}
 	},
 	body: func(u *Usage, body []byte) {
@@ -280,7 +324,7 @@ var responsesUsageFormat = usageFormat{
 			Usage *responsesUsage `json:"usage"`
 		}
 		if json.Unmarshal(body, &c) == nil && c.Usage != nil {
-			u.set(c.Usage.InputTokens, c.Usage.OutputTokens)
+			c.Usage.setOn(u)
 		}
 	},
 }
@@ -292,14 +336,26 @@ type anthropicUsage struct {
 	CacheCreationInputTokens int64  `json:"cache_creation_input_tokens"`
 	CacheReadInputTokens     int64  `json:"cache_read_input_tokens"`
 	OutputTokens             *int64 `json:"output_tokens"`
+	// CacheCreation splits cache_creation_input_tokens by lifetime.
+	CacheCreation *struct {
+		Ephemeral5m int64 `json:"ephemeral_5m_input_tokens"`
+		Ephemeral1h int64 `json:"ephemeral_1h_input_tokens"`
+	} `json:"cache_creation"`
 }
 
 // setInput counts cached tokens as input: Anthropic reports them separately
 // from input_tokens, yet the model processed them and the upstream bills
-// them.
+// them, each class at its own price. Writes the report does not split by
+// lifetime are 5-minute ones, the default.
 func (a *anthropicUsage) setInput(u *Usage) {
-	if a.InputTokens != nil {
-		u.Input, u.InputKnown = *a.InputTokens+a.CacheCreationInputTokens+a.CacheReadInputTokens, true
+	if a.InputTokens == nil {
+		return
+	}
+	u.Input, u.InputKnown = *a.InputTokens+a.CacheCreationInputTokens+a.CacheReadInputTokens, true
+	u.CacheRead, u.CacheWrite, u.CacheWrite1h = a.CacheReadInputTokens, a.CacheCreationInputTokens, 0
+	if c := a.CacheCreation; c != nil && c.Ephemeral1h > 0 {
+		u.CacheWrite1h = min(c.Ephemeral1h, a.CacheCreationInputTokens)
+		u.CacheWrite = a.CacheCreationInputTokens - u.CacheWrite1h
 	}
 }
 

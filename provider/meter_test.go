@@ -80,9 +80,9 @@ func TestMeterStreams(t *testing.T) {
 		stream string
 		want   Usage
 	}{
-		{"openai chat", OpenAIChat, openAIChatStream, Usage{19, 10, true, true}},
-		{"responses", OpenAIResponses, responsesStream, Usage{37, 11, true, true}},
-		{"anthropic", AnthropicMessages, anthropicStream, Usage{25 + 100 + 2000, 15, true, true}},
+		{"openai chat", OpenAIChat, openAIChatStream, Usage{Input: 19, Output: 10, InputKnown: true, OutputKnown: true}},
+		{"responses", OpenAIResponses, responsesStream, Usage{Input: 37, Output: 11, InputKnown: true, OutputKnown: true}},
+		{"anthropic", AnthropicMessages, anthropicStream, Usage{Input: 25 + 100 + 2000, Output: 15, InputKnown: true, OutputKnown: true, CacheRead: 2000, CacheWrite: 100}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -100,7 +100,7 @@ func TestMeterAnthropicNamelessEvents(t *testing.T) {
 	m := AnthropicMessages.NewMeter()
 	m.Event(streamgate.Event{Name: "", Data: []byte(`{"type":"message_start","message":{"usage":{"input_tokens":12,"output_tokens":1}}}`)})
 	m.Event(streamgate.Event{Name: "", Data: []byte(`{"type":"message_delta","delta":{},"usage":{"output_tokens":4}}`)})
-	if got := m.Usage(); got != (Usage{12, 4, true, true}) {
+	if got := m.Usage(); got != (Usage{Input: 12, Output: 4, InputKnown: true, OutputKnown: true}) {
 		t.Errorf("Usage() = %+v", got)
 	}
 }
@@ -110,7 +110,7 @@ func TestMeterAnthropicDeltaWithInput(t *testing.T) {
 	m := AnthropicMessages.NewMeter()
 	m.Event(streamgate.Event{Name: "message_start", Data: []byte(`{"type":"message_start","message":{"usage":{"input_tokens":10,"output_tokens":1}}}`)})
 	m.Event(streamgate.Event{Name: "message_delta", Data: []byte(`{"type":"message_delta","delta":{},"usage":{"input_tokens":500,"cache_read_input_tokens":20,"output_tokens":40,"server_tool_use":{"web_search_requests":1}}}`)})
-	if got := m.Usage(); got != (Usage{520, 40, true, true}) {
+	if got := m.Usage(); got != (Usage{Input: 520, Output: 40, InputKnown: true, OutputKnown: true, CacheRead: 20}) {
 		t.Errorf("Usage() = %+v", got)
 	}
 }
@@ -122,19 +122,19 @@ func TestMeterBodies(t *testing.T) {
 		body string
 		want Usage
 	}{
-		{"openai chat", OpenAIChat, `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21,"completion_tokens_details":{"reasoning_tokens":0}}}`, Usage{9, 12, true, true}},
-		{"responses", OpenAIResponses, `{"id":"resp_1","object":"response","status":"completed","model":"o4-mini","output":[{"type":"reasoning","summary":[]},{"type":"message","role":"assistant","content":[{"type":"output_text","text":"4"}]}],"usage":{"input_tokens":14,"input_tokens_details":{"cached_tokens":0},"output_tokens":210,"output_tokens_details":{"reasoning_tokens":192},"total_tokens":224}}`, Usage{14, 210, true, true}},
-		{"anthropic", AnthropicMessages, `{"id":"msg_1","type":"message","role":"assistant","model":"claude-3-5-haiku-20241022","content":[{"type":"text","text":"Hi!"}],"stop_reason":"end_turn","usage":{"input_tokens":13,"cache_creation_input_tokens":0,"cache_read_input_tokens":50,"output_tokens":5}}`, Usage{63, 5, true, true}},
-		{"embeddings", OpenAIEmbeddings, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.0023,-0.0093]}],"model":"text-embedding-3-small","usage":{"prompt_tokens":8,"total_tokens":8}}`, Usage{8, 0, true, true}},
-		{"error body", OpenAIChat, `{"error":{"message":"Rate limit","type":"requests","code":"rate_limit_exceeded"}}`, Usage{0, 0, false, false}},
-		{"garbage", AnthropicMessages, `{"usage": oops`, Usage{0, 0, false, false}},
-		{"null usage", OpenAIChat, `{"choices":[],"usage":null}`, Usage{0, 0, false, false}},
-		{"usage nested only", OpenAIChat, `{"choices":[{"usage":{"prompt_tokens":1}}]}`, Usage{0, 0, false, false}},
-		{"last usage wins", OpenAIChat, `{"usage":{"prompt_tokens":1,"completion_tokens":2},"usage":{"prompt_tokens":3,"completion_tokens":4}}`, Usage{3, 4, true, true}},
-		{"repeated usage merges", OpenAIChat, `{"usage":{"prompt_tokens":1},"usage":{"completion_tokens":2}}`, Usage{1, 2, true, true}},
-		{"broken after usage", OpenAIChat, `{"usage":{"prompt_tokens":1,"completion_tokens":2},"x":}`, Usage{0, 0, false, false}},
-		{"trailing garbage", OpenAIChat, `{"usage":{"prompt_tokens":1,"completion_tokens":2}} x`, Usage{0, 0, false, false}},
-		{"usage not an object", OpenAIChat, `{"usage":7}`, Usage{0, 0, false, false}},
+		{"openai chat", OpenAIChat, `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21,"completion_tokens_details":{"reasoning_tokens":0}}}`, Usage{Input: 9, Output: 12, InputKnown: true, OutputKnown: true}},
+		{"responses", OpenAIResponses, `{"id":"resp_1","object":"response","status":"completed","model":"o4-mini","output":[{"type":"reasoning","summary":[]},{"type":"message","role":"assistant","content":[{"type":"output_text","text":"4"}]}],"usage":{"input_tokens":14,"input_tokens_details":{"cached_tokens":0},"output_tokens":210,"output_tokens_details":{"reasoning_tokens":192},"total_tokens":224}}`, Usage{Input: 14, Output: 210, InputKnown: true, OutputKnown: true}},
+		{"anthropic", AnthropicMessages, `{"id":"msg_1","type":"message","role":"assistant","model":"claude-3-5-haiku-20241022","content":[{"type":"text","text":"Hi!"}],"stop_reason":"end_turn","usage":{"input_tokens":13,"cache_creation_input_tokens":0,"cache_read_input_tokens":50,"output_tokens":5}}`, Usage{Input: 63, Output: 5, InputKnown: true, OutputKnown: true, CacheRead: 50}},
+		{"embeddings", OpenAIEmbeddings, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.0023,-0.0093]}],"model":"text-embedding-3-small","usage":{"prompt_tokens":8,"total_tokens":8}}`, Usage{Input: 8, Output: 0, InputKnown: true, OutputKnown: true}},
+		{"error body", OpenAIChat, `{"error":{"message":"Rate limit","type":"requests","code":"rate_limit_exceeded"}}`, Usage{Input: 0, Output: 0, InputKnown: false, OutputKnown: false}},
+		{"garbage", AnthropicMessages, `{"usage": oops`, Usage{Input: 0, Output: 0, InputKnown: false, OutputKnown: false}},
+		{"null usage", OpenAIChat, `{"choices":[],"usage":null}`, Usage{Input: 0, Output: 0, InputKnown: false, OutputKnown: false}},
+		{"usage nested only", OpenAIChat, `{"choices":[{"usage":{"prompt_tokens":1}}]}`, Usage{Input: 0, Output: 0, InputKnown: false, OutputKnown: false}},
+		{"last usage wins", OpenAIChat, `{"usage":{"prompt_tokens":1,"completion_tokens":2},"usage":{"prompt_tokens":3,"completion_tokens":4}}`, Usage{Input: 3, Output: 4, InputKnown: true, OutputKnown: true}},
+		{"repeated usage merges", OpenAIChat, `{"usage":{"prompt_tokens":1},"usage":{"completion_tokens":2}}`, Usage{Input: 1, Output: 2, InputKnown: true, OutputKnown: true}},
+		{"broken after usage", OpenAIChat, `{"usage":{"prompt_tokens":1,"completion_tokens":2},"x":}`, Usage{Input: 0, Output: 0, InputKnown: false, OutputKnown: false}},
+		{"trailing garbage", OpenAIChat, `{"usage":{"prompt_tokens":1,"completion_tokens":2}} x`, Usage{Input: 0, Output: 0, InputKnown: false, OutputKnown: false}},
+		{"usage not an object", OpenAIChat, `{"usage":7}`, Usage{Input: 0, Output: 0, InputKnown: false, OutputKnown: false}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -237,5 +237,60 @@ func TestMeterDeliveredTokens(t *testing.T) {
 		if got, want := m.DeliveredTokens(), EstimateTokens([]byte(tt.text)); got != want || want == 0 {
 			t.Errorf("%s body: delivered %d tokens, the text alone is %d", tt.api, got, want)
 		}
+	}
+}
+
+// Every provider's usage shape with prompt-cache fields: the meter
+// reports all input as Input and says which part of it each cache class
+// is, so that each is billed at its own price.
+func TestMeterCacheClasses(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		api    API
+		body   string
+		events []string
+		want   Usage
+	}{
+		{name: "openai chat (and azure, gemini) cached prompt", api: OpenAIChat,
+			body: `{"id":"c","object":"chat.completion","choices":[],"usage":{"prompt_tokens":2006,"completion_tokens":300,"total_tokens":2306,"prompt_tokens_details":{"cached_tokens":1920,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0}}}`,
+			want: Usage{Input: 2006, Output: 300, InputKnown: true, OutputKnown: true, CacheRead: 1920}},
+		{name: "openai chat stream usage chunk", api: OpenAIChat,
+			events: []string{`{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}],"usage":null}`,
+				`{"id":"c","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":1200,"completion_tokens":7,"total_tokens":1207,"prompt_tokens_details":{"cached_tokens":1024}}}`},
+			want: Usage{Input: 1200, Output: 7, InputKnown: true, OutputKnown: true, CacheRead: 1024}},
+		{name: "openai details without cached tokens", api: OpenAIChat,
+			body: `{"usage":{"prompt_tokens":9,"completion_tokens":1,"prompt_tokens_details":{"audio_tokens":0}}}`,
+			want: Usage{Input: 9, Output: 1, InputKnown: true, OutputKnown: true}},
+		{name: "responses cached input", api: OpenAIResponses,
+			body: `{"id":"resp_1","object":"response","status":"completed","output":[],"usage":{"input_tokens":5000,"input_tokens_details":{"cached_tokens":4864},"output_tokens":20,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":5020}}`,
+			want: Usage{Input: 5000, Output: 20, InputKnown: true, OutputKnown: true, CacheRead: 4864}},
+		{name: "anthropic (and vertex, bedrock) 5m and 1h writes", api: AnthropicMessages,
+			body: `{"id":"msg_1","type":"message","content":[],"usage":{"input_tokens":40,"cache_creation_input_tokens":3000,"cache_read_input_tokens":10000,"cache_creation":{"ephemeral_5m_input_tokens":1000,"ephemeral_1h_input_tokens":2000},"output_tokens":90}}`,
+			want: Usage{Input: 13040, Output: 90, InputKnown: true, OutputKnown: true, CacheRead: 10000, CacheWrite: 1000, CacheWrite1h: 2000}},
+		{name: "anthropic stream, writes not split", api: AnthropicMessages,
+			events: []string{`{"type":"message_start","message":{"usage":{"input_tokens":4,"cache_creation_input_tokens":1500,"cache_read_input_tokens":0,"output_tokens":1}}}`,
+				`{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":12}}`},
+			want: Usage{Input: 1504, Output: 12, InputKnown: true, OutputKnown: true, CacheWrite: 1500}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			m := tt.api.NewMeter()
+			if tt.body != "" {
+				m.Body([]byte(tt.body))
+			}
+			for _, ev := range tt.events {
+				m.Event(streamgate.Event{Data: []byte(ev)})
+			}
+			got := m.Usage()
+			if got != tt.want {
+				t.Fatalf("Usage() = %+v, want %+v", got, tt.want)
+			}
+			if want := tt.want.Input - tt.want.CacheRead - tt.want.CacheWrite - tt.want.CacheWrite1h; got.PlainInput() != want {
+				t.Errorf("PlainInput() = %d, want %d", got.PlainInput(), want)
+			}
+		})
+	}
+	// A report whose cache classes exceed its input has no negative plain input.
+	if p := (Usage{Input: 10, CacheRead: 40}).PlainInput(); p != 0 {
+		t.Errorf("PlainInput of an inconsistent report = %d", p)
 	}
 }
