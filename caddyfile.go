@@ -344,6 +344,9 @@ func (h *Handler) unmarshalModel(d *caddyfile.Dispenser, at map[string]string) e
 			if err != nil {
 				return err
 			}
+			if d.NextArg() {
+				return d.Errf("price: unknown option %q (want cache_read, cache_write or cache_write_1h)", d.Val())
+			}
 			m.Price = p
 		case "max_output_tokens", "max_input_tokens":
 			opt := d.Val()
@@ -507,8 +510,10 @@ func (h *Handler) unmarshalWallet(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// priceArgs reads "<input_per_mtok> <output_per_mtok>"; the option (price
-// or cost) names itself in the error.
+// priceArgs reads "<input_per_mtok> <output_per_mtok> [cache_read <p>]
+// [cache_write <p>] [cache_write_1h <p>]"; the option (price or cost)
+// names itself in the error. Any other word after the two prices is left
+// for the caller (a route's upstream_model, weight).
 func priceArgs(d *caddyfile.Dispenser) (*Price, error) {
 	opt := d.Val()
 	if !d.NextArg() {
@@ -519,6 +524,25 @@ func priceArgs(d *caddyfile.Dispenser) (*Price, error) {
 		return nil, d.Errf("%s needs <input_per_mtok> <output_per_mtok>", opt)
 	}
 	p.Output = d.Val()
+	for d.NextArg() {
+		var dst *string
+		switch d.Val() {
+		case "cache_read":
+			dst = &p.CacheRead
+		case "cache_write":
+			dst = &p.CacheWrite
+		case "cache_write_1h":
+			dst = &p.CacheWrite1h
+		default:
+			d.Prev()
+			return p, nil
+		}
+		word := d.Val()
+		if !d.NextArg() {
+			return nil, d.Errf("%s: %s needs a price per million tokens", opt, word)
+		}
+		*dst = d.Val()
+	}
 	return p, nil
 }
 

@@ -418,3 +418,27 @@ func provisionContext(t testing.TB) (caddy.Context, context.CancelFunc) {
 	}
 	return caddy.NewContext(base)
 }
+
+// A price, and a route's cost, take the prompt-cache classes after the
+// two plain prices; a route's other options still follow its cost.
+func TestPriceCacheClassesCaddyfile(t *testing.T) {
+	var h Handler
+	err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(`llm_failover {
+		channel a http://127.0.0.1:1
+		model m {
+			route a cost 1 2 cache_read 0.1 upstream_model m-1 weight 2
+			price 3 15 cache_read 0.3 cache_write 3.75 cache_write_1h 6
+		}
+	}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := h.Models[0]
+	if got := *m.Price; got != (Price{Input: "3", Output: "15", CacheRead: "0.3", CacheWrite: "3.75", CacheWrite1h: "6"}) {
+		t.Errorf("price %+v", got)
+	}
+	r := m.Routes[0]
+	if *r.Cost != (Price{Input: "1", Output: "2", CacheRead: "0.1"}) || r.UpstreamModel != "m-1" || r.Weight != 2 {
+		t.Errorf("route %+v cost %+v", r, *r.Cost)
+	}
+}

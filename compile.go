@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
 	"github.com/llmfailover/caddy-llm-failover/breaker"
 	"github.com/llmfailover/caddy-llm-failover/chain"
@@ -298,6 +299,14 @@ func compileModel(h *Handler, m *Model, index map[string]int, channels []*failov
 			return nil, mistake(at, "model %q: price: %w", m.Name, err)
 		}
 	}
+	pm.Charge = make(map[string]failover.ChargePrice, len(m.Routes))
+	for _, r := range m.Routes {
+		p, defaulted, err := chargePrice(pm.Price, []*Price{m.Price, r.Cost}, channels[index[r.Channel]], r.UpstreamModel)
+		if err != nil {
+			return nil, mistake(routeKey(m.Name, r.Channel), "model %q: route %s: %w", m.Name, r.Channel, err)
+		}
+		pm.Charge[r.Channel] = failover.ChargePrice{Price: p, Defaulted: defaulted}
+	}
 	if pm.Chain, err = chain.New(m.Name, policy, maxHops, routes); err != nil {
 		return nil, mistake(at, "model %q: %w", m.Name, err)
 	}
@@ -328,6 +337,43 @@ func parsePrice(p *Price) (wallet.Price, error) {
 		return wallet.Price{}, fmt.Errorf("output price: %w", err)
 	}
 	return wallet.Price{Input: in, Output: out}, nil
+}
+
+// chargePrice is what an answer of route is charged at: the model's
+// price, with the prompt-cache classes the operator named (in the model's
+// price, else the route's cost) and the route's provider's default rates
+// for the others; defaulted says which were defaulted.
+func chargePrice(model wallet.Price, named []*Price, ch *failover.Channel, upstreamModel string) (p wallet.Price, defaulted []string, err error) {
+	p = model
+	rates := provider.DefaultCacheRates(ch.Adapter, upstreamModel)
+	for _, c := range []struct {
+		name string
+		pick func(*Price) string
+		dst  *wallet.Micros
+		rate int64
+	}{
+		{"cache_read", func(p *Price) string { return p.CacheRead }, &p.CacheRead, rates.Read},
+		{"cache_write", func(p *Price) string { return p.CacheWrite }, &p.CacheWrite, rates.Write},
+		{"cache_write_1h", func(p *Price) string { return p.CacheWrite1h }, &p.CacheWrite1h, rates.Write1h},
+	} {
+		given := ""
+		for _, n := range named {
+			if n != nil && c.pick(n) != "" {
+				given = c.pick(n)
+				break
+			}
+		}
+		if given == "" {
+			// Rounded up: a default never undercuts the rate.
+			*c.dst = wallet.Micros((int64(p.Input)*c.rate + 999) / 1000)
+			defaulted = append(defaulted, c.name)
+			continue
+		}
+		if *c.dst, err = wallet.ParseMicros(given); err != nil {
+			return p, nil, fmt.Errorf("%s price: %w", c.name, err)
+		}
+	}
+	return p, defaulted, nil
 }
 
 // decodeAdapter reads a channel's provider configuration without
@@ -385,4 +431,21 @@ func channelBase(c *Channel, adapter provider.Adapter) (*url.URL, error) {
 		return nil, fmt.Errorf("base URL %q: %w", raw, err)
 	}
 	return base, nil
+}
+
+// logCachePriceDefaults says, once per load, which prompt-cache prices
+// came from a provider's default rates rather than the config: discounts
+// vary by model, so the operator should see what the wallet will charge.
+func logCachePriceDefaults(logger *zap.Logger, plan failover.Plan) {
+	for _, m := range plan.Models {
+		for channel, p := range m.Charge {
+			if len(p.Defaulted) == 0 {
+				continue
+			}
+			logger.Info("prompt-cache prices not configured; charging the provider's default rates (set cache_read, cache_write, cache_write_1h in the model's price)",
+				zap.String("model", m.Name), zap.String("channel", channel), zap.Strings("defaulted", p.Defaulted),
+				zap.String("cache_read", p.CacheRead.String()), zap.String("cache_write", p.CacheWrite.String()),
+				zap.String("cache_write_1h", p.CacheWrite1h.String()))
+		}
+	}
 }

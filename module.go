@@ -196,6 +196,14 @@ type Route struct {
 type Price struct {
 	Input  string `json:"input"`
 	Output string `json:"output"`
+	// CacheRead, CacheWrite and CacheWrite1h price the input a provider
+	// read from its prompt cache, or wrote to it for 5 minutes or an
+	// hour. Default: the serving channel's provider's rates applied to
+	// Input (Claude: 0.1x, 1.25x, 2x; OpenAI and Azure reads 0.5x;
+	// Gemini reads 0.25x; docs/wallet.md), logged at load.
+	CacheRead    string `json:"cache_read,omitempty"`
+	CacheWrite   string `json:"cache_write,omitempty"`
+	CacheWrite1h string `json:"cache_write_1h,omitempty"`
 }
 
 // Breaker configures the per-channel circuit breaker.
@@ -301,6 +309,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	plan, err := compile(h)
 	if err != nil {
 		return err
+	}
+	if plan.Wallet != nil {
+		logCachePriceDefaults(ctx.Logger(), plan)
 	}
 	for i, c := range h.Channels {
 		ch := plan.Channels[i]

@@ -280,15 +280,37 @@ func (b *bill) answers() []*billedAnswer {
 	return out
 }
 
+// chargePrice is what an answer of channel is charged at: its route's
+// price, prompt-cache classes included (the model's price when the
+// channel is none of its routes').
+func (b *bill) chargePrice(channel string) wallet.Price {
+	if p, ok := b.x.model.Charge[channel]; ok {
+		return p.Price
+	}
+	// Not reached through a compiled config; cached input at the plain
+	// input price never undercharges.
+	p := b.price
+	p.CacheRead, p.CacheWrite, p.CacheWrite1h = p.Input, p.Input, p.Input
+	return p
+}
+
 // entry is the ledger row charging a.
 func (b *bill) entry(a *billedAnswer) wallet.Entry {
 	e := wallet.Entry{
 		Account: b.res.Account, KeyID: b.res.KeyID, Model: b.res.Model,
 		Channel: a.channel, RequestID: b.res.RequestID, UpstreamModel: a.upstreamModel,
 	}
+	u := a.meter.Usage()
 	var c charge
-	e.TokensIn, e.TokensOut, c = b.billable(a, a.meter.Usage())
-	e.Cost = b.price.Cost(e.TokensIn, e.TokensOut)
+	e.TokensIn, e.TokensOut, c = b.billable(a, u)
+	tokens := wallet.Tokens{Input: e.TokensIn, Output: e.TokensOut}
+	if c.note == "" {
+		// A plausible report prices each class of input at its own
+		// price: a cache read at a fraction of plain input, a write
+		// above it.
+		tokens.Input, tokens.CacheRead, tokens.CacheWrite, tokens.CacheWrite1h = u.PlainInput(), u.CacheRead, u.CacheWrite, u.CacheWrite1h
+	}
+	e.Cost = b.chargePrice(a.channel).CostOf(tokens)
 	e.Note = c.note
 	if c.note != "" {
 		walletTotal.WithLabelValues("usage", c.kind).Inc()

@@ -53,8 +53,11 @@ type Model struct {
 	// that planning never spends a hop on a channel that cannot answer.
 	Chain *chain.Model
 	ByAPI [provider.NumAPIs]*chain.Model
-	// Price is what the wallet charges.
-	Price wallet.Price
+	// Price is what the wallet reserves for (plain input and output), and
+	// Charge, per channel name, what it charges an answer of that
+	// channel, prompt-cache classes included.
+	Price  wallet.Price
+	Charge map[string]ChargePrice
 	// MaxOutput and MaxInput bound, for the wallet, the output of a
 	// request that sets no limit and the input stored upstream.
 	MaxOutput, MaxInput int64
@@ -80,6 +83,14 @@ type WalletConfig struct {
 	Allow bool
 	// Account, when set, is a placeholder naming the account to bill.
 	Account string
+}
+
+// ChargePrice is the price an answer of one route is charged at; the
+// prompt-cache classes named in Defaulted came from its provider's
+// default rates, not the operator's config.
+type ChargePrice struct {
+	wallet.Price
+	Defaulted []string
 }
 
 // Plan is a handler's compiled config: what New needs to serve it.

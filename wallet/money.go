@@ -118,9 +118,20 @@ func (m Micros) Human() string {
 	return sign + "$" + humanize.Comma(int64(whole)) + "." + fs
 }
 
-// Price is what a model costs, per million tokens.
+// Price is what a model costs, per million tokens: plain input and
+// output, and input read from the provider's prompt cache or written to
+// it (for 5 minutes, or for an hour), which providers bill at their own
+// prices.
 type Price struct {
-	Input, Output Micros
+	Input, Output                       Micros
+	CacheRead, CacheWrite, CacheWrite1h Micros
+}
+
+// Tokens is one answer's usage by the classes a Price prices: Input is
+// the plain input, read neither from nor into a cache.
+type Tokens struct {
+	Input, Output                       int64
+	CacheRead, CacheWrite, CacheWrite1h int64
 }
 
 // Cost returns the price of in input and out output tokens, rounded up to
@@ -129,11 +140,25 @@ type Price struct {
 // The arithmetic is 128-bit, and a result beyond int64 saturates at
 // math.MaxInt64, which no balance can cover.
 func (p Price) Cost(in, out int64) Micros {
-	ah, al := bits.Mul64(nonNeg(in), nonNeg(int64(p.Input)))
-	bh, bl := bits.Mul64(nonNeg(out), nonNeg(int64(p.Output)))
-	lo, carry := bits.Add64(al, bl, 0)
-	hi, overflow := bits.Add64(ah, bh, carry)
-	if overflow != 0 || hi >= microsPerUnit {
+	return p.CostOf(Tokens{Input: in, Output: out})
+}
+
+// CostOf is Cost for usage by class, each at its price, rounded up once.
+func (p Price) CostOf(t Tokens) Micros {
+	var hi, lo uint64
+	for _, c := range [...]struct {
+		n     int64
+		price Micros
+	}{{t.Input, p.Input}, {t.Output, p.Output}, {t.CacheRead, p.CacheRead}, {t.CacheWrite, p.CacheWrite}, {t.CacheWrite1h, p.CacheWrite1h}} {
+		ph, pl := bits.Mul64(nonNeg(c.n), nonNeg(int64(c.price)))
+		var carry, overflow uint64
+		lo, carry = bits.Add64(lo, pl, 0)
+		hi, overflow = bits.Add64(hi, ph, carry)
+		if overflow != 0 {
+			return math.MaxInt64
+		}
+	}
+	if hi >= microsPerUnit {
 		// The quotient would not fit in 64 bits (bits.Div64 panics then).
 		return math.MaxInt64
 	}

@@ -102,7 +102,7 @@ func TestPriceCost(t *testing.T) {
 		{p, 1000, 1000, 750},     // exact
 		{p, 1001, 0, 151},        // 150.15 → 151
 		{p, -5, -5, 0},           // negative counts are zero
-		{Price{-1, -1}, 9, 9, 0}, // negative prices are zero
+		{Price{Input: -1, Output: -1}, 9, 9, 0}, // negative prices are zero
 		{Price{Input: 3_000_000, Output: 15_000_000}, 123_456, 7_890, 370_368 + 118_350},
 		// 2^63-1 tokens at $1,000/M would overflow 64 bits: saturate.
 		{Price{Input: 1_000_000_000, Output: 0}, math.MaxInt64, 0, math.MaxInt64},
@@ -201,5 +201,28 @@ func TestMaxCostWithContinuation(t *testing.T) {
 	e = Estimate{BodyBytes: math.MaxInt, MaxOutput: math.MaxInt64, Continuations: 1}
 	if cost, _ := MaxCost(e, p); cost != math.MaxInt64 {
 		t.Errorf("saturated MaxCost with a continuation = %d", cost)
+	}
+}
+
+// Each class of input at its own price, rounded up once: a coding-agent
+// turn that is mostly a cache read costs a fraction of plain input.
+func TestCostOfCacheClasses(t *testing.T) {
+	p := Price{Input: 3_000_000, Output: 15_000_000, CacheRead: 300_000, CacheWrite: 3_750_000, CacheWrite1h: 6_000_000}
+	got := p.CostOf(Tokens{Input: 1_000, Output: 500, CacheRead: 90_000, CacheWrite: 4_000, CacheWrite1h: 2_000})
+	// 3,000 + 7,500 + 27,000 + 15,000 + 12,000 micro-dollars.
+	if got != 64_500 {
+		t.Errorf("CostOf = %d, want 64500", got)
+	}
+	if plain := p.Cost(97_000, 500); plain <= got {
+		t.Errorf("all as plain input %d, cached %d: caching saves nothing?", plain, got)
+	}
+	// Rounded once over the sum, not per class.
+	q := Price{Input: 1, CacheRead: 1}
+	if got := q.CostOf(Tokens{Input: 500_000, CacheRead: 500_000}); got != 1 {
+		t.Errorf("sub-micro parts: %d, want 1", got)
+	}
+	// Saturates rather than wrapping.
+	if got := (Price{CacheRead: math.MaxInt64}).CostOf(Tokens{CacheRead: math.MaxInt64, Input: math.MaxInt64}); got != math.MaxInt64 {
+		t.Errorf("overflow: %d", got)
 	}
 }
