@@ -97,11 +97,11 @@ func TestPriceCost(t *testing.T) {
 		{p, 0, 0, 0},
 		{p, 1_000_000, 0, 150_000},
 		{p, 0, 1_000_000, 600_000},
-		{p, 1, 0, 1},             // 0.15 micro rounds up to 1
-		{p, 10, 10, 8},           // 1.5 + 6 = 7.5 → 8
-		{p, 1000, 1000, 750},     // exact
-		{p, 1001, 0, 151},        // 150.15 → 151
-		{p, -5, -5, 0},           // negative counts are zero
+		{p, 1, 0, 1},                            // 0.15 micro rounds up to 1
+		{p, 10, 10, 8},                          // 1.5 + 6 = 7.5 → 8
+		{p, 1000, 1000, 750},                    // exact
+		{p, 1001, 0, 151},                       // 150.15 → 151
+		{p, -5, -5, 0},                          // negative counts are zero
 		{Price{Input: -1, Output: -1}, 9, 9, 0}, // negative prices are zero
 		{Price{Input: 3_000_000, Output: 15_000_000}, 123_456, 7_890, 370_368 + 118_350},
 		// 2^63-1 tokens at $1,000/M would overflow 64 bits: saturate.
