@@ -306,6 +306,10 @@ func compileModel(h *Handler, m *Model, index map[string]int, channels []*failov
 			return nil, mistake(routeKey(m.Name, r.Channel), "model %q: route %s: %w", m.Name, r.Channel, err)
 		}
 		pm.Charge[r.Channel] = failover.ChargePrice{Price: p, Defaulted: defaulted}
+		// A request that writes the cache is reserved at the dearest
+		// route's write prices.
+		pm.Price.CacheWrite = max(pm.Price.CacheWrite, p.CacheWrite)
+		pm.Price.CacheWrite1h = max(pm.Price.CacheWrite1h, p.CacheWrite1h)
 	}
 	if pm.Chain, err = chain.New(m.Name, policy, maxHops, routes); err != nil {
 		return nil, mistake(at, "model %q: %w", m.Name, err)

@@ -128,6 +128,7 @@ func (rt *walletRuntime) admit(x *exchange, resumable bool) (*bill, *provider.Er
 	if resumable {
 		est.Continuations = 1
 	}
+	est.WritesCache, est.WritesCache1h = provider.CacheWrites(x.body)
 	amount, _ := wallet.MaxCost(est, m.Price)
 	inputBound, outputBound := est.Bounds()
 	b := &bill{rt: rt, x: x, price: m.Price, inputBound: inputBound, outputBound: outputBound, resumable: resumable}

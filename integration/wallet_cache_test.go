@@ -124,3 +124,51 @@ func TestPriceCacheOptionsChecked(t *testing.T) {
 		}
 	}
 }
+
+// A request that asks for an hour's cache write is reserved at the write
+// price (Claude's default, 2x input): an account that covers the same
+// request without the marker gets 402 with it, and one that covers it is
+// charged the whole write, never capped at a plain-input reservation.
+func TestWalletReservesForCacheWrites(t *testing.T) {
+	a := upstream(t, claudeCachedUsage)
+	gateway(t, `
+		channel a %s {
+			provider anthropic
+		}
+		model m {
+			route a
+			price 3 15
+		}
+		wallet
+`, a.URL)
+	plainBody := cachedPrompt(t, "m", true)
+	var m map[string]any
+	_ = json.Unmarshal(plainBody, &m)
+	m["system"] = []map[string]any{{"type": "text", "text": m["system"], "cache_control": map[string]string{"type": "ephemeral", "ttl": "1h"}}}
+	writeBody, _ := json.Marshal(m)
+	price := wallet.Price{Input: 3_000_000, Output: 15_000_000}
+	plain, _ := wallet.MaxCost(wallet.Estimate{BodyBytes: len(writeBody), MaxOutput: 1000}, price)
+	hour, _ := wallet.MaxCost(wallet.Estimate{BodyBytes: len(writeBody), MaxOutput: 1000, WritesCache: true, WritesCache1h: true},
+		wallet.Price{Input: 3_000_000, Output: 15_000_000, CacheWrite: 3_750_000, CacheWrite1h: 6_000_000})
+	if hour <= plain {
+		t.Fatalf("reservations %s and %s", plain, hour)
+	}
+	secret, _ := newWalletAccount(t, "acct-cache-write", (plain + 1000).String())
+	hdr := []string{"Authorization", "Bearer " + secret, "Anthropic-Version", "2023-06-01"}
+	if res, body := postSettled(t, "acct-cache-write", "/v1/messages", writeBody, hdr...); res.StatusCode != http.StatusPaymentRequired {
+		t.Fatalf("a cache write the balance cannot cover: %d %s", res.StatusCode, body)
+	}
+	hits(t, a, 0)
+	if res, body := postSettled(t, "acct-cache-write", "/v1/messages", plainBody, hdr...); res.StatusCode != 200 {
+		t.Fatalf("the same request without a cache write: %d %s", res.StatusCode, body)
+	}
+	mustWalletCall(t, http.MethodPost, "accounts/acct-cache-write/credit", map[string]string{"amount": hour.String(), "note": "test"}, nil)
+	if res, body := postSettled(t, "acct-cache-write", "/v1/messages", writeBody, hdr...); res.StatusCode != 200 {
+		t.Fatalf("a covered cache write: %d %s", res.StatusCode, body)
+	}
+	rows := requestRows(t, "acct-cache-write")
+	if last := rows[len(rows)-1]; parseMoney(t, last.Cost) != 300+750+2700+1500+3600 {
+		t.Errorf("the cache write's row %+v", last)
+	}
+	auditClean(t)
+}

@@ -1,5 +1,11 @@
 package provider
 
+import (
+	"bytes"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/jsonscan"
+)
+
 // Providers bill input read from their prompt cache, and input written to
 // it, at their own prices. An operator names them in a model's price;
 // these are the defaults when it names none, per provider, as fractions
@@ -72,3 +78,34 @@ var (
 	_ CachePricer = (*Azure)(nil)
 	_ CachePricer = (*Gemini)(nil)
 )
+
+var (
+	cacheControlKey = []byte(`"cache_control"`)
+	ttlKey          = []byte(`"ttl"`)
+)
+
+// CacheWrites reports whether a request body asks the provider to write
+// its prompt cache (a cache_control marker, Anthropic's form, which
+// Vertex, Bedrock and compatible hosts share) and whether for an hour
+// (a "ttl": "1h"). OpenAI-style hosts cache implicitly and bill no
+// writes. A marker that is only text in a message is escaped in JSON, so
+// it is never taken for one; a false positive would only reserve more.
+func CacheWrites(body []byte) (write, write1h bool) {
+	if !bytes.Contains(body, cacheControlKey) {
+		return false, false
+	}
+	for rest := body; ; {
+		i := bytes.Index(rest, ttlKey)
+		if i < 0 {
+			return true, false
+		}
+		rest = rest[i+len(ttlKey):]
+		j := jsonscan.SkipWS(rest, 0)
+		if j < len(rest) && rest[j] == ':' {
+			j = jsonscan.SkipWS(rest, j+1)
+			if bytes.HasPrefix(rest[j:], []byte(`"1h"`)) {
+				return true, true
+			}
+		}
+	}
+}

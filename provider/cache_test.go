@@ -28,3 +28,24 @@ func TestDefaultCacheRates(t *testing.T) {
 		}
 	}
 }
+
+// A request asks for a cache write by a cache_control marker; an hour's
+// by its ttl; text that mentions either is not one.
+func TestCacheWrites(t *testing.T) {
+	for _, c := range []struct {
+		body           string
+		write, write1h bool
+	}{
+		{`{"messages":[{"role":"user","content":"hi"}]}`, false, false},
+		{`{"system":[{"type":"text","text":"long","cache_control":{"type":"ephemeral"}}],"messages":[]}`, true, false},
+		{`{"system":[{"type":"text","text":"long","cache_control":{"type":"ephemeral","ttl":"5m"}}],"messages":[]}`, true, false},
+		{`{"system":[{"type":"text","text":"long","cache_control":{"type":"ephemeral", "ttl" : "1h"}}],"messages":[]}`, true, true},
+		{`{"cache_control":{"type":"ephemeral"},"messages":[]}`, true, false},
+		{`{"messages":[{"role":"user","content":"what does \"cache_control\" do?"}]}`, false, false},
+	} {
+		w, w1h := CacheWrites([]byte(c.body))
+		if w != c.write || w1h != c.write1h {
+			t.Errorf("%s: %v %v, want %v %v", c.body, w, w1h, c.write, c.write1h)
+		}
+	}
+}

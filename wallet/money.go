@@ -225,11 +225,17 @@ type Estimate struct {
 	// sent the request plus what was delivered as a prefill, so it can
 	// cost up to ContinuationBounds on top of the first attempt.
 	Continuations int
+	// WritesCache and WritesCache1h say the request asks the provider to
+	// write its prompt cache (for 5 minutes, for an hour), which is
+	// billed above plain input: its input is reserved at the dearer of
+	// the prices.
+	WritesCache, WritesCache1h bool
 }
 
 // MaxCost returns the reservation for a request: a cost that the request
 // cannot exceed at price p, and the input-token bound it was computed from.
 func MaxCost(e Estimate, p Price) (Micros, int64) {
+	p = e.inputPrice(p)
 	in, out := e.Bounds()
 	cost := uint64(p.Cost(in, out))
 	if e.Continuations > 0 {
@@ -237,6 +243,18 @@ func MaxCost(e Estimate, p Price) (Micros, int64) {
 		cost = satAdd(cost, satMul(uint64(p.Cost(cin, cout)), uint64(e.Continuations)))
 	}
 	return Micros(cost), in
+}
+
+// inputPrice is p with its input price raised to the dearest cache write
+// the request may cause: every input token could be written.
+func (e Estimate) inputPrice(p Price) Price {
+	if e.WritesCache {
+		p.Input = max(p.Input, p.CacheWrite)
+	}
+	if e.WritesCache1h {
+		p.Input = max(p.Input, p.CacheWrite1h)
+	}
+	return p
 }
 
 // ContinuationBounds returns the most input and output tokens one

@@ -226,3 +226,25 @@ func TestCostOfCacheClasses(t *testing.T) {
 		t.Errorf("overflow: %d", got)
 	}
 }
+
+// A request that writes the prompt cache is reserved at the dearest write
+// price for all its input, so a write that costs more than plain input
+// never exceeds its reservation; other requests are not.
+func TestMaxCostWithCacheWrites(t *testing.T) {
+	p := Price{Input: 3_000_000, Output: 15_000_000, CacheWrite: 3_750_000, CacheWrite1h: 6_000_000}
+	e := Estimate{BodyBytes: 10_000, MaxOutput: 100}
+	plain, in := MaxCost(e, p)
+	e.WritesCache = true
+	five, _ := MaxCost(e, p)
+	e.WritesCache1h = true
+	hour, _ := MaxCost(e, p)
+	if plain != p.Cost(in, 100) || five != (Price{Input: 3_750_000, Output: 15_000_000}).Cost(in, 100) ||
+		hour != (Price{Input: 6_000_000, Output: 15_000_000}).Cost(in, 100) {
+		t.Errorf("plain %s, 5m %s, 1h %s", plain, five, hour)
+	}
+	// The dearest write the usage can report fits what was reserved.
+	worst := p.CostOf(Tokens{CacheWrite1h: in, Output: 100})
+	if worst > hour {
+		t.Errorf("a 1h write of the whole input costs %s, reserved %s", worst, hour)
+	}
+}
