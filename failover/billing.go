@@ -310,6 +310,7 @@ func (b *bill) entry(a *billedAnswer) wallet.Entry {
 		// price: a cache read at a fraction of plain input, a write
 		// above it.
 		tokens.Input, tokens.CacheRead, tokens.CacheWrite, tokens.CacheWrite1h = u.PlainInput(), u.CacheRead, u.CacheWrite, u.CacheWrite1h
+		e.TokensCacheRead, e.TokensCacheWrite, e.TokensCacheWrite1h = u.CacheRead, u.CacheWrite, u.CacheWrite1h
 	}
 	e.Cost = b.chargePrice(a.channel).CostOf(tokens)
 	e.Note = c.note

@@ -102,8 +102,11 @@ func TestWalletChargesCacheClasses(t *testing.T) {
 			if cost := parseMoney(t, rows[0].Cost); cost != tt.want {
 				t.Errorf("charged %d micro-dollars, want %d (row %+v)", cost, tt.want, rows[0])
 			}
-			if rows[0].TokensIn != 10100 || rows[0].TokensOut != 50 || rows[0].Note != "" {
+			if rows[0].TokensIn != 10100 || rows[0].TokensOut != 50 || rows[0].Note != "" || rows[0].TokensCacheRead != 9000 {
 				t.Errorf("row %+v", rows[0])
+			}
+			if tt.provider != "" && (rows[0].TokensCacheWrite != 400 || rows[0].TokensCacheWrite1h != 600) {
+				t.Errorf("row %+v: the cache writes are not recorded by class", rows[0])
 			}
 			auditClean(t)
 		})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 )
 
 // addedColumn is a column added to a table after its first release. The
@@ -16,11 +17,18 @@ type addedColumn struct {
 
 // addedColumns, oldest first. A definition must have a constant default:
 // adding it then rewrites no row, so the append-only ledger's triggers
-// never fire and a large ledger migrates at once.
+// never fire and a large ledger migrates at once. BIGINT in a definition
+// is the dialect's 64-bit integer (INTEGER in SQLite's strict tables).
 var addedColumns = []addedColumn{
 	// The name the serving channel knows the model by (a route's
 	// upstream_model), next to the client's in model.
 	{"ledger", "upstream_model", "TEXT NOT NULL DEFAULT ''"},
+	// The part of tokens_in read from the provider's prompt cache, and
+	// written to it for 5 minutes and for an hour, each charged at its
+	// own price.
+	{"ledger", "tokens_cache_read", "BIGINT NOT NULL DEFAULT 0"},
+	{"ledger", "tokens_cache_write", "BIGINT NOT NULL DEFAULT 0"},
+	{"ledger", "tokens_cache_write_1h", "BIGINT NOT NULL DEFAULT 0"},
 }
 
 // addColumns adds the columns of addedColumns a database lacks, inside
@@ -34,7 +42,11 @@ func (s *sqlStore) addColumns(ctx context.Context, tx *sql.Tx) error {
 		if n > 0 {
 			continue
 		}
-		if _, err := tx.ExecContext(ctx, "ALTER TABLE "+c.table+" ADD COLUMN "+c.column+" "+c.definition); err != nil {
+		def := c.definition
+		if s.d.name == "sqlite" {
+			def = strings.Replace(def, "BIGINT", "INTEGER", 1)
+		}
+		if _, err := tx.ExecContext(ctx, "ALTER TABLE "+c.table+" ADD COLUMN "+c.column+" "+def); err != nil {
 			return fmt.Errorf("adding column %s.%s: %w", c.table, c.column, err)
 		}
 	}

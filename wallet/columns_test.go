@@ -12,7 +12,8 @@ import (
 )
 
 // A renamed model's upstream name reaches the ledger on both the charge
-// and the failed attempt rows, and comes back from Usage.
+// and the failed attempt rows, and comes back from Usage; so do a
+// charge's prompt-cache classes.
 func TestUpstreamModelRecorded(t *testing.T) {
 	forEachStore(t, func(t *testing.T, s Store) {
 		ctx := context.Background()
@@ -24,7 +25,8 @@ func TestUpstreamModelRecorded(t *testing.T) {
 		if err := s.Reserve(ctx, r); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Settle(ctx, r.ID, Entry{Channel: "aws-bedrock", UpstreamModel: "us.anthropic.claude-sonnet-4-5-20250929-v1:0", TokensIn: 10, TokensOut: 5, Cost: 100}); err != nil {
+		if _, err := s.Settle(ctx, r.ID, Entry{Channel: "aws-bedrock", UpstreamModel: "us.anthropic.claude-sonnet-4-5-20250929-v1:0", TokensIn: 10, TokensOut: 5, Cost: 100,
+			TokensCacheRead: 7, TokensCacheWrite: 2, TokensCacheWrite1h: 1}); err != nil {
 			t.Fatal(err)
 		}
 		rows, err := s.Usage(ctx, "acme", 0, 0)
@@ -34,7 +36,8 @@ func TestUpstreamModelRecorded(t *testing.T) {
 		if len(rows) != 3 {
 			t.Fatalf("%d rows: %+v", len(rows), rows)
 		}
-		if e := rows[0]; e.Kind != KindCharge || e.Model != "claude-sonnet-4-5" || e.UpstreamModel != "us.anthropic.claude-sonnet-4-5-20250929-v1:0" {
+		if e := rows[0]; e.Kind != KindCharge || e.Model != "claude-sonnet-4-5" || e.UpstreamModel != "us.anthropic.claude-sonnet-4-5-20250929-v1:0" ||
+			e.TokensCacheRead != 7 || e.TokensCacheWrite != 2 || e.TokensCacheWrite1h != 1 {
 			t.Errorf("charge row = %+v", e)
 		}
 		if e := rows[1]; e.Kind != KindFailedAttempt || e.UpstreamModel != "claude-sonnet-4-5@20250929" {
@@ -46,9 +49,10 @@ func TestUpstreamModelRecorded(t *testing.T) {
 	})
 }
 
-// A database made by a release without upstream_model gains the column
-// when a store opens it: its rows stay, with an empty upstream model, and
-// new rows carry theirs. Opening again changes nothing.
+// A database made by a release without the added columns (upstream_model,
+// the prompt-cache token classes) gains them when a store opens it: its
+// rows stay, with an empty upstream model and no cached tokens, and new
+// rows carry theirs. Opening again changes nothing.
 func TestMigrationAddsUpstreamModel(t *testing.T) {
 	ctx := context.Background()
 	for _, b := range []struct {
@@ -109,7 +113,7 @@ func TestMigrationAddsUpstreamModel(t *testing.T) {
 				if len(rows) != 2+i {
 					t.Fatalf("open %d: %d rows: %+v", i+1, len(rows), rows)
 				}
-				if e := rows[len(rows)-1]; e.Note != "old row" || e.UpstreamModel != "" || e.Model != "gpt-4o" {
+				if e := rows[len(rows)-1]; e.Note != "old row" || e.UpstreamModel != "" || e.Model != "gpt-4o" || e.TokensCacheRead != 0 {
 					t.Errorf("old row = %+v", e)
 				}
 				if e := rows[0]; e.UpstreamModel != "gpt4o-prod" {

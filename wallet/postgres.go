@@ -141,8 +141,9 @@ const pgSettleBatch = `WITH j AS (
 ), g AS (
 	INSERT INTO ledger (` + ledgerColumns + `)
 	SELECT e.* FROM unnest($4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[],
-		$11::bigint[], $12::bigint[], $13::bigint[], $14::text[], $15::bigint[])
-		AS e(kind, account_id, key_id, model, upstream_model, channel, request_id, tokens_in, tokens_out, cost, note, created_at)
+		$11::bigint[], $12::bigint[], $13::bigint[], $14::text[], $15::bigint[], $16::bigint[], $17::bigint[], $18::bigint[])
+		AS e(kind, account_id, key_id, model, upstream_model, channel, request_id, tokens_in, tokens_out, cost, note, created_at,
+			tokens_cache_read, tokens_cache_write, tokens_cache_write_1h)
 	WHERE e.account_id IN (SELECT id FROM a)
 )
 SELECT id, avail FROM a`

@@ -577,6 +577,7 @@ func (s *sqlStore) runSettlesInOne(t *stx, jobs []*settleJob, accounts []string,
 	var (
 		kind, account, key, model, upstream, channel, request, note []string
 		tokIn, tokOut, cost, created                                []int64
+		cacheRead, cacheWrite, cacheWrite1h                         []int64
 	)
 	for _, j := range jobs {
 		for _, e := range j.rows {
@@ -584,10 +585,12 @@ func (s *sqlStore) runSettlesInOne(t *stx, jobs []*settleJob, accounts []string,
 			upstream, channel, request = append(upstream, e.UpstreamModel), append(channel, e.Channel), append(request, e.RequestID)
 			tokIn, tokOut, cost = append(tokIn, e.TokensIn), append(tokOut, e.TokensOut), append(cost, int64(e.Cost))
 			note, created = append(note, e.Note), append(created, toDB(e.Time))
+			cacheRead, cacheWrite = append(cacheRead, e.TokensCacheRead), append(cacheWrite, e.TokensCacheWrite)
+			cacheWrite1h = append(cacheWrite1h, e.TokensCacheWrite1h)
 		}
 	}
 	rs, err := t.queryText(s.d.settleBatch, s.leases.id, accounts, charged,
-		kind, account, key, model, upstream, channel, request, tokIn, tokOut, cost, note, created)
+		kind, account, key, model, upstream, channel, request, tokIn, tokOut, cost, note, created, cacheRead, cacheWrite, cacheWrite1h)
 	if err != nil {
 		return err
 	}

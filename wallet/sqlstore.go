@@ -108,7 +108,7 @@ func (s *sqlStore) prepare(ctx context.Context) error {
 		// the lease (no row: Sweep released it) and the account.
 		{&st.leaseCharge, `UPDATE leases SET amount = amount - ? WHERE id = ? AND account_id = ? AND amount >= ?`},
 		{&st.accountCharge, `UPDATE accounts SET balance = balance - ?, reserved = reserved - ? WHERE id = ? RETURNING balance - reserved`},
-		{&st.insertLedger, `INSERT INTO ledger (kind, account_id, key_id, model, upstream_model, channel, request_id, tokens_in, tokens_out, cost, note, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`},
+		{&st.insertLedger, `INSERT INTO ledger (` + ledgerColumns + `) VALUES (?` + strings.Repeat(", ?", ledgerArgs-1) + `)`},
 		{&st.authenticate, `SELECT ` + keyColumns + ` FROM api_keys WHERE hash = ?`},
 		{&st.savepoint, `SAVEPOINT op`},
 		{&st.release, `RELEASE SAVEPOINT op`},
@@ -253,7 +253,8 @@ func (s *sqlStore) insertEntry(t *stx, e Entry) error {
 		e.Time = s.now()
 	}
 	_, err := t.exec(s.st.insertLedger,
-		e.Kind, e.Account, e.KeyID, e.Model, e.UpstreamModel, e.Channel, e.RequestID, e.TokensIn, e.TokensOut, int64(e.Cost), e.Note, toDB(e.Time))
+		e.Kind, e.Account, e.KeyID, e.Model, e.UpstreamModel, e.Channel, e.RequestID, e.TokensIn, e.TokensOut, int64(e.Cost), e.Note, toDB(e.Time),
+		e.TokensCacheRead, e.TokensCacheWrite, e.TokensCacheWrite1h)
 	if err != nil {
 		return fmt.Errorf("writing %s ledger row: %w", e.Kind, err)
 	}
@@ -685,7 +686,8 @@ func (s *sqlStore) Usage(ctx context.Context, account string, before int64, limi
 		limit = DefaultUsageLimit
 	}
 	limit = min(limit, MaxUsageLimit)
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT id, kind, account_id, key_id, model, upstream_model, channel, request_id, tokens_in, tokens_out, cost, note, created_at FROM ledger WHERE account_id = ? AND id < ? ORDER BY id DESC LIMIT ?`),
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT id, kind, account_id, key_id, model, upstream_model, channel, request_id, tokens_in, tokens_out, cost, note, created_at,
+		tokens_cache_read, tokens_cache_write, tokens_cache_write_1h FROM ledger WHERE account_id = ? AND id < ? ORDER BY id DESC LIMIT ?`),
 		account, before, limit)
 	if err != nil {
 		return nil, fmt.Errorf("reading usage of %q: %w", account, err)
@@ -697,7 +699,8 @@ func (s *sqlStore) Usage(ctx context.Context, account string, before int64, limi
 			e             Entry
 			cost, created int64
 		)
-		if err := rows.Scan(&e.ID, &e.Kind, &e.Account, &e.KeyID, &e.Model, &e.UpstreamModel, &e.Channel, &e.RequestID, &e.TokensIn, &e.TokensOut, &cost, &e.Note, &created); err != nil {
+		if err := rows.Scan(&e.ID, &e.Kind, &e.Account, &e.KeyID, &e.Model, &e.UpstreamModel, &e.Channel, &e.RequestID, &e.TokensIn, &e.TokensOut, &cost, &e.Note, &created,
+			&e.TokensCacheRead, &e.TokensCacheWrite, &e.TokensCacheWrite1h); err != nil {
 			return nil, fmt.Errorf("reading usage of %q: %w", account, err)
 		}
 		e.Cost, e.Time = Micros(cost), fromDB(created)

@@ -74,6 +74,10 @@ type Entry struct {
 	// upstream_model, else Model itself. Empty when no channel served and
 	// in rows written before the column existed.
 	UpstreamModel string
+	// TokensCacheRead, TokensCacheWrite and TokensCacheWrite1h are the
+	// parts of TokensIn read from the provider's prompt cache and written
+	// to it (for 5 minutes, for an hour), each charged at its own price.
+	TokensCacheRead, TokensCacheWrite, TokensCacheWrite1h int64
 }
 
 // Account is a prepaid balance. Balance never drops below Reserved.

@@ -219,6 +219,7 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 		for _, e := range rows {
 			out.Entries = append(out.Entries, EntryView{ID: e.ID, Kind: e.Kind, KeyID: e.KeyID, Model: e.Model, Channel: e.Channel,
 				RequestID: e.RequestID, TokensIn: e.TokensIn, TokensOut: e.TokensOut, Cost: e.Cost.String(), Note: e.Note, Time: e.Time,
+				TokensCacheRead: e.TokensCacheRead, TokensCacheWrite: e.TokensCacheWrite, TokensCacheWrite1h: e.TokensCacheWrite1h,
 				UpstreamModel: e.UpstreamModel})
 		}
 		if len(rows) == limit {
@@ -304,6 +305,11 @@ type EntryView struct {
 	Time      time.Time `json:"time"`
 	// UpstreamModel is the name the channel knows Model by.
 	UpstreamModel string `json:"upstream_model,omitempty"`
+	// The parts of TokensIn read from the prompt cache and written to it
+	// (5 minutes, 1 hour), charged at their own prices.
+	TokensCacheRead    int64 `json:"tokens_cache_read,omitempty"`
+	TokensCacheWrite   int64 `json:"tokens_cache_write,omitempty"`
+	TokensCacheWrite1h int64 `json:"tokens_cache_write_1h,omitempty"`
 }
 
 func walletAPIError(err error) error {
