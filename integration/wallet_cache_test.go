@@ -51,6 +51,13 @@ var openAICachedUsage = fu.BehaviorFunc(func(w http.ResponseWriter, r *http.Requ
 	fmt.Fprint(w, `{"id":"chatcmpl-c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Going on."},"finish_reason":"stop"}],"usage":{"prompt_tokens":10100,"completion_tokens":50,"total_tokens":10150,"prompt_tokens_details":{"cached_tokens":9000}}}`)
 })
 
+// responsesCachedUsage answers a Responses request whose 10,100 input
+// tokens include 9,000 cached ones.
+var responsesCachedUsage = fu.BehaviorFunc(func(w http.ResponseWriter, r *http.Request, _ int64) {
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprint(w, `{"id":"resp_c","object":"response","status":"completed","model":"m","output":[{"type":"message","role":"assistant","content":[{"type":"output_text","text":"Going on."}]}],"usage":{"input_tokens":10100,"input_tokens_details":{"cached_tokens":9000},"output_tokens":50,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":10150}}`)
+})
+
 // Cached input is charged at its class's price, not as plain input: the
 // provider's default rates when the price names none (Claude: reads 0.1x,
 // writes 1.25x and 2x; OpenAI: reads 0.5x), the operator's when it does.
@@ -67,6 +74,7 @@ func TestWalletChargesCacheClasses(t *testing.T) {
 		{"claude priced", "provider anthropic", "price 3 15 cache_read 0.5 cache_write 4 cache_write_1h 7", "/v1/messages", claudeCachedUsage, true, 300 + 750 + 4500 + 1600 + 4200},
 		// 1,100×3 + 9,000×1.5 + 50×15.
 		{"openai defaults", "", "price 3 15", "/v1/chat/completions", openAICachedUsage, false, 3300 + 13500 + 750},
+		{"responses defaults", "", "price 3 15", "/v1/responses", responsesCachedUsage, false, 3300 + 13500 + 750},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			a := upstream(t, tt.upstream)
@@ -83,6 +91,11 @@ func TestWalletChargesCacheClasses(t *testing.T) {
 			account := "acct-cache-" + strings.ReplaceAll(tt.name, " ", "-")
 			secret, _ := newWalletAccount(t, account, "1")
 			body := cachedPrompt(t, "m", tt.stream)
+			if tt.path == "/v1/responses" {
+				var m map[string]any
+				_ = json.Unmarshal(body, &m)
+				body, _ = json.Marshal(map[string]any{"model": "m", "instructions": m["system"], "input": "Go on.", "max_output_tokens": 1000})
+			}
 			if tt.path == "/v1/chat/completions" {
 				var m map[string]any
 				_ = json.Unmarshal(body, &m)
