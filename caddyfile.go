@@ -151,6 +151,14 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.RetrySame, err = unmarshalRetrySame(d)
 		case "stream_resume":
 			h.StreamResume, err = resumeArg(d)
+		case "cache_affinity":
+			if !d.NextArg() {
+				return d.Errf("cache_affinity needs off or a duration")
+			}
+			h.CacheAffinity = d.Val()
+			if d.NextArg() {
+				return d.ArgErr()
+			}
 		case "stream_gate":
 			g := new(StreamGate)
 			if g.Timeout, err = caddykit.DurationArg(d); err == nil && d.NextArg() {

@@ -180,6 +180,9 @@ func TestProvisionErrors(t *testing.T) {
 		"unknown provider":         `{"channels":[{"name":"a","base_url":"http://x:1","provider":{"name":"no-such-provider"}}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
 		"negative max_input":       `{"channels":[{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m","max_input_tokens":-1,"routes":[{"channel":"a"}]}]}`,
 		"huge max_input":           `{"channels":[{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m","max_input_tokens":100000001,"routes":[{"channel":"a"}]}]}`,
+		"bad cache_affinity":       `{"cache_affinity":"forever","channels":[{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
+		"zero cache_affinity":      `{"cache_affinity":"0s","channels":[{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
+		"bad cache price":          `{"channels":[{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m","price":{"input":"1","output":"1","cache_read":"x"},"routes":[{"channel":"a"}]}]}`,
 	}
 	for name, cfg := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -153,6 +153,17 @@ func compileOptions(h *Handler) (failover.Options, error) {
 	if err := compileResume(h.StreamResume); err != nil {
 		return o, mistake(optionKey("stream_resume"), "stream_resume: %w", err)
 	}
+	switch h.CacheAffinity {
+	case "":
+		o.CacheAffinity = failover.DefaultCacheAffinity
+	case "off":
+	default:
+		d, err := caddy.ParseDuration(h.CacheAffinity)
+		if err != nil || d <= 0 {
+			return o, mistake(optionKey("cache_affinity"), "cache_affinity: want off or a positive duration, got %q", h.CacheAffinity)
+		}
+		o.CacheAffinity = d
+	}
 	if o.Breaker, err = compileBreaker(h.Breaker); err != nil {
 		return o, mistake(optionKey("breaker"), "breaker: %w", err)
 	}

@@ -88,6 +88,10 @@ type Handler struct {
 	// content on another channel of the model, or "off" (default). A
 	// model's own stream_resume overrides it.
 	StreamResume string `json:"stream_resume,omitempty"`
+	// CacheAffinity keeps each conversation on the channel that served
+	// its last turn, where its prompt cache is warm, for this long after
+	// that turn (a duration), or "off". Default: 10m.
+	CacheAffinity string `json:"cache_affinity,omitempty"`
 	// StreamGate bounds how long an SSE stream is held back waiting for
 	// its first decisive frame.
 	StreamGate *StreamGate `json:"stream_gate,omitempty"`

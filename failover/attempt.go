@@ -118,6 +118,7 @@ func (e *Engine) attempt(x *exchange, route *chain.Route, budget time.Duration) 
 			firstByte.Stop()
 		}
 		x.setVar("http.llm_failover.channel", ch.Name)
+		x.servedBy = ch.Name
 		if x.bill != nil && res.StatusCode >= 200 && res.StatusCode < 300 {
 			// Only a successful answer that reached the client is billed:
 			// an error the upstream passed back cost it nothing.

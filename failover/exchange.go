@@ -150,19 +150,23 @@ const (
 
 // exchange is one request on its way through the chain.
 type exchange struct {
-	w        http.ResponseWriter
-	r        *http.Request
-	repl     *caddy.Replacer
-	id       string // requestID's, once made
-	api      provider.API
-	req      provider.Request
-	body     []byte
-	model    *Model
-	mode     mode
-	start    time.Time
-	deadline time.Time
-	attempts int
-	bill     *bill
+	w     http.ResponseWriter
+	r     *http.Request
+	repl  *caddy.Replacer
+	id    string // requestID's, once made
+	api   provider.API
+	req   provider.Request
+	body  []byte
+	model *Model
+	// servedBy is the channel whose answer was committed, "" before one
+	// was; affinityKey names the request's conversation (cache affinity),
+	// "" when it has none or affinity is off.
+	servedBy, affinityKey string
+	mode                  mode
+	start                 time.Time
+	deadline              time.Time
+	attempts              int
+	bill                  *bill
 	// meter counts the current attempt's usage (the bill's meter when a
 	// wallet bills the request).
 	meter *provider.Meter

@@ -55,7 +55,14 @@ type Options struct {
 	ProbeAccount string
 	// Breaker is the breaker settings the handler wants for its channels.
 	Breaker breaker.Config
+	// CacheAffinity is how long a conversation stays on the channel that
+	// served its last turn (where its prompt cache is warm); 0: off.
+	CacheAffinity time.Duration
 }
+
+// DefaultCacheAffinity outlasts the providers' default prompt-cache
+// lifetime (Anthropic's 5 minutes, OpenAI's 5 to 10 of idleness).
+const DefaultCacheAffinity = 10 * time.Minute
 
 // WithDefaults returns o with every zero setting that has a default set
 // to it (first_byte_timeout has none: 0 is off).

@@ -75,6 +75,7 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) error {
 	// slice to the Health interface would allocate on every request.
 	plan := x.model.ByAPI[x.api].Plan((*health)(&e.channels), x.start, &scratch)
 	candidates := plan.Candidates
+	e.preferCachedChannel(x, candidates)
 	var lastResort *breaker.Ticket
 	if len(candidates) == 0 {
 		// Every channel is open or parked. At most one request per
@@ -101,6 +102,7 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) error {
 		if x.resume.pending() {
 			res = e.resume(x, end.rest, res)
 		}
+		e.rememberCachedChannel(x, res)
 		e.recordServed(x, res)
 		return nil
 	}

@@ -1,0 +1,164 @@
+package integration_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/llmfailover/caddy-llm-failover/wallet"
+)
+
+// cachingChannel is an OpenAI-style upstream with a prompt cache of its
+// own, as a real provider's serving pool has: a conversation's prompt
+// (named by its system message) is cached where it was served, and the
+// next turn's prompt, which starts with it, reads it back as
+// cached_tokens. It counts what it served and can fail on demand.
+type cachingChannel struct {
+	mu      sync.Mutex
+	cached  map[string]int64 // conversation → prompt tokens cached here
+	served  atomic.Int64
+	failing atomic.Bool
+}
+
+func newCachingChannel() *cachingChannel { return &cachingChannel{cached: map[string]int64{}} }
+
+func (c *cachingChannel) Serve(w http.ResponseWriter, r *http.Request, _ int64) {
+	if c.failing.Load() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	body, _ := io.ReadAll(r.Body)
+	var req struct {
+		Messages []struct{ Role, Content string } `json:"messages"`
+	}
+	if json.Unmarshal(body, &req) != nil || len(req.Messages) == 0 {
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	conv := req.Messages[0].Content
+	prompt := int64(len(body) / 4)
+	c.mu.Lock()
+	hit := min(c.cached[conv], prompt)
+	c.cached[conv] = prompt
+	c.mu.Unlock()
+	c.served.Add(1)
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, `{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":%d,"completion_tokens":10,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}}`, prompt, prompt+10, hit)
+}
+
+// conversationTurns runs conversations of turns each (a long system
+// prompt per conversation, named by label and its number, a short
+// message added per turn), calling
+// before ahead of each turn, and returns the cache-read share: cached
+// input tokens over all input tokens after each conversation's first
+// turn, as the upstreams reported them; and the input's bill per
+// conversation, every turn included, at $3 a million plain tokens and
+// the OpenAI default of half that for cached ones.
+func conversationTurns(t *testing.T, label string, conversations, turns int, before func(turn int)) (share float64, bill wallet.Micros) {
+	t.Helper()
+	var cached, input int64
+	price := wallet.Price{Input: 3_000_000, CacheRead: 1_500_000}
+	for c := range conversations {
+		system := fmt.Sprintf("%s conversation %d. ", label, c) + strings.Repeat("You are a meticulous coding assistant with a long system prompt. ", 120)
+		msgs := []map[string]string{{"role": "system", "content": system}}
+		for turn := range turns {
+			before(turn)
+			msgs = append(msgs, map[string]string{"role": "user", "content": fmt.Sprintf("Turn %d: go on.", turn)})
+			body, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs})
+			res, got := post(t, "/v1/chat/completions", body)
+			if res.StatusCode != 200 {
+				t.Fatalf("conversation %d turn %d: %d %s", c, turn, res.StatusCode, got)
+			}
+			var a struct {
+				Usage struct {
+					PromptTokens        int64 `json:"prompt_tokens"`
+					PromptTokensDetails struct {
+						CachedTokens int64 `json:"cached_tokens"`
+					} `json:"prompt_tokens_details"`
+				} `json:"usage"`
+			}
+			if err := json.Unmarshal(got, &a); err != nil {
+				t.Fatal(err)
+			}
+			hit := a.Usage.PromptTokensDetails.CachedTokens
+			bill += price.CostOf(wallet.Tokens{Input: a.Usage.PromptTokens - hit, CacheRead: hit})
+			if turn > 0 {
+				cached += hit
+				input += a.Usage.PromptTokens
+			}
+			msgs = append(msgs, map[string]string{"role": "assistant", "content": "ok"})
+		}
+	}
+	return float64(cached) / float64(input), bill / wallet.Micros(conversations)
+}
+
+// affinityChannels: one model on two equally weighted channels; the
+// breaker never opens, so a failed request fails over and the next one
+// goes back to the first channel, as after a short blip.
+const affinityChannels = `
+		channel a %s {
+		}
+		channel b %s {
+		}
+		model m {
+			policy weighted
+			route a
+			route b
+		}
+		breaker {
+			failures 64
+		}
+`
+
+// Twenty conversations of eight turns through two equally weighted
+// channels, each with a prompt cache of its own. The weighted policy
+// explores: about one request in twenty goes to the other channel, whose
+// cache is cold for it. With cache affinity a conversation stays where
+// its cache is warm, exploration included, and the cache-read share is
+// at least 95%; without it (measured, for comparison) every explored turn
+// starts cold.
+func TestCacheAffinityKeepsConversationsWarm(t *testing.T) {
+	shares := map[string]float64{}
+	for _, tt := range []struct {
+		name, option string
+		min          float64
+	}{
+		{"affinity", "", 0.95},
+		{"off", "cache_affinity off", 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			a, b := newCachingChannel(), newCachingChannel()
+			gateway(t, affinityChannels+tt.option, upstream(t, a).URL, upstream(t, b).URL)
+			share, bill := conversationTurns(t, "warm "+tt.name, 20, 8, func(int) {})
+			shares[tt.name] = share
+			t.Logf("cache affinity %s: cache-read share %.1f%%, input bill %s a conversation (a served %d, b served %d)",
+				tt.name, 100*share, bill, a.served.Load(), b.served.Load())
+			if share < tt.min {
+				t.Errorf("cache-read share %.1f%%, want at least %.0f%%", 100*share, 100*tt.min)
+			}
+		})
+	}
+	if shares["affinity"] < shares["off"] {
+		t.Errorf("affinity %.3f is worse than none %.3f", shares["affinity"], shares["off"])
+	}
+}
+
+// A conversation pinned to a channel that fails moves at once, and stays
+// on the channel that served it after the first one recovers.
+func TestCacheAffinityMovesWithFailover(t *testing.T) {
+	a, b := newCachingChannel(), newCachingChannel()
+	gateway(t, affinityChannels, upstream(t, a).URL, upstream(t, b).URL)
+	turn := 0
+	conversationTurns(t, "moving", 1, 6, func(int) {
+		turn++
+		a.failing.Store(turn == 3) // a fails once: the third turn goes to b
+	})
+	if a.served.Load() != 2 || b.served.Load() != 4 {
+		t.Fatalf("a served %d, b served %d; want the first two turns on a and the rest on b", a.served.Load(), b.served.Load())
+	}
+}
