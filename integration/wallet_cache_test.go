@@ -1,6 +1,7 @@
 package integration_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
+	"github.com/llmfailover/caddy-llm-failover/walletapp"
 )
 
 // cachedPrompt is a request whose system prompt is long enough to hold
@@ -120,6 +122,10 @@ func TestWalletChargesCacheClasses(t *testing.T) {
 			}
 			if tt.provider != "" && (rows[0].TokensCacheWrite != 400 || rows[0].TokensCacheWrite1h != 600) {
 				t.Errorf("row %+v: the cache writes are not recorded by class", rows[0])
+			}
+			var out bytes.Buffer
+			if err := walletapp.RunCommand(&out, fmt.Sprintf("localhost:%d", adminPort), "", []string{"usage", account}); err != nil || !strings.Contains(out.String(), "read=9000") {
+				t.Errorf("caddy llm-wallet usage does not show the cache read: %v\n%s", err, out.String())
 			}
 			auditClean(t)
 		})

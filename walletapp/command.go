@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strings"
 	"text/tabwriter"
 
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
@@ -231,9 +232,9 @@ func runCommand(out io.Writer, admin, name string, args []string, asJSON bool) (
 		if err := adminCall(http.MethodGet, "accounts/"+url.PathEscape(args[1])+"/usage"+q, nil, &page); err != nil {
 			return err
 		}
-		fmt.Fprintln(tw, "TIME\tKIND\tMODEL\tCHANNEL\tIN\tOUT\tCOST\tNOTE")
+		fmt.Fprintln(tw, "TIME\tKIND\tMODEL\tCHANNEL\tIN\tOUT\tCOST\tCACHED\tNOTE")
 		for _, e := range page.Entries {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", e.Time.Format("2006-01-02 15:04:05"), e.Kind, e.Model, e.Channel, e.TokensIn, e.TokensOut, human(e.Cost), e.Note)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", e.Time.Format("2006-01-02 15:04:05"), e.Kind, e.Model, e.Channel, e.TokensIn, e.TokensOut, human(e.Cost), cached(e), e.Note)
 		}
 		return nil
 	case "audit":
@@ -267,4 +268,22 @@ func human(s string) string {
 		return s
 	}
 	return m.Human()
+}
+
+// cached is the usage table's CACHED cell: the parts of IN read from and
+// written to the provider's prompt cache, or "-".
+func cached(e EntryView) string {
+	var parts []string
+	for _, c := range []struct {
+		name string
+		n    int64
+	}{{"read", e.TokensCacheRead}, {"write", e.TokensCacheWrite}, {"write_1h", e.TokensCacheWrite1h}} {
+		if c.n > 0 {
+			parts = append(parts, fmt.Sprintf("%s=%d", c.name, c.n))
+		}
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, ",")
 }
