@@ -48,3 +48,21 @@ func TestConversationKey(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkConversationKey: naming a turn's conversation by its prefix,
+// for a coding-agent request with a 40 KB system prompt and 20 turns.
+func BenchmarkConversationKey(b *testing.B) {
+	var msgs []string
+	for i := range 20 {
+		msgs = append(msgs, `{"role":"user","content":"turn `+strings.Repeat("x", i)+`"}`, `{"role":"assistant","content":"ok"}`)
+	}
+	body := []byte(`{"model":"m","system":"` + strings.Repeat("You are a careful coding assistant. ", 1150) + `","tools":[{"name":"edit","input_schema":{"type":"object"}}],"messages":[` + strings.Join(msgs, ",") + `]}`)
+	h := http.Header{}
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if ConversationKey(h, body) == "" {
+			b.Fatal("no key")
+		}
+	}
+}
