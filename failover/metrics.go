@@ -39,9 +39,36 @@ var (
 		Namespace: "caddy", Subsystem: "llm_failover", Name: "resumes_total",
 		Help: "Broken streams continued on another channel, by model, outcome (resumed; broken: the continuation broke too; failed: none continued) and the form the continuation was asked in (prefill, instructed; none when it failed).",
 	}, []string{"model", "outcome", "form"})
+	inputTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "llm_failover", Name: "input_tokens_total",
+		Help: "Input tokens of the answers channels served, as the upstreams reported them, by model, channel and class (plain, cache_read, cache_write): a channel's cache-read share is its cache_read over the sum.",
+	}, []string{"model", "channel", "class"})
 )
 
 func registerMetrics(reg prometheus.Registerer) error {
 	return caddykit.Register(reg, requestsTotal, attemptsTotal, attemptDuration, channelSkipped,
-		walletTotal, walletCharged, resumesTotal)
+		walletTotal, walletCharged, resumesTotal, inputTokens)
+}
+
+// countInput adds an answer's reported input, by cache class, to
+// input_tokens_total: the cache-read share of each channel, which cache
+// affinity exists to raise. Failed attempts and unreported input count
+// nothing.
+func countInput(x *exchange, channel string, res attemptResult) {
+	if x.meter == nil || (res.verdict != served && res.verdict != broken) ||
+		(x.mode != modeChain && x.mode != modeLastResort && x.mode != modeContinue) {
+		return
+	}
+	u := x.meter.Usage()
+	if !u.InputKnown {
+		return
+	}
+	for _, c := range [...]struct {
+		class string
+		n     int64
+	}{{"plain", u.PlainInput()}, {"cache_read", u.CacheRead}, {"cache_write", u.CacheWrite + u.CacheWrite1h}} {
+		if c.n > 0 {
+			inputTokens.WithLabelValues(x.req.Model, channel, c.class).Add(float64(c.n))
+		}
+	}
 }

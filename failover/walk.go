@@ -250,6 +250,7 @@ func (e *Engine) record(x *exchange, route *chain.Route, res attemptResult, took
 		}
 	}
 	attemptsTotal.WithLabelValues(x.req.Model, ch.Name, string(outcome)).Inc()
+	countInput(x, ch.Name, res)
 	attemptDuration.WithLabelValues(ch.Name).Observe(took.Seconds())
 	e.app.Attempted(failoverapp.Attempt{Model: x.req.Model, UpstreamModel: upstreamModel(route, x.req.Model), Channel: ch.Name,
 		Number: x.attempts, Outcome: string(outcome), UpstreamStatus: status, Took: took})

@@ -56,10 +56,11 @@ func (c *cachingChannel) Serve(w http.ResponseWriter, r *http.Request, _ int64) 
 // message added per turn), calling
 // before ahead of each turn, and returns the cache-read share: cached
 // input tokens over all input tokens after each conversation's first
-// turn, as the upstreams reported them; and the input's bill per
+// turn, as the upstreams reported them; the input's bill per
 // conversation, every turn included, at $3 a million plain tokens and
-// the OpenAI default of half that for cached ones.
-func conversationTurns(t *testing.T, label string, conversations, turns int, before func(turn int)) (share float64, bill wallet.Micros) {
+// the OpenAI default of half that for cached ones; and the cached and
+// all input tokens of every turn.
+func conversationTurns(t *testing.T, label string, conversations, turns int, before func(turn int)) (share float64, bill wallet.Micros, allCached, allInput int64) {
 	t.Helper()
 	var cached, input int64
 	price := wallet.Price{Input: 3_000_000, CacheRead: 1_500_000}
@@ -87,6 +88,7 @@ func conversationTurns(t *testing.T, label string, conversations, turns int, bef
 			}
 			hit := a.Usage.PromptTokensDetails.CachedTokens
 			bill += price.CostOf(wallet.Tokens{Input: a.Usage.PromptTokens - hit, CacheRead: hit})
+			allCached, allInput = allCached+hit, allInput+a.Usage.PromptTokens
 			if turn > 0 {
 				cached += hit
 				input += a.Usage.PromptTokens
@@ -94,7 +96,7 @@ func conversationTurns(t *testing.T, label string, conversations, turns int, bef
 			msgs = append(msgs, map[string]string{"role": "assistant", "content": "ok"})
 		}
 	}
-	return float64(cached) / float64(input), bill / wallet.Micros(conversations)
+	return float64(cached) / float64(input), bill / wallet.Micros(conversations), allCached, allInput
 }
 
 // affinityChannels: one model on two equally weighted channels; the
@@ -134,12 +136,19 @@ func TestCacheAffinityKeepsConversationsWarm(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			a, b := newCachingChannel(), newCachingChannel()
 			gateway(t, affinityChannels+tt.option, upstream(t, a).URL, upstream(t, b).URL)
-			share, bill := conversationTurns(t, "warm "+tt.name, 20, 8, func(int) {})
+			before := inputByClass(t)
+			share, bill, cached, input := conversationTurns(t, "warm "+tt.name, 20, 8, func(int) {})
+			after := inputByClass(t)
 			shares[tt.name] = share
 			t.Logf("cache affinity %s: cache-read share %.1f%%, input bill %s a conversation (a served %d, b served %d)",
 				tt.name, 100*share, bill, a.served.Load(), b.served.Load())
 			if share < tt.min {
 				t.Errorf("cache-read share %.1f%%, want at least %.0f%%", 100*share, 100*tt.min)
+			}
+			// The metric counts what the upstreams reported, every turn.
+			read, plain := after["cache_read"]-before["cache_read"], after["plain"]-before["plain"]
+			if read != float64(cached) || read+plain != float64(input) {
+				t.Errorf("input_tokens_total: %v read, %v plain; the answers reported %d cached of %d", read, plain, cached, input)
 			}
 		})
 	}
@@ -161,4 +170,18 @@ func TestCacheAffinityMovesWithFailover(t *testing.T) {
 	if a.served.Load() != 2 || b.served.Load() != 4 {
 		t.Fatalf("a served %d, b served %d; want the first two turns on a and the rest on b", a.served.Load(), b.served.Load())
 	}
+}
+
+// inputByClass sums caddy_llm_failover_input_tokens_total of model m over
+// its two channels, by class.
+func inputByClass(t *testing.T) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for _, class := range []string{"plain", "cache_read"} {
+		for _, ch := range []string{"a", "b"} {
+			v, _ := brkMetric(t, fmt.Sprintf(`caddy_llm_failover_input_tokens_total{channel=%q,class=%q,model="m"}`, ch, class))
+			out[class] += v
+		}
+	}
+	return out
 }
