@@ -26,11 +26,17 @@ func (e *Engine) preferCachedChannel(x *exchange, candidates []*chain.Route) {
 	}
 	name := e.app.AffinityChannel(x.req.Model, x.affinityKey, x.start)
 	for i, r := range candidates {
-		if r.Name == name {
+		if r.Name != name {
+			continue
+		}
+		if i > 0 {
+			// Affinity overruled the chain: the journal says so, naming
+			// the channel the chain would have tried first.
+			e.decided(x, name, &failure{reason: reasonAffinity}, candidates[0].Name)
 			copy(candidates[1:i+1], candidates[:i])
 			candidates[0] = r
-			return
 		}
+		return
 	}
 }
 

@@ -53,6 +53,10 @@ const (
 	// reasonRestarted: an instructed continuation started the answer
 	// over and said something else; it is abandoned unseen.
 	reasonRestarted reason = "continuation_restarted"
+	// reasonAffinity journals a conversation's turn sent first to the
+	// channel holding its prompt cache, ahead of the chain's own choice
+	// (journaled with that choice as next_channel).
+	reasonAffinity reason = "cache_affinity"
 	// reasonProbeFailed opens a channel whose synthetic check failed.
 	reasonProbeFailed reason = "probe_failed"
 	// reasonDrill is the failure a drill makes a channel have.
@@ -69,7 +73,7 @@ var reasons = []reason{
 	reasonErrorFrame, reasonClosedEarly, reasonGateTimeout, reasonErrorBody, reasonBadBody,
 	reasonTooLarge, reasonLineTooLarge, reasonRedirect, reasonContentType, reasonOverloaded,
 	reasonTruncated, reasonStalled,
-	outcomeClientGone, outcomeRateLimited, reasonResumed, reasonPrefillRefused, reasonRestarted,
+	outcomeClientGone, outcomeRateLimited, reasonResumed, reasonPrefillRefused, reasonRestarted, reasonAffinity,
 	reasonProbeFailed, reasonNoWorkingChannel, reasonDrill,
 }
 

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/llmfailover/caddy-llm-failover/failoverapp"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
 )
 
@@ -158,10 +159,15 @@ func TestCacheAffinityKeepsConversationsWarm(t *testing.T) {
 }
 
 // A conversation pinned to a channel that fails moves at once, and stays
-// on the channel that served it after the first one recovers.
+// on the channel that served it after the first one recovers; each turn
+// sent to it ahead of the chain's choice is journaled.
 func TestCacheAffinityMovesWithFailover(t *testing.T) {
 	a, b := newCachingChannel(), newCachingChannel()
-	gateway(t, affinityChannels, upstream(t, a).URL, upstream(t, b).URL)
+	// Cheapest first: the chain always tries a first, so every turn that
+	// goes to b first goes there by affinity.
+	gateway(t, strings.Replace(affinityChannels, "policy weighted\n\t\t\troute a\n\t\t\troute b", "route a cost 1 1\n\t\t\troute b cost 2 2", 1),
+		upstream(t, a).URL, upstream(t, b).URL)
+	journaled := affinityToB(t)
 	turn := 0
 	conversationTurns(t, "moving", 1, 6, func(int) {
 		turn++
@@ -170,6 +176,27 @@ func TestCacheAffinityMovesWithFailover(t *testing.T) {
 	if a.served.Load() != 2 || b.served.Load() != 4 {
 		t.Fatalf("a served %d, b served %d; want the first two turns on a and the rest on b", a.served.Load(), b.served.Load())
 	}
+	// The last three turns went to b ahead of the chain's a.
+	if got := affinityToB(t) - journaled; got != 3 {
+		t.Errorf("%d cache_affinity decisions sent a turn to b ahead of a, want 3", got)
+	}
+}
+
+// affinityToB counts the journal's cache_affinity decisions that sent a
+// turn of model m to b ahead of a.
+func affinityToB(t *testing.T) int {
+	t.Helper()
+	var journaled failoverapp.DecisionsAnswer
+	if err := adminGet(t, "/llm_failover/decisions?reason=cache_affinity", &journaled); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, d := range journaled.Decisions {
+		if d.Channel == "b" && d.Next == "a" && d.Model == "m" {
+			n++
+		}
+	}
+	return n
 }
 
 // inputByClass sums caddy_llm_failover_input_tokens_total of model m over
