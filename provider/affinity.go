@@ -25,10 +25,15 @@ var sessionHeaders = []string{"X-Claude-Code-Session-Id", "Session-Id", "Session
 // from one turn to the next (the system prompt or instructions, the
 // tools, and the conversation's first message, with the one after it
 // when that is a system prompt). The kind of key is its prefix, so that a
-// header value can never equal a prefix hash. body is walked once, the
-// hashed parts as they are, with no decoding.
+// header value can never equal a prefix hash. A prefix shorter than
+// minCachedPrefix names no conversation: providers cache nothing that
+// short, and pinning every short request that happens to open alike
+// (a health check, a one-line prompt) to one channel would only keep
+// traffic off the chain's first choice. body is walked once, the hashed
+// parts as they are, with no decoding.
 func ConversationKey(h http.Header, body []byte) string {
-	var pck, stable, msgs []byte
+	var pck, msgs []byte
+	stable := 0 // bytes of the hashed prefix
 	sum := sha256.New()
 	err := eachTopLevel(body, func(key []byte, start, end int) error {
 		v := body[start:end]
@@ -39,7 +44,7 @@ func ConversationKey(h http.Header, body []byte) string {
 			if !jsonscan.IsNull(v) {
 				sum.Write(key)
 				sum.Write(v)
-				stable = v
+				stable += len(v)
 			}
 		case "messages", "input":
 			msgs = v
@@ -67,17 +72,22 @@ func ConversationKey(h http.Header, body []byte) string {
 			}
 			m := arr.Value()
 			sum.Write(m)
-			stable = m
+			stable += len(m)
 			if !isSystemMessage(m) {
 				break
 			}
 		}
 	}
-	if stable == nil {
+	if stable < minCachedPrefix {
 		return ""
 	}
 	return "pfx:" + hex.EncodeToString(sum.Sum(nil)[:16])
 }
+
+// minCachedPrefix is the shortest repeated opening that names a
+// conversation: providers cache prefixes of 1,024 tokens or more, about
+// 4 KB of text.
+const minCachedPrefix = 4096
 
 // isSystemMessage reports whether a message is a system (or developer)
 // prompt.

@@ -9,12 +9,13 @@ import (
 // A conversation's turns share a key, different conversations do not; an
 // explicit key or session header wins over the prefix.
 func TestConversationKey(t *testing.T) {
-	turn1 := `{"model":"m","system":"You are terse.","tools":[{"name":"f"}],"messages":[{"role":"user","content":"Hi"}]}`
-	turn2 := `{"model":"m","system":"You are terse.","tools":[{"name":"f"}],"messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello"},{"role":"user","content":"More"}]}`
-	other := `{"model":"m","system":"You are terse.","tools":[{"name":"f"}],"messages":[{"role":"user","content":"Bye"}]}`
-	chat1 := `{"model":"m","messages":[{"role":"system","content":"Long prompt"},{"role":"user","content":"Q1"}]}`
-	chat2 := `{"model":"m","messages":[{"role":"system","content":"Long prompt"},{"role":"user","content":"Q1"},{"role":"assistant","content":"A"},{"role":"user","content":"Q2"}]}`
-	chatOther := `{"model":"m","messages":[{"role":"system","content":"Long prompt"},{"role":"user","content":"Q9"}]}`
+	long := strings.Repeat("You are terse. ", 300) // a prompt worth caching
+	turn1 := `{"model":"m","system":"` + long + `","tools":[{"name":"f"}],"messages":[{"role":"user","content":"Hi"}]}`
+	turn2 := `{"model":"m","system":"` + long + `","tools":[{"name":"f"}],"messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello"},{"role":"user","content":"More"}]}`
+	other := `{"model":"m","system":"` + long + `","tools":[{"name":"f"}],"messages":[{"role":"user","content":"Bye"}]}`
+	chat1 := `{"model":"m","messages":[{"role":"system","content":"` + long + `"},{"role":"user","content":"Q1"}]}`
+	chat2 := `{"model":"m","messages":[{"role":"system","content":"` + long + `"},{"role":"user","content":"Q1"},{"role":"assistant","content":"A"},{"role":"user","content":"Q2"}]}`
+	chatOther := `{"model":"m","messages":[{"role":"system","content":"` + long + `"},{"role":"user","content":"Q9"}]}`
 	none := http.Header{}
 	k := func(h http.Header, body string) string { return ConversationKey(h, []byte(body)) }
 	if a, b := k(none, turn1), k(none, turn2); a == "" || a != b || !strings.HasPrefix(a, "pfx:") {
@@ -41,6 +42,11 @@ func TestConversationKey(t *testing.T) {
 	h = http.Header{"Session_id": {"codex-1"}}
 	if got := k(h, turn1); got != "hdr:codex-1" {
 		t.Errorf("Codex's session_id header: %q", got)
+	}
+	// Too short to be cached anywhere: no conversation, so a one-line
+	// prompt many clients send alike is not pinned to one channel.
+	if got := k(none, `{"model":"m","messages":[{"role":"user","content":"Say hello."}]}`); got != "" {
+		t.Errorf("a short prompt names a conversation: %q", got)
 	}
 	for _, bad := range []string{``, `[]`, `{"model":"m"}`, `{"model":`} {
 		if got := k(none, bad); got != "" {
