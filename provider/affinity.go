@@ -57,12 +57,12 @@ func ConversationKey(h http.Header, body []byte) string {
 	if s := jsonscan.StringValue(pck); len(s) > 0 {
 		var k string
 		if json.Unmarshal(pck, &k) == nil && k != "" {
-			return "pck:" + k
+			return bounded("pck:", k)
 		}
 	}
 	for _, name := range sessionHeaders {
 		if v := h.Get(name); v != "" {
-			return "hdr:" + v
+			return bounded("hdr:", v)
 		}
 	}
 	if arr, ok := jsonscan.Array(msgs); ok {
@@ -88,6 +88,19 @@ func ConversationKey(h http.Header, body []byte) string {
 // conversation: providers cache prefixes of 1,024 tokens or more, about
 // 4 KB of text.
 const minCachedPrefix = 4096
+
+// maxKeyLen bounds a key the client chose, so that the affinity table's
+// memory is bounded by its entry count, whatever clients send.
+const maxKeyLen = 64
+
+// bounded is kind+v, or kind and a hash of v when v is long.
+func bounded(kind, v string) string {
+	if len(v) <= maxKeyLen {
+		return kind + v
+	}
+	sum := sha256.Sum256([]byte(v))
+	return kind + "#" + hex.EncodeToString(sum[:16])
+}
 
 // isSystemMessage reports whether a message is a system (or developer)
 // prompt.

@@ -39,6 +39,12 @@ func TestConversationKey(t *testing.T) {
 	if got := k(h, turn1); got != "hdr:s-1" {
 		t.Errorf("session header: %q", got)
 	}
+	// A key the client chose is bounded: the table's memory must not
+	// grow with what clients send.
+	h = http.Header{"X-Session-Id": {strings.Repeat("s", 100_000)}}
+	if got := k(h, turn1); len(got) > 4+maxKeyLen || got != k(h, turn2) || !strings.HasPrefix(got, "hdr:#") {
+		t.Errorf("a 100 KB session header gives key %d bytes long (%.20q)", len(got), got)
+	}
 	h = http.Header{"Session_id": {"codex-1"}}
 	if got := k(h, turn1); got != "hdr:codex-1" {
 		t.Errorf("Codex's session_id header: %q", got)
