@@ -60,10 +60,3 @@ func (*App) RememberAffinity(model, key, channel string, ttl time.Duration, now 
 	}
 	affinity.m[k] = affinityEntry{channel: channel, expires: now.Add(ttl)}
 }
-
-// affinityEntries is the table's size, for tests.
-func affinityEntries() int {
-	affinity.Lock()
-	defer affinity.Unlock()
-	return len(affinity.m)
-}

@@ -54,11 +54,9 @@ func ConversationKey(h http.Header, body []byte) string {
 	if err != nil {
 		return ""
 	}
-	if s := jsonscan.StringValue(pck); len(s) > 0 {
-		var k string
-		if json.Unmarshal(pck, &k) == nil && k != "" {
-			return bounded("pck:", k)
-		}
+	var k string
+	if pck != nil && json.Unmarshal(pck, &k) == nil && k != "" {
+		return bounded("pck:", k)
 	}
 	for _, name := range sessionHeaders {
 		if v := h.Get(name); v != "" {
