@@ -43,6 +43,23 @@ func outputTokens(m *provider.Meter) int64 {
 	return m.DeliveredTokens()
 }
 
+// reportedInput is the input the upstream reported for an attempt, every
+// cache class included, and the part of it read from the prompt cache;
+// 0, 0 without a meter or a reported input. The total is the classes'
+// sum, as input_tokens_total counts them, so the cache-read share never
+// exceeds 1 whatever an upstream reported.
+func reportedInput(m *provider.Meter) (all, cacheRead int64) {
+	if m == nil {
+		return 0, 0
+	}
+	u := m.Usage()
+	if !u.InputKnown {
+		return 0, 0
+	}
+	cacheRead = max(u.CacheRead, 0)
+	return u.PlainInput() + cacheRead + max(u.CacheWrite, 0) + max(u.CacheWrite1h, 0), cacheRead
+}
+
 // recordHistory adds one attempt of real traffic to the history. ttft is
 // its time to first content; 0 when it committed nothing.
 func (e *Engine) recordHistory(x *exchange, ch *Channel, res attemptResult, outcome reason, status int, ttft time.Duration) {
@@ -51,6 +68,7 @@ func (e *Engine) recordHistory(x *exchange, ch *Channel, res attemptResult, outc
 		return
 	}
 	at := history.Attempt{At: time.Now(), Model: x.req.Model, Channel: ch.Name, Class: class, Status: status, TTFT: ttft, OutputTokens: outputTokens(x.meter)}
+	at.InputTokens, at.CacheReadTokens = reportedInput(x.meter)
 	if res.fail != nil {
 		at.Reason = string(res.fail.reason)
 	} else if res.verdict == passed {
@@ -65,6 +83,7 @@ func (e *Engine) recordHistory(x *exchange, ch *Channel, res attemptResult, outc
 // says nothing.
 func (e *Engine) recordServed(x *exchange, res attemptResult) {
 	q := history.Attempt{At: time.Now(), Model: x.req.Model, Class: history.Success, OutputTokens: outputTokens(x.meter)}
+	q.InputTokens, q.CacheReadTokens = reportedInput(x.meter)
 	if !x.committedAt.IsZero() {
 		q.TTFT = x.committedAt.Sub(x.start)
 	}

@@ -85,6 +85,13 @@ type WindowView struct {
 	TTFTp50      int64   `json:"ttft_p50_ms"`
 	TTFTp95      int64   `json:"ttft_p95_ms"`
 	OutputTokens int64   `json:"output_tokens"`
+	// InputTokens is the input the upstreams reported, every cache class
+	// included, and CacheReadTokens the part read from their prompt
+	// caches; CacheReadShare is the second over the first, absent (nil)
+	// without input tokens: no share is known, which is not 0.
+	InputTokens     int64    `json:"input_tokens"`
+	CacheReadTokens int64    `json:"cache_read_tokens"`
+	CacheReadShare  *float64 `json:"cache_read_share,omitempty"`
 }
 
 type BarView struct {
@@ -121,11 +128,15 @@ type IncidentView struct {
 }
 
 func windowOf(c history.Counts) WindowView {
-	return WindowView{
+	w := WindowView{
 		Attempts: c.Attempts, Successes: c.Successes, Down: c.Down, Limited: c.Limited, Client: c.Client,
 		SuccessRate: c.SuccessRate(), TTFTp50: c.TTFT.Quantile(0.5).Milliseconds(), TTFTp95: c.TTFT.Quantile(0.95).Milliseconds(),
-		OutputTokens: c.OutputTokens,
+		OutputTokens: c.OutputTokens, InputTokens: c.InputTokens, CacheReadTokens: c.CacheReadTokens,
 	}
+	if share, ok := c.CacheReadShare(); ok {
+		w.CacheReadShare = &share
+	}
+	return w
 }
 
 func barsOf(bars []history.Bar) []BarView {

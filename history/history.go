@@ -56,6 +56,11 @@ type Attempt struct {
 	// TTFT is the time to first content; 0 when the attempt delivered none.
 	TTFT         time.Duration
 	OutputTokens int64
+	// InputTokens is all the input the upstream reported, every cache
+	// class included, and CacheReadTokens the part of it read from the
+	// provider's prompt cache; both 0 when it reported none.
+	InputTokens     int64
+	CacheReadTokens int64
 }
 
 // Counts are the outcomes of some attempts.
@@ -66,7 +71,10 @@ type Counts struct {
 	Limited      int64
 	Client       int64
 	OutputTokens int64
-	TTFT         Sketch
+	// InputTokens and CacheReadTokens sum the attempts' (Attempt).
+	InputTokens     int64
+	CacheReadTokens int64
+	TTFT            Sketch
 }
 
 func (c *Counts) add(a Attempt) {
@@ -82,6 +90,8 @@ func (c *Counts) add(a Attempt) {
 		c.Client++
 	}
 	c.OutputTokens += a.OutputTokens
+	c.InputTokens += a.InputTokens
+	c.CacheReadTokens += a.CacheReadTokens
 	if a.TTFT > 0 {
 		c.TTFT.Observe(a.TTFT)
 	}
@@ -95,6 +105,8 @@ func (c *Counts) Merge(o *Counts) {
 	c.Limited += o.Limited
 	c.Client += o.Client
 	c.OutputTokens += o.OutputTokens
+	c.InputTokens += o.InputTokens
+	c.CacheReadTokens += o.CacheReadTokens
 	c.TTFT.Merge(&o.TTFT)
 }
 
@@ -106,6 +118,15 @@ func (c *Counts) SuccessRate() float64 {
 		return 1
 	}
 	return float64(c.Successes) / float64(judged)
+}
+
+// CacheReadShare is the cache-read tokens over all input tokens, at most
+// 1; false with no input tokens, where no share is known.
+func (c *Counts) CacheReadShare() (float64, bool) {
+	if c.InputTokens <= 0 {
+		return 0, false
+	}
+	return min(float64(max(c.CacheReadTokens, 0))/float64(c.InputTokens), 1), true
 }
 
 // A channel's attempts, or a model's requests, are failing when at least

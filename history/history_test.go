@@ -137,6 +137,59 @@ func TestModelIsWhatClientsGot(t *testing.T) {
 	}
 }
 
+// Input and cache-read tokens add up like output tokens: per series, in
+// every rollup, and through a store's deltas; the share is only known
+// with input.
+func TestInputAndCacheReadTokensSum(t *testing.T) {
+	r := NewRecorder()
+	r.Track(true)
+	for i, a := range []Attempt{
+		{Model: "m", Channel: "a", Class: Success, InputTokens: 1000, CacheReadTokens: 600, OutputTokens: 10},
+		{Model: "m", Channel: "a", Class: Success, InputTokens: 500, CacheReadTokens: 0, OutputTokens: 5},
+		{Model: "m", Channel: "a", Class: Down, Reason: "status", Status: 500},
+		{Model: "m", Channel: "b", Class: Success},
+	} {
+		a.At = t0.Add(time.Duration(i) * time.Minute) // across midnight
+		r.Record(a)
+		r.Served(a)
+	}
+	now := t0.Add(3 * time.Minute)
+	check := func(what string, c Counts) {
+		t.Helper()
+		if c.InputTokens != 1500 || c.CacheReadTokens != 600 || c.OutputTokens != 15 {
+			t.Errorf("%s: input %d, cache read %d, output %d; want 1500, 600, 15", what, c.InputTokens, c.CacheReadTokens, c.OutputTokens)
+		}
+		if share, ok := c.CacheReadShare(); !ok || share != 0.4 {
+			t.Errorf("%s: share %v %v, want 0.4", what, share, ok)
+		}
+	}
+	for _, d := range []time.Duration{5 * time.Minute, 24 * time.Hour, 7 * 24 * time.Hour} {
+		check("channel a "+d.String(), r.Channel("a", now, d).Windows[d])
+		check("model m "+d.String(), r.Model("m", now, d).Windows[d])
+	}
+	if c := r.Channel("b", now, time.Hour).Windows[time.Hour]; c.InputTokens != 0 || c.CacheReadTokens != 0 {
+		t.Errorf("channel b: %+v", c)
+	} else if share, ok := c.CacheReadShare(); ok || share != 0 {
+		t.Errorf("channel b: share %v %v with no input, want none", share, ok)
+	}
+	// Through a store: the deltas, added to another recorder, keep them.
+	other := NewRecorder()
+	for _, d := range r.TakeChanges() {
+		other.AddDelta(d)
+	}
+	check("from deltas", other.Channel("a", now, time.Hour).Windows[time.Hour])
+	var sum Counts
+	for _, b := range other.Channel("a", now).Hourly {
+		sum.Merge(&b.Counts)
+	}
+	check("hour bars", sum)
+	// Inconsistent reports never make a share above 1.
+	odd := Counts{InputTokens: 10, CacheReadTokens: 15}
+	if share, ok := odd.CacheReadShare(); !ok || share != 1 {
+		t.Errorf("share %v %v, want 1", share, ok)
+	}
+}
+
 // A model's clients failing: since the first failure the window holds
 // (to the minute), and recovered when the failures left the window.
 func TestModelFailingSinceAndRecovered(t *testing.T) {

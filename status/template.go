@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"html/template"
 	"io"
+	"math"
 	"strings"
 	"time"
 
@@ -67,6 +68,23 @@ func percent(rate float64, attempts int64) string {
 	return fmt.Sprintf("%.2f%%", 100*rate)
 }
 
+// cacheReads is a window's cache-read share as a whole percent, "" when
+// it has no input tokens (no share is known, which is not 0 %). A share
+// that rounds to 0 or 100 without being it reads "<1 %" or ">99 %".
+func cacheReads(w failoverapp.WindowView) string {
+	if w.CacheReadShare == nil || w.InputTokens <= 0 {
+		return ""
+	}
+	p := 100 * *w.CacheReadShare
+	switch {
+	case p > 0 && p < 0.5:
+		return "<1 %"
+	case p < 100 && p >= 99.5:
+		return ">99 %"
+	}
+	return fmt.Sprintf("%d %%", int(math.Round(p)))
+}
+
 func ago(now, t time.Time) string {
 	if t.IsZero() {
 		return ""
@@ -102,6 +120,7 @@ var statusLabels = map[string]string{
 var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap{
 	"bars":    bars,
 	"percent": percent,
+	"cache":   cacheReads,
 	"ago":     ago,
 	"span":    span,
 	"label":   func(s string) string { return statusLabels[s] },
@@ -154,7 +173,8 @@ footer{color:var(--mute);font-size:12px;margin:18px 0}
 <div class="head"><h2>{{.Name}}</h2><span><span class="pill p-{{.Status}}">{{label .Status}}</span> <span class="mute">since {{ts .Since}} ({{ago $now .Since}})</span></span></div>
 <div class="mute">What clients got: requests answered in full, or failed after every channel was tried.</div>
 <div class="kv">{{$m := .}}{{range $k := $.V.WindowKeys}}{{$w := win $m.Windows $k}}<div><span>requests ok {{$k}}</span>{{percent $w.SuccessRate $w.Attempts}} <span>{{$w.Attempts}} requests · {{$w.Down}} failed · {{$w.Limited}} limited</span></div>{{end}}
-{{$d := win .Windows "1h"}}<div><span>first content 1h p50 / p95</span>{{ms $d.TTFTp50}} / {{ms $d.TTFTp95}}</div></div>
+{{$d := win .Windows "1h"}}<div><span>first content 1h p50 / p95</span>{{ms $d.TTFTp50}} / {{ms $d.TTFTp95}}</div>
+{{with cache $d}}<div><span>cache reads 1h</span>{{.}} <span>of {{$d.InputTokens}} input tokens</span></div>{{end}}</div>
 <div class="mute">Last 90 days</div>{{bars .Daily "2006-01-02" "requests"}}<div class="axis"><span>90 days ago</span><span>today</span></div>
 <div class="mute">Last 48 hours</div>{{bars .Hourly "Jan 2 15:00 UTC" "requests"}}<div class="axis"><span>48 h ago</span><span>now</span></div>
 {{if .Channels}}<div class="mute">Its channels, by upstream attempt: a failed attempt fails over to the next channel, so it is not a failed request.</div>{{end}}
@@ -164,6 +184,7 @@ footer{color:var(--mute);font-size:12px;margin:18px 0}
 <div class="mute">The gateway is {{.Doing}}{{if not .Until.IsZero}} until {{ts .Until}}{{end}}.</div>
 <div class="kv">{{$c := .}}{{range $k := $.V.WindowKeys}}{{$w := win $c.Windows $k}}<div><span>attempts ok {{$k}}</span>{{percent $w.SuccessRate $w.Attempts}} <span>{{$w.Attempts}} att · {{$w.Down}} down · {{$w.Limited}} limited · {{$w.Client}} client</span></div>{{end}}
 {{$d := win .Windows "1h"}}<div><span>first content 1h p50 / p95</span>{{ms $d.TTFTp50}} / {{ms $d.TTFTp95}}</div>
+{{with cache $d}}<div><span>cache reads 1h</span>{{.}} <span>of {{$d.InputTokens}} input tokens</span></div>{{end}}
 <div><span>last failure</span>{{with .LastFailure}}<a href="{{.Runbook}}">{{.Reason}}</a>{{if .Status}} {{.Status}}{{end}} <span>{{ts .At}} ({{ago $now .At}})</span>{{else}}none{{end}}</div>
 {{with .Probes}}<div><span>synthetic checks (not traffic)</span>{{if .LastAt.IsZero}}none sent{{else}}last {{.LastResult}}{{if .LastReason}} ({{.LastReason}}){{end}}{{end}} <span>{{if not .LastAt.IsZero}}{{ago $now .LastAt}} · {{end}}spent today ${{.SpentToday}}{{if .BudgetStopped}} · the budget left cannot cover another probe: stopped for today{{end}}</span></div>{{end}}</div>
 {{bars .Daily "2006-01-02" "attempts"}}<div class="axis"><span>90 days</span><span>today</span></div>

@@ -24,7 +24,7 @@ const DecisionsReach = 7 * 24 * time.Hour
 
 // counterColumns are a bucket's counters after its key; then one column
 // per latency sketch bucket.
-var counterColumns = []string{"attempts", "successes", "down", "limited", "client", "output_tokens"}
+var counterColumns = []string{"attempts", "successes", "down", "limited", "client", "output_tokens", "input_tokens", "cache_read_tokens"}
 
 func sketchColumn(i int) string { return fmt.Sprintf("ttft_b%d", i) }
 
@@ -140,16 +140,18 @@ func migrate(ctx context.Context, db *sql.DB, columnExists string, prelude ...st
 	}
 	// Added after the first release: stores created before them lack
 	// them.
-	for _, col := range []struct{ name, def string }{
-		{"delivered_tokens", "BIGINT NOT NULL DEFAULT 0"},
-		{"form", "TEXT NOT NULL DEFAULT ''"},
+	for _, col := range []struct{ table, name, def string }{
+		{"llmf_decisions", "delivered_tokens", "BIGINT NOT NULL DEFAULT 0"},
+		{"llmf_decisions", "form", "TEXT NOT NULL DEFAULT ''"},
+		{"llmf_history_buckets", "input_tokens", "BIGINT NOT NULL DEFAULT 0"},
+		{"llmf_history_buckets", "cache_read_tokens", "BIGINT NOT NULL DEFAULT 0"},
 	} {
 		var n int
-		if err := tx.QueryRowContext(ctx, columnExists, "llmf_decisions", col.name).Scan(&n); err != nil {
+		if err := tx.QueryRowContext(ctx, columnExists, col.table, col.name).Scan(&n); err != nil {
 			return fmt.Errorf("migrating the history schema: %w", err)
 		}
 		if n == 0 {
-			if _, err := tx.ExecContext(ctx, "ALTER TABLE llmf_decisions ADD COLUMN "+col.name+" "+col.def); err != nil {
+			if _, err := tx.ExecContext(ctx, "ALTER TABLE "+col.table+" ADD COLUMN "+col.name+" "+col.def); err != nil {
 				return fmt.Errorf("migrating the history schema: %w", err)
 			}
 		}
@@ -179,7 +181,7 @@ func (s *Store) Flush(ctx context.Context, deltas []history.Delta, decisions []j
 		args := make([]any, 0, 4+len(counterColumns)+history.SketchBuckets)
 		for _, d := range deltas {
 			args = append(args[:0], string(d.Res), d.Start, d.Scope, d.Name,
-				d.Attempts, d.Successes, d.Down, d.Limited, d.Client, d.OutputTokens)
+				d.Attempts, d.Successes, d.Down, d.Limited, d.Client, d.OutputTokens, d.InputTokens, d.CacheReadTokens)
 			for i := range history.SketchBuckets {
 				args = append(args, int64(d.TTFT.Bucket(i)))
 			}
@@ -241,6 +243,7 @@ func (s *Store) readBuckets(ctx context.Context, q string, res history.Resolutio
 		}
 		d.Res = history.Resolution(r)
 		d.Attempts, d.Successes, d.Down, d.Limited, d.Client, d.OutputTokens = vals[0], vals[1], vals[2], vals[3], vals[4], vals[5]
+		d.InputTokens, d.CacheReadTokens = vals[6], vals[7]
 		for i, n := range vals[len(counterColumns):] {
 			d.TTFT.AddBucket(i, uint32(min(max(n, 0), 1<<32-1)))
 		}

@@ -2,9 +2,13 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/llmfailover/caddy-llm-failover/history"
 	"github.com/llmfailover/caddy-llm-failover/internal/pgtest"
@@ -55,12 +59,14 @@ func fleet(t *testing.T, s *Store) *history.Recorder {
 func testStore(t *testing.T, open func() *Store) {
 	s := open()
 	a := []history.Attempt{
-		{At: now.Add(-2 * time.Minute), Model: "m", Channel: "a", Class: history.Success, TTFT: 300 * time.Millisecond, OutputTokens: 7},
+		{At: now.Add(-2 * time.Minute), Model: "m", Channel: "a", Class: history.Success, TTFT: 300 * time.Millisecond, OutputTokens: 7,
+			InputTokens: 1000, CacheReadTokens: 800},
 		{At: now.Add(-30 * time.Hour), Model: "m", Channel: "a", Class: history.Down, Reason: "status", Status: 503},
 		{At: now, Model: "m", Channel: "b", Class: history.Limited, Reason: "status", Status: 429},
 	}
 	b := []history.Attempt{
-		{At: now.Add(-2 * time.Minute), Model: "m", Channel: "a", Class: history.Success, TTFT: 3 * time.Second, OutputTokens: 5},
+		{At: now.Add(-2 * time.Minute), Model: "m", Channel: "a", Class: history.Success, TTFT: 3 * time.Second, OutputTokens: 5,
+			InputTokens: 200},
 		{At: now, Model: "m", Channel: "a", Class: history.Client, Reason: "status", Status: 400},
 	}
 	d := journal.Decision{At: now, RequestID: "r1", Model: "m", Channel: "a", Attempt: 1, Reason: "status", UpstreamStatus: 503,
@@ -69,7 +75,8 @@ func testStore(t *testing.T, open func() *Store) {
 	instance(t, s, b, nil)
 
 	v := fleet(t, s).Channel("a", now, 5*time.Minute, 48*time.Hour)
-	if c := v.Windows[5*time.Minute]; c.Attempts != 3 || c.Successes != 2 || c.Client != 1 || c.OutputTokens != 12 || c.TTFT.Count() != 2 {
+	if c := v.Windows[5*time.Minute]; c.Attempts != 3 || c.Successes != 2 || c.Client != 1 || c.OutputTokens != 12 || c.TTFT.Count() != 2 ||
+		c.InputTokens != 1200 || c.CacheReadTokens != 800 {
 		t.Fatalf("5m of the two instances: %+v", c)
 	}
 	if c := v.Windows[48*time.Hour]; c.Attempts != 4 || c.Down != 1 {
@@ -79,7 +86,8 @@ func testStore(t *testing.T, open func() *Store) {
 	if p95 := w5.TTFT.Quantile(0.95); p95 < 3*time.Second {
 		t.Fatalf("p95 %v lost the slow instance's sketch", p95)
 	}
-	if c := fleet(t, s).Model("m", now, 5*time.Minute).Windows[5*time.Minute]; c.Attempts != 4 || c.Limited != 1 {
+	if c := fleet(t, s).Model("m", now, 5*time.Minute).Windows[5*time.Minute]; c.Attempts != 4 || c.Limited != 1 ||
+		c.InputTokens != 1200 || c.CacheReadTokens != 800 {
 		t.Fatalf("model 5m: %+v", c)
 	}
 
@@ -89,7 +97,7 @@ func testStore(t *testing.T, open func() *Store) {
 	}
 	s = open()
 	defer s.Close()
-	if c := fleet(t, s).Channel("a", now, 5*time.Minute).Windows[5*time.Minute]; c.Attempts != 3 {
+	if c := fleet(t, s).Channel("a", now, 5*time.Minute).Windows[5*time.Minute]; c.Attempts != 3 || c.InputTokens != 1200 || c.CacheReadTokens != 800 {
 		t.Fatalf("after reopening: %+v", c)
 	}
 	got, err := s.Decisions(context.Background(), 10)
@@ -164,6 +172,86 @@ func TestSQLiteStoreMigratesDecisions(t *testing.T) {
 			t.Fatalf("decisions %+v, %v", got, err)
 		}
 	}
+}
+
+// oldBuckets is llmf_history_buckets as created before input_tokens and
+// cache_read_tokens, with one minute bucket of channel a at now: two
+// successes, 9 output tokens.
+func oldBuckets() []string {
+	cols := []string{"attempts", "successes", "down", "limited", "client", "output_tokens"}
+	for i := range history.SketchBuckets {
+		cols = append(cols, sketchColumn(i))
+	}
+	start := now.Unix() - now.Unix()%60
+	return []string{
+		`CREATE TABLE llmf_history_buckets (res TEXT NOT NULL, start BIGINT NOT NULL, scope TEXT NOT NULL, name TEXT NOT NULL, ` +
+			strings.Join(cols, " BIGINT NOT NULL DEFAULT 0, ") + ` BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (res, start, scope, name))`,
+		fmt.Sprintf(`INSERT INTO llmf_history_buckets (res, start, scope, name, attempts, successes, output_tokens) VALUES ('m', %d, 'channel', 'a', 2, 2, 9)`, start),
+	}
+}
+
+// testMigratesBuckets opens a store whose buckets table oldBuckets made,
+// twice (the second open finds the columns there): the old bucket reads
+// with no input tokens, and a flush adds them to it.
+func testMigratesBuckets(t *testing.T, open func() *Store) {
+	for i := range 2 {
+		s := open()
+		if i == 0 {
+			if c := fleet(t, s).Channel("a", now, time.Minute).Windows[time.Minute]; c.Attempts != 2 || c.OutputTokens != 9 || c.InputTokens != 0 || c.CacheReadTokens != 0 {
+				t.Fatalf("old bucket: %+v", c)
+			}
+			instance(t, s, []history.Attempt{{At: now, Model: "m", Channel: "a", Class: history.Success, InputTokens: 100, CacheReadTokens: 40}}, nil)
+		}
+		c := fleet(t, s).Channel("a", now, time.Minute).Windows[time.Minute]
+		s.Close()
+		if c.Attempts != 3 || c.OutputTokens != 9 || c.InputTokens != 100 || c.CacheReadTokens != 40 {
+			t.Fatalf("open %d: %+v", i+1, c)
+		}
+	}
+}
+
+// A store created before buckets had input_tokens and cache_read_tokens
+// gains the columns when opened, and keeps its rows.
+func TestSQLiteStoreMigratesBuckets(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "old.db")
+	db, err := sqlitefile.Open(path, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range oldBuckets() {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+	testMigratesBuckets(t, func() *Store {
+		s, err := OpenSQLite(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	})
+}
+
+func TestPostgresStoreMigratesBuckets(t *testing.T) {
+	dsn := pgtest.FreshDSN(t)
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range oldBuckets() {
+		if _, err := conn.Exec(context.Background(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn.Close(context.Background())
+	testMigratesBuckets(t, func() *Store {
+		s, err := OpenPostgres(context.Background(), dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	})
 }
 
 func TestPostgresStore(t *testing.T) {
