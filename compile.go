@@ -1,6 +1,7 @@
 package llmfailover
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -311,12 +312,20 @@ func compileModel(h *Handler, m *Model, index map[string]int, channels []*failov
 		}
 	}
 	pm.Charge = make(map[string]failover.ChargePrice, len(m.Routes))
-	for _, r := range m.Routes {
-		p, defaulted, err := chargePrice(pm.Price, []*Price{m.Price, r.Cost}, channels[index[r.Channel]], r.UpstreamModel)
+	pm.Cost = make(map[string]wallet.Price, len(m.Routes))
+	for i, r := range m.Routes {
+		// The provider's rates depend on the model it serves, which is
+		// the client's name for it unless the route renames it.
+		ch, upstream := channels[index[r.Channel]], cmp.Or(r.UpstreamModel, m.Name)
+		p, defaulted, err := chargePrice(pm.Price, []*Price{m.Price, r.Cost}, ch, upstream)
 		if err != nil {
 			return nil, mistake(routeKey(m.Name, r.Channel), "model %q: route %s: %w", m.Name, r.Channel, err)
 		}
 		pm.Charge[r.Channel] = failover.ChargePrice{Price: p, Defaulted: defaulted}
+		cost := wallet.Price{Input: wallet.Micros(routes[i].InputCost), Output: wallet.Micros(routes[i].OutputCost)}
+		if pm.Cost[r.Channel], _, err = chargePrice(cost, []*Price{r.Cost}, ch, upstream); err != nil {
+			return nil, mistake(routeKey(m.Name, r.Channel), "model %q: route %s: cost: %w", m.Name, r.Channel, err)
+		}
 		// A request that writes the cache is reserved at the dearest
 		// route's write prices.
 		pm.Price.CacheWrite = max(pm.Price.CacheWrite, p.CacheWrite)

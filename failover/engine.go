@@ -58,6 +58,11 @@ type Model struct {
 	// channel, prompt-cache classes included.
 	Price  wallet.Price
 	Charge map[string]ChargePrice
+	// Cost, per channel name, is what an answer of that route costs the
+	// operator, prompt-cache classes included (its provider's default
+	// rates where the route's cost names none): how cache affinity
+	// prices a warm channel against the chain's first (affinity.go).
+	Cost map[string]wallet.Price
 	// MaxOutput and MaxInput bound, for the wallet, the output of a
 	// request that sets no limit and the input stored upstream.
 	MaxOutput, MaxInput int64

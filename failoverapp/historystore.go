@@ -169,9 +169,13 @@ type historyHolder struct {
 	state   *statusState
 	logger  *zap.Logger
 	job     *jobs.Job
-	stop    chan struct{}
-	done    chan struct{}
-	runs    int
+	// remote: the store is the fleet's, and so is the cache-affinity
+	// table in it (affinity.go); pins are what waits to be written there.
+	remote bool
+	pins   pinQueue
+	stop   chan struct{}
+	done   chan struct{}
+	runs   int
 }
 
 // startHistory opens the config's history store (in Start, so that
@@ -186,7 +190,8 @@ func (a *App) startHistory() error {
 	key := a.history.PoolKey()
 	v, _, err := historyStores.LoadOrNew(key, func() (caddy.Destructor, error) {
 		h := &historyHolder{state: a.status, logger: a.logger.Named("history"),
-			job:  caddykit.Jobs.Job(HistoryFlushJob, historyFlushEvery),
+			job:    caddykit.Jobs.Job(HistoryFlushJob, historyFlushEvery),
+			remote: a.history.Remote(), pins: newPinQueue(),
 			stop: make(chan struct{}), done: make(chan struct{})}
 		if err := h.connect(a.history); err != nil {
 			return nil, err
@@ -270,7 +275,9 @@ func (a *App) releaseHistory() {
 	}
 }
 
-// flusher runs the flush job every historyFlushEvery until Destruct.
+// flusher runs the flush job every historyFlushEvery until Destruct, and
+// writes cache-affinity pins as they come: a conversation's next turn may
+// reach another instance within a second.
 func (h *historyHolder) flusher() {
 	defer close(h.done)
 	t := time.NewTicker(historyFlushEvery)
@@ -281,6 +288,8 @@ func (h *historyHolder) flusher() {
 			return
 		case <-t.C:
 			h.flushRecovering()
+		case <-h.pins.wake:
+			h.writePinsNow()
 		}
 	}
 }
@@ -321,12 +330,20 @@ func (h *historyHolder) flush(ctx context.Context) (jobs.Summary, error) {
 		st.journal.PutBack(decisions)
 		return "", err
 	}
+	pins, err := h.writePins(ctx)
+	if err != nil {
+		return "", err
+	}
 	if h.runs++; h.runs%pruneEvery == 1 {
 		if err := db.Prune(ctx, now); err != nil {
 			return "", err
 		}
 	}
-	return jobs.Summary(fmt.Sprintf("flushed %d bucket(s), %d decision(s)", len(deltas), len(decisions))), nil
+	summary := fmt.Sprintf("flushed %d bucket(s), %d decision(s)", len(deltas), len(decisions))
+	if pins > 0 {
+		summary += fmt.Sprintf(", %d affinity pin(s)", pins)
+	}
+	return jobs.Summary(summary), nil
 }
 
 // Destruct stops the flush job, flushes once more and closes the store,

@@ -158,27 +158,38 @@ func TestCacheAffinityKeepsConversationsWarm(t *testing.T) {
 	}
 }
 
-// A conversation pinned to a channel that fails moves at once, and stays
-// on the channel that served it after the first one recovers; each turn
-// sent to it ahead of the chain's choice is journaled.
+// A conversation pinned to a channel that fails moves at once. Under the
+// cost policy it then stays on the channel that served it after the first
+// one recovers as long as its cache makes it the cheaper for the turn
+// (b at 1.5 times a's price, its cached prompt read at half that), and
+// goes back once it does not (b at 10 times); each turn sent to b ahead
+// of the chain's choice is journaled.
 func TestCacheAffinityMovesWithFailover(t *testing.T) {
-	a, b := newCachingChannel(), newCachingChannel()
-	// Cheapest first: the chain always tries a first, so every turn that
-	// goes to b first goes there by affinity.
-	gateway(t, strings.Replace(affinityChannels, "policy weighted\n\t\t\troute a\n\t\t\troute b", "route a cost 1 1\n\t\t\troute b cost 2 2", 1),
-		upstream(t, a).URL, upstream(t, b).URL)
-	journaled := affinityToB(t)
-	turn := 0
-	conversationTurns(t, "moving", 1, 6, func(int) {
-		turn++
-		a.failing.Store(turn == 3) // a fails once: the third turn goes to b
-	})
-	if a.served.Load() != 2 || b.served.Load() != 4 {
-		t.Fatalf("a served %d, b served %d; want the first two turns on a and the rest on b", a.served.Load(), b.served.Load())
-	}
-	// The last three turns went to b ahead of the chain's a.
-	if got := affinityToB(t) - journaled; got != 3 {
-		t.Errorf("%d cache_affinity decisions sent a turn to b ahead of a, want 3", got)
+	for _, tt := range []struct {
+		name, bCost string
+		// aTurns are the turns a serves of six; the third fails on a.
+		aTurns, bTurns, journaled int64
+	}{
+		{"warm b is cheaper", "1.5 1.5", 2, 4, 3},
+		{"cold a is cheaper", "10 10", 5, 1, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			a, b := newCachingChannel(), newCachingChannel()
+			gateway(t, strings.Replace(affinityChannels, "policy weighted\n\t\t\troute a\n\t\t\troute b", "route a cost 1 1\n\t\t\troute b cost "+tt.bCost, 1),
+				upstream(t, a).URL, upstream(t, b).URL)
+			journaled := affinityToB(t)
+			turn := 0
+			conversationTurns(t, "moving "+tt.name, 1, 6, func(int) {
+				turn++
+				a.failing.Store(turn == 3) // a fails once: the third turn goes to b
+			})
+			if a.served.Load() != tt.aTurns || b.served.Load() != tt.bTurns {
+				t.Fatalf("a served %d, b served %d; want %d and %d", a.served.Load(), b.served.Load(), tt.aTurns, tt.bTurns)
+			}
+			if got := affinityToB(t) - journaled; got != int(tt.journaled) {
+				t.Errorf("%d cache_affinity decisions sent a turn to b ahead of a, want %d", got, tt.journaled)
+			}
+		})
 	}
 }
 

@@ -14,8 +14,13 @@ import (
 
 // CacheRates are default prompt-cache prices in thousandths of the plain
 // input price: Read for cache reads, Write and Write1h for writes kept 5
-// minutes and an hour.
-type CacheRates struct{ Read, Write, Write1h int64 }
+// minutes and an hour. Implicit: the provider caches every long prompt
+// unasked (OpenAI, Gemini), so a served prompt is cached for the next
+// turn; Claude caches only what a cache_control marker names.
+type CacheRates struct {
+	Read, Write, Write1h int64
+	Implicit             bool
+}
 
 // CachePricer is implemented by adapters whose provider discounts cached
 // input; upstreamModel matters where one provider hosts several families.
@@ -30,10 +35,10 @@ var (
 	// OpenAI-style hosts: cached_tokens at the smallest discount of
 	// OpenAI's models (0.5x; newer ones bill 0.25x or 0.1x); hosts that
 	// report Anthropic-style writes bill them like Anthropic.
-	openAICacheRates = CacheRates{Read: 500, Write: 1250, Write1h: 2000}
+	openAICacheRates = CacheRates{Read: 500, Write: 1250, Write1h: 2000, Implicit: true}
 	// Gemini: implicit cache hits at 0.25x (2.0 models; 2.5 and later
 	// bill less).
-	geminiCacheRates = CacheRates{Read: 250, Write: 1250, Write1h: 2000}
+	geminiCacheRates = CacheRates{Read: 250, Write: 1250, Write1h: 2000, Implicit: true}
 )
 
 // CacheRates: Claude's.

@@ -51,7 +51,9 @@ func OpenPostgres(ctx context.Context, dsn string) (*Store, error) {
 	if _, set := cfg.ConnConfig.RuntimeParams["lock_timeout"]; !set {
 		cfg.ConnConfig.RuntimeParams["lock_timeout"] = "5000"
 	}
-	cfg.MaxConns = 2
+	// The flush job, a page read and cache-affinity lookups on the request
+	// path (affinity.go), which must not queue behind either.
+	cfg.MaxConns = 4
 	ctx, cancel := context.WithTimeout(ctx, openTimeout)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)

@@ -1,4 +1,5 @@
-// Package store keeps the status history and the decision journal in SQL
+// Package store keeps the status history, the decision journal and the
+// cache-affinity table (affinity.go) in SQL
 // (SQLite or PostgreSQL) so they survive restarts and, on PostgreSQL, add
 // up across instances: each instance flushes what its buckets gained
 // (history.Delta) and the store adds it to the row of that (resolution,
@@ -66,6 +67,7 @@ func schema() []string {
 		form TEXT NOT NULL DEFAULT ''
 	)`,
 		`CREATE INDEX IF NOT EXISTS llmf_decisions_at ON llmf_decisions (at)`,
+		affinitySchema,
 	}
 }
 
@@ -291,5 +293,5 @@ func (s *Store) Prune(ctx context.Context, now time.Time) error {
 	if _, err := s.db.ExecContext(ctx, "DELETE FROM llmf_decisions WHERE at < "+s.arg(1), now.Add(-DecisionsReach).UnixNano()); err != nil {
 		return fmt.Errorf("pruning decisions: %w", err)
 	}
-	return nil
+	return s.pruneAffinity(ctx, now)
 }
