@@ -37,6 +37,9 @@ type Meter struct {
 	u      Usage
 	// content estimates the tokens of the content delivered so far.
 	content TokenEstimator
+	// describing: read what the answer says of itself (telemetry.go).
+	describing bool
+	described  Described
 }
 
 // NewMeter returns a Meter for answers of the API.
@@ -71,6 +74,9 @@ func (m *Meter) Event(ev streamgate.Event) {
 	if bytes.Contains(ev.Data, usageKey) {
 		m.format.event(&m.u, ev.Name, ev.Data)
 	}
+	if m.describing {
+		m.describe(ev.Data)
+	}
 }
 
 // Body feeds a complete non-streaming JSON response body.
@@ -84,6 +90,9 @@ func (m *Meter) Body(body []byte) {
 	}
 	if !m.Usage().OutputKnown {
 		m.format.content.feed(&m.content, body)
+	}
+	if m.describing {
+		m.describe(body)
 	}
 }
 

@@ -256,6 +256,9 @@ type Result struct {
 	// Committed is true once Downstream.Commit was called: the client has
 	// (or may have) seen the response, so it must not be retried.
 	Committed bool
+	// CommittedAtGate: the gate committed because GateTimeout passed with
+	// nothing decisive, not because content came.
+	CommittedAtGate bool
 	// ErrorData is a copy of the error event's data (UpstreamError), for
 	// logs and for the caller's error body.
 	ErrorData []byte
@@ -308,17 +311,19 @@ type relay struct {
 	committed   bool
 	done        bool
 	gateExpired bool
-	oversized   bool
-	stalled     bool
-	clientGone  bool
-	gate        *time.Timer
-	idle        *time.Timer
-	stall       *time.Timer
-	committedAt int64         // ns since start +1; set with stall
-	noContent   time.Duration // stalled for want of content, after this long
-	held        []byte
-	werr        error
-	sent        int64
+	// gateCommitted: onGate committed (GateFailover off).
+	gateCommitted bool
+	oversized     bool
+	stalled       bool
+	clientGone    bool
+	gate          *time.Timer
+	idle          *time.Timer
+	stall         *time.Timer
+	committedAt   int64         // ns since start +1; set with stall
+	noContent     time.Duration // stalled for want of content, after this long
+	held          []byte
+	werr          error
+	sent          int64
 	// accounted is what opts.Hold was told is held.
 	accounted int64
 
@@ -718,6 +723,7 @@ func (r *relay) onGate() {
 	}
 	// A slow model is not a broken one: let the client see the headers
 	// while the Relay goroutine stays blocked in Read.
+	r.gateCommitted = true
 	r.commitLocked(nil)
 	gone := r.clientGone
 	r.mu.Unlock()
@@ -811,7 +817,7 @@ func (r *relay) finish(readErr error) Result {
 	}
 	r.mu.Unlock()
 
-	res := Result{Committed: r.committed}
+	res := Result{Committed: r.committed, CommittedAtGate: r.gateCommitted}
 	var rerr error
 	if readErr != nil && !errors.Is(readErr, io.EOF) {
 		rerr = fmt.Errorf("streamgate: read upstream: %w", readErr)

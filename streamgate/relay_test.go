@@ -248,7 +248,7 @@ func TestRelaySlowFirstTokenWithinGate(t *testing.T) {
 		u.send(antEv("message_stop", shapes.AntMsgStop))
 		u.close()
 	})
-	if _, body := dst.snapshot(); res.Outcome != Complete || body != u.sentString() {
+	if _, body := dst.snapshot(); res.Outcome != Complete || body != u.sentString() || res.CommittedAtGate {
 		t.Fatalf("res %+v body %q", res, body)
 	}
 }
@@ -268,7 +268,7 @@ func TestRelayGateExpiryCommits(t *testing.T) {
 		u.close()
 	})
 	ops, body := dst.snapshot()
-	if res.Outcome != Complete || !res.Committed || body != u.sentString() {
+	if res.Outcome != Complete || !res.Committed || !res.CommittedAtGate || body != u.sentString() {
 		t.Fatalf("res %+v body %q", res, body)
 	}
 	if ops[0] != "commit" || ops[1] != "write:"+sse(shapes.ChatRole) || ops[2] != "flush" {
