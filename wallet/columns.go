@@ -29,6 +29,8 @@ var addedColumns = []addedColumn{
 	{"ledger", "tokens_cache_read", "BIGINT NOT NULL DEFAULT 0"},
 	{"ledger", "tokens_cache_write", "BIGINT NOT NULL DEFAULT 0"},
 	{"ledger", "tokens_cache_write_1h", "BIGINT NOT NULL DEFAULT 0"},
+	// The OpenTelemetry trace ID of the request, when it was traced.
+	{"ledger", "trace_id", "TEXT NOT NULL DEFAULT ''"},
 }
 
 // addColumns adds the columns of addedColumns a database lacks, inside

@@ -13,12 +13,13 @@ import (
 
 // A renamed model's upstream name reaches the ledger on both the charge
 // and the failed attempt rows, and comes back from Usage; so do a
-// charge's prompt-cache classes.
+// charge's prompt-cache classes and both rows' trace IDs.
 func TestUpstreamModelRecorded(t *testing.T) {
 	forEachStore(t, func(t *testing.T, s Store) {
 		ctx := context.Background()
 		mustAccount(t, s, "acme", 10_000_000)
-		if err := s.RecordAttempt(ctx, Entry{Account: "acme", Model: "claude-sonnet-4-5", UpstreamModel: "claude-sonnet-4-5@20250929", Channel: "google-vertex", RequestID: "r1", Note: "upstream 429"}); err != nil {
+		if err := s.RecordAttempt(ctx, Entry{Account: "acme", Model: "claude-sonnet-4-5", UpstreamModel: "claude-sonnet-4-5@20250929", Channel: "google-vertex", RequestID: "r1", Note: "upstream 429",
+			TraceID: "4bf92f3577b34da6a3ce929d0e0e4736"}); err != nil {
 			t.Fatal(err)
 		}
 		r := Reservation{ID: testReservationID(), Account: "acme", Model: "claude-sonnet-4-5", RequestID: "r1", Amount: 1_000_000}
@@ -26,7 +27,7 @@ func TestUpstreamModelRecorded(t *testing.T) {
 			t.Fatal(err)
 		}
 		if _, err := s.Settle(ctx, r.ID, Entry{Channel: "aws-bedrock", UpstreamModel: "us.anthropic.claude-sonnet-4-5-20250929-v1:0", TokensIn: 10, TokensOut: 5, Cost: 100,
-			TokensCacheRead: 7, TokensCacheWrite: 2, TokensCacheWrite1h: 1}); err != nil {
+			TokensCacheRead: 7, TokensCacheWrite: 2, TokensCacheWrite1h: 1, TraceID: "4bf92f3577b34da6a3ce929d0e0e4737"}); err != nil {
 			t.Fatal(err)
 		}
 		rows, err := s.Usage(ctx, "acme", 0, 0)
@@ -37,22 +38,22 @@ func TestUpstreamModelRecorded(t *testing.T) {
 			t.Fatalf("%d rows: %+v", len(rows), rows)
 		}
 		if e := rows[0]; e.Kind != KindCharge || e.Model != "claude-sonnet-4-5" || e.UpstreamModel != "us.anthropic.claude-sonnet-4-5-20250929-v1:0" ||
-			e.TokensCacheRead != 7 || e.TokensCacheWrite != 2 || e.TokensCacheWrite1h != 1 {
+			e.TokensCacheRead != 7 || e.TokensCacheWrite != 2 || e.TokensCacheWrite1h != 1 || e.TraceID != "4bf92f3577b34da6a3ce929d0e0e4737" {
 			t.Errorf("charge row = %+v", e)
 		}
-		if e := rows[1]; e.Kind != KindFailedAttempt || e.UpstreamModel != "claude-sonnet-4-5@20250929" {
+		if e := rows[1]; e.Kind != KindFailedAttempt || e.UpstreamModel != "claude-sonnet-4-5@20250929" || e.TraceID != "4bf92f3577b34da6a3ce929d0e0e4736" {
 			t.Errorf("attempt row = %+v", e)
 		}
-		if e := rows[2]; e.Kind != KindCredit || e.UpstreamModel != "" {
+		if e := rows[2]; e.Kind != KindCredit || e.UpstreamModel != "" || e.TraceID != "" {
 			t.Errorf("credit row = %+v", e)
 		}
 	})
 }
 
 // A database made by a release without the added columns (upstream_model,
-// the prompt-cache token classes) gains them when a store opens it: its
-// rows stay, with an empty upstream model and no cached tokens, and new
-// rows carry theirs. Opening again changes nothing.
+// the prompt-cache token classes, trace_id) gains them when a store opens
+// it: its rows stay, with an empty upstream model, no cached tokens and no
+// trace, and new rows carry theirs. Opening again changes nothing.
 func TestMigrationAddsUpstreamModel(t *testing.T) {
 	ctx := context.Background()
 	for _, b := range []struct {
@@ -102,7 +103,8 @@ func TestMigrationAddsUpstreamModel(t *testing.T) {
 
 			for i := range 2 {
 				s := b.open(t, dsn)
-				if err := s.RecordAttempt(ctx, Entry{Account: "acme", Model: "gpt-4o", UpstreamModel: "gpt4o-prod", Channel: "azure"}); err != nil {
+				if err := s.RecordAttempt(ctx, Entry{Account: "acme", Model: "gpt-4o", UpstreamModel: "gpt4o-prod", Channel: "azure",
+					TraceID: "0af7651916cd43dd8448eb211c80319c"}); err != nil {
 					t.Fatalf("open %d: %v", i+1, err)
 				}
 				rows, err := s.Usage(ctx, "acme", 0, 0)
@@ -113,10 +115,10 @@ func TestMigrationAddsUpstreamModel(t *testing.T) {
 				if len(rows) != 2+i {
 					t.Fatalf("open %d: %d rows: %+v", i+1, len(rows), rows)
 				}
-				if e := rows[len(rows)-1]; e.Note != "old row" || e.UpstreamModel != "" || e.Model != "gpt-4o" || e.TokensCacheRead != 0 {
+				if e := rows[len(rows)-1]; e.Note != "old row" || e.UpstreamModel != "" || e.Model != "gpt-4o" || e.TokensCacheRead != 0 || e.TraceID != "" {
 					t.Errorf("old row = %+v", e)
 				}
-				if e := rows[0]; e.UpstreamModel != "gpt4o-prod" {
+				if e := rows[0]; e.UpstreamModel != "gpt4o-prod" || e.TraceID != "0af7651916cd43dd8448eb211c80319c" {
 					t.Errorf("new row = %+v", e)
 				}
 			}

@@ -8,12 +8,12 @@ import (
 	"strings"
 )
 
-// Ledger rows on SQLite. Almost half of what the pure-Go driver spends on
-// a row is binding its twelve values (about 0.35 µs each: a C string
-// copy, SQLite's mutex taken twice), so the rows of a batch that share
-// everything but the request are written with those seven columns bound
-// once: a client's settlements of one model on one channel in a gather
-// window differ only in request ID, tokens, cost and time.
+// Ledger rows on SQLite. About half of what the pure-Go driver spends on
+// a row is binding its sixteen values (up to about 0.35 µs each: a C
+// string copy, SQLite's mutex taken twice), so the rows of a batch that
+// share everything but the request are written with those seven columns
+// bound once: a client's settlements of one model on one channel in a
+// gather window differ only in request ID, tokens, cost, time and trace.
 // BenchmarkLedgerInsert: 9.3 µs a row each-row, 6.8 shared. PostgreSQL
 // writes a batch as one statement of arrays instead (runSettlesInOne).
 
@@ -22,12 +22,12 @@ import (
 // sharedArgs) are what a run of rows can share, ownColumns (ownArgs) the
 // rest.
 const (
-	ledgerColumns = `kind, account_id, key_id, model, upstream_model, channel, request_id, tokens_in, tokens_out, cost, note, created_at, tokens_cache_read, tokens_cache_write, tokens_cache_write_1h`
-	ledgerArgs    = 15
+	ledgerColumns = `kind, account_id, key_id, model, upstream_model, channel, request_id, tokens_in, tokens_out, cost, note, created_at, tokens_cache_read, tokens_cache_write, tokens_cache_write_1h, trace_id`
+	ledgerArgs    = 16
 	sharedColumns = `kind, account_id, key_id, model, upstream_model, channel, note`
 	sharedArgs    = 7
-	ownColumns    = `request_id, tokens_in, tokens_out, cost, created_at, tokens_cache_read, tokens_cache_write, tokens_cache_write_1h`
-	ownArgs       = 8
+	ownColumns    = `request_id, tokens_in, tokens_out, cost, created_at, tokens_cache_read, tokens_cache_write, tokens_cache_write_1h, trace_id`
+	ownArgs       = 9
 )
 
 // maxInsertRows bounds the rows of one multi-row INSERT (ledgerArgs
@@ -157,12 +157,12 @@ func (s *sqlStore) insertChunk(t *stx, form int, cols *shared, rows []*Entry) er
 	if form == sharedForm {
 		args = append(args, cols.kind, cols.account, cols.key, cols.model, cols.upstream, cols.channel, cols.note)
 		for _, e := range rows {
-			args = append(args, e.RequestID, e.TokensIn, e.TokensOut, int64(e.Cost), toDB(e.Time), e.TokensCacheRead, e.TokensCacheWrite, e.TokensCacheWrite1h)
+			args = append(args, e.RequestID, e.TokensIn, e.TokensOut, int64(e.Cost), toDB(e.Time), e.TokensCacheRead, e.TokensCacheWrite, e.TokensCacheWrite1h, e.TraceID)
 		}
 	} else {
 		for _, e := range rows {
 			args = append(args, e.Kind, e.Account, e.KeyID, e.Model, e.UpstreamModel, e.Channel, e.RequestID, e.TokensIn, e.TokensOut, int64(e.Cost), e.Note, toDB(e.Time),
-				e.TokensCacheRead, e.TokensCacheWrite, e.TokensCacheWrite1h)
+				e.TokensCacheRead, e.TokensCacheWrite, e.TokensCacheWrite1h, e.TraceID)
 		}
 	}
 	_, err = t.exec(st, args...)
@@ -195,7 +195,7 @@ func (s *sqlStore) insertStmt(ctx context.Context, form, n int) (*sql.Stmt, erro
 		query = `WITH r (` + sharedColumns + `) AS (VALUES (?` + strings.Repeat(", ?", sharedArgs-1) + `))
 			INSERT INTO ledger (` + sharedColumns + `, ` + ownColumns + `)
 			SELECT r.kind, r.account_id, r.key_id, r.model, r.upstream_model, r.channel, r.note,
-				v.column1, v.column2, v.column3, v.column4, v.column5, v.column6, v.column7, v.column8
+				v.column1, v.column2, v.column3, v.column4, v.column5, v.column6, v.column7, v.column8, v.column9
 			FROM (VALUES ` + row + strings.Repeat(", "+row, n-1) + `) AS v CROSS JOIN r`
 	} else {
 		row := "(?" + strings.Repeat(", ?", ledgerArgs-1) + ")"

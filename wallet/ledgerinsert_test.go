@@ -12,7 +12,8 @@ import (
 // insertRows: a client's group large enough for the shared form (with a
 // tail past its power of two), a small group, a group of releases, and a
 // settlement whose two rows differ (each-row form). Every row must come
-// back with every column as settled, a request's rows in their order.
+// back with every column as settled (its own trace ID too), a request's
+// rows in their order.
 func TestLedgerInsertForms(t *testing.T) {
 	s := openSQLiteT(t)
 	sq := s.(*sqlStore)
@@ -28,6 +29,7 @@ func TestLedgerInsertForms(t *testing.T) {
 		id := testReservationID()
 		for i := range entries {
 			entries[i].RequestID = "req-" + id
+			entries[i].TraceID = fmt.Sprintf("%032x", len(all)<<4|i)
 		}
 		all = append(all, settlement{Reservation{ID: id, Account: account, KeyID: key, Model: "m", Amount: 1000}, entries})
 	}

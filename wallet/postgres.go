@@ -123,7 +123,7 @@ UPDATE accounts x SET reserved = x.reserved - l.spare FROM l WHERE x.id = l.acco
 // pgSettleBatch is a batch of settlements (see settle.go) in one
 // statement: per account ($2, with the total charged in $3) the lease of
 // this instance ($1) and the account go down by the charge, and the ledger
-// rows ($4-$15, one array per column) of the accounts whose lease was
+// rows ($4-$19, one array per column) of the accounts whose lease was
 // found are written. It answers each such account's available balance; an
 // account missing from the answer lost its lease to Sweep, and nothing of
 // it was written. A lease is only charged what its reservations held, so
@@ -141,9 +141,9 @@ const pgSettleBatch = `WITH j AS (
 ), g AS (
 	INSERT INTO ledger (` + ledgerColumns + `)
 	SELECT e.* FROM unnest($4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[],
-		$11::bigint[], $12::bigint[], $13::bigint[], $14::text[], $15::bigint[], $16::bigint[], $17::bigint[], $18::bigint[])
+		$11::bigint[], $12::bigint[], $13::bigint[], $14::text[], $15::bigint[], $16::bigint[], $17::bigint[], $18::bigint[], $19::text[])
 		AS e(kind, account_id, key_id, model, upstream_model, channel, request_id, tokens_in, tokens_out, cost, note, created_at,
-			tokens_cache_read, tokens_cache_write, tokens_cache_write_1h)
+			tokens_cache_read, tokens_cache_write, tokens_cache_write_1h, trace_id)
 	WHERE e.account_id IN (SELECT id FROM a)
 )
 SELECT id, avail FROM a`

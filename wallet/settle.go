@@ -576,6 +576,7 @@ func (s *sqlStore) runSettlesInOne(t *stx, jobs []*settleJob, accounts []string,
 	}
 	var (
 		kind, account, key, model, upstream, channel, request, note []string
+		trace                                                       []string
 		tokIn, tokOut, cost, created                                []int64
 		cacheRead, cacheWrite, cacheWrite1h                         []int64
 	)
@@ -586,11 +587,11 @@ func (s *sqlStore) runSettlesInOne(t *stx, jobs []*settleJob, accounts []string,
 			tokIn, tokOut, cost = append(tokIn, e.TokensIn), append(tokOut, e.TokensOut), append(cost, int64(e.Cost))
 			note, created = append(note, e.Note), append(created, toDB(e.Time))
 			cacheRead, cacheWrite = append(cacheRead, e.TokensCacheRead), append(cacheWrite, e.TokensCacheWrite)
-			cacheWrite1h = append(cacheWrite1h, e.TokensCacheWrite1h)
+			cacheWrite1h, trace = append(cacheWrite1h, e.TokensCacheWrite1h), append(trace, e.TraceID)
 		}
 	}
 	rs, err := t.queryText(s.d.settleBatch, s.leases.id, accounts, charged,
-		kind, account, key, model, upstream, channel, request, tokIn, tokOut, cost, note, created, cacheRead, cacheWrite, cacheWrite1h)
+		kind, account, key, model, upstream, channel, request, tokIn, tokOut, cost, note, created, cacheRead, cacheWrite, cacheWrite1h, trace)
 	if err != nil {
 		return err
 	}

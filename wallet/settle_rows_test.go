@@ -20,8 +20,8 @@ func TestSettleSeveralRows(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		first := Entry{Channel: "a", UpstreamModel: "claude-a", TokensIn: 100, TokensOut: 40, Cost: 700_000, Note: "estimated"}
-		cont := Entry{Channel: "b", UpstreamModel: "claude-b", TokensIn: 140, TokensOut: 20, Cost: 500_000}
+		first := Entry{Channel: "a", UpstreamModel: "claude-a", TokensIn: 100, TokensOut: 40, Cost: 700_000, Note: "estimated", TraceID: "5b8efff798038103d269b633813fc60c"}
+		cont := Entry{Channel: "b", UpstreamModel: "claude-b", TokensIn: 140, TokensOut: 20, Cost: 500_000, TraceID: "5b8efff798038103d269b633813fc60c"}
 		if c, err := s.Settle(ctx, whole.ID, first, cont); err != nil || c != 1_200_000 {
 			t.Fatalf("Settle(two rows) = %s, %v", c, err)
 		}
@@ -44,11 +44,13 @@ func TestSettleSeveralRows(t *testing.T) {
 		// continuation, req-1's first, the credit.
 		c2, f2, c1, f1 := rows[0], rows[1], rows[2], rows[3]
 		if f1.Kind != KindCharge || f1.Channel != "a" || f1.UpstreamModel != "claude-a" || f1.TokensIn != 100 || f1.TokensOut != 40 ||
-			f1.Cost != 700_000 || f1.Note != "estimated" || f1.KeyID != "key_1" || f1.RequestID != "req-1" || f1.Model != "claude" {
+			f1.Cost != 700_000 || f1.Note != "estimated" || f1.KeyID != "key_1" || f1.RequestID != "req-1" || f1.Model != "claude" ||
+			f1.TraceID != "5b8efff798038103d269b633813fc60c" {
 			t.Errorf("first row = %+v", f1)
 		}
 		if c1.Kind != KindCharge || c1.Channel != "b" || c1.UpstreamModel != "claude-b" || c1.TokensIn != 140 || c1.TokensOut != 20 ||
-			c1.Cost != 500_000 || c1.Note != "" || c1.KeyID != "key_1" || c1.RequestID != "req-1" {
+			c1.Cost != 500_000 || c1.Note != "" || c1.KeyID != "key_1" || c1.RequestID != "req-1" ||
+			c1.TraceID != "5b8efff798038103d269b633813fc60c" {
 			t.Errorf("continuation row = %+v", c1)
 		}
 		if f2.Cost != 700_000 || strings.Contains(f2.Note, "capped") {

@@ -254,7 +254,7 @@ func (s *sqlStore) insertEntry(t *stx, e Entry) error {
 	}
 	_, err := t.exec(s.st.insertLedger,
 		e.Kind, e.Account, e.KeyID, e.Model, e.UpstreamModel, e.Channel, e.RequestID, e.TokensIn, e.TokensOut, int64(e.Cost), e.Note, toDB(e.Time),
-		e.TokensCacheRead, e.TokensCacheWrite, e.TokensCacheWrite1h)
+		e.TokensCacheRead, e.TokensCacheWrite, e.TokensCacheWrite1h, e.TraceID)
 	if err != nil {
 		return fmt.Errorf("writing %s ledger row: %w", e.Kind, err)
 	}
@@ -687,7 +687,7 @@ func (s *sqlStore) Usage(ctx context.Context, account string, before int64, limi
 	}
 	limit = min(limit, MaxUsageLimit)
 	rows, err := s.db.QueryContext(ctx, s.q(`SELECT id, kind, account_id, key_id, model, upstream_model, channel, request_id, tokens_in, tokens_out, cost, note, created_at,
-		tokens_cache_read, tokens_cache_write, tokens_cache_write_1h FROM ledger WHERE account_id = ? AND id < ? ORDER BY id DESC LIMIT ?`),
+		tokens_cache_read, tokens_cache_write, tokens_cache_write_1h, trace_id FROM ledger WHERE account_id = ? AND id < ? ORDER BY id DESC LIMIT ?`),
 		account, before, limit)
 	if err != nil {
 		return nil, fmt.Errorf("reading usage of %q: %w", account, err)
@@ -700,7 +700,7 @@ func (s *sqlStore) Usage(ctx context.Context, account string, before int64, limi
 			cost, created int64
 		)
 		if err := rows.Scan(&e.ID, &e.Kind, &e.Account, &e.KeyID, &e.Model, &e.UpstreamModel, &e.Channel, &e.RequestID, &e.TokensIn, &e.TokensOut, &cost, &e.Note, &created,
-			&e.TokensCacheRead, &e.TokensCacheWrite, &e.TokensCacheWrite1h); err != nil {
+			&e.TokensCacheRead, &e.TokensCacheWrite, &e.TokensCacheWrite1h, &e.TraceID); err != nil {
 			return nil, fmt.Errorf("reading usage of %q: %w", account, err)
 		}
 		e.Cost, e.Time = Micros(cost), fromDB(created)

@@ -78,6 +78,10 @@ type Entry struct {
 	// parts of TokensIn read from the provider's prompt cache and written
 	// to it (for 5 minutes, for an hour), each charged at its own price.
 	TokensCacheRead, TokensCacheWrite, TokensCacheWrite1h int64
+	// TraceID is the OpenTelemetry trace ID (32 hex digits) of the
+	// request the row belongs to, when the request was traced; else
+	// empty, as in rows written before the column existed.
+	TraceID string
 }
 
 // Account is a prepaid balance. Balance never drops below Reserved.

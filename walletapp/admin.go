@@ -220,7 +220,7 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 			out.Entries = append(out.Entries, EntryView{ID: e.ID, Kind: e.Kind, KeyID: e.KeyID, Model: e.Model, Channel: e.Channel,
 				RequestID: e.RequestID, TokensIn: e.TokensIn, TokensOut: e.TokensOut, Cost: e.Cost.String(), Note: e.Note, Time: e.Time,
 				TokensCacheRead: e.TokensCacheRead, TokensCacheWrite: e.TokensCacheWrite, TokensCacheWrite1h: e.TokensCacheWrite1h,
-				UpstreamModel: e.UpstreamModel})
+				UpstreamModel: e.UpstreamModel, TraceID: e.TraceID})
 		}
 		if len(rows) == limit {
 			out.Next = rows[len(rows)-1].ID
@@ -310,6 +310,8 @@ type EntryView struct {
 	TokensCacheRead    int64 `json:"tokens_cache_read,omitempty"`
 	TokensCacheWrite   int64 `json:"tokens_cache_write,omitempty"`
 	TokensCacheWrite1h int64 `json:"tokens_cache_write_1h,omitempty"`
+	// TraceID is the request's OpenTelemetry trace ID, when it was traced.
+	TraceID string `json:"trace_id,omitempty"`
 }
 
 func walletAPIError(err error) error {
