@@ -40,6 +40,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			pass_request_header  <field...>
 //			pass_response_header <field...>
 //			pass_rate_limit_headers
+//			propagate_trace
 //		}
 //		model <name> {
 //			policy cost|weighted
@@ -301,6 +302,11 @@ func (h *Handler) unmarshalChannel(d *caddyfile.Dispenser, at map[string]string)
 				return d.ArgErr()
 			}
 			c.PassRateLimitHeaders = true
+		case "propagate_trace":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			c.PropagateTrace = true
 		default:
 			return d.Errf("unrecognized channel option '%s'", d.Val())
 		}

@@ -241,7 +241,8 @@ func compileChannel(c *Channel) (*failover.Channel, error) {
 		return nil, err
 	}
 	return &failover.Channel{Name: c.Name, Base: base, Adapter: adapter, Header: make(http.Header, len(c.Headers)),
-		Extras: &provider.Extras{Request: c.PassRequestHeaders, Response: c.PassResponseHeaders, RateLimit: c.PassRateLimitHeaders}}, nil
+		PropagateTrace: c.PropagateTrace,
+		Extras:         &provider.Extras{Request: c.PassRequestHeaders, Response: c.PassResponseHeaders, RateLimit: c.PassRateLimitHeaders}}, nil
 }
 
 // compileModel checks a model and builds its chains, price and probe plan.

@@ -154,6 +154,13 @@ type Channel struct {
 	// PassRateLimitHeaders passes the upstream account's rate-limit
 	// headers (x-ratelimit-*, anthropic-ratelimit-*) back to clients.
 	PassRateLimitHeaders bool `json:"pass_rate_limit_headers,omitempty"`
+	// PropagateTrace sends each attempt's W3C traceparent to this channel
+	// when the request is traced (Caddy's tracing directive), so that a
+	// traced upstream (your own vLLM, say) joins the request's trace.
+	// Only the gateway's traceparent is sent, never the client's
+	// tracestate or baggage. Off by default: it tells the upstream about
+	// the gateway's traces.
+	PropagateTrace bool `json:"propagate_trace,omitempty"`
 }
 
 // Model is a model clients can ask for and the routes that serve it.

@@ -32,7 +32,7 @@ func (e *Engine) attempt(x *exchange, route *chain.Route, budget time.Duration) 
 	if f := e.overloaded(); f != nil {
 		return retryWith(f)
 	}
-	ctx, cancel := context.WithCancelCause(x.r.Context())
+	ctx, cancel := context.WithCancelCause(x.attemptParent())
 	defer cancel(nil)
 	// What an adapter buffers to read the answer counts against the
 	// memory budget too.
@@ -67,6 +67,9 @@ func (e *Engine) attempt(x *exchange, route *chain.Route, budget time.Duration) 
 		// reads the answer on its way past and asks the upstream nothing.
 		x.meter = x.api.NewMeter()
 	}
+	if x.trace != nil {
+		x.meter.Describe()
+	}
 	out, err := ch.Adapter.NewRequest(ctx, provider.Call{
 		API: x.api, Base: ch.Base, Client: x.r, Body: body, Request: req,
 		UpstreamModel: route.UpstreamModel, Header: ch.Header, PassHeader: ch.Extras.Request,
@@ -77,6 +80,9 @@ func (e *Engine) attempt(x *exchange, route *chain.Route, budget time.Duration) 
 		return retryWith(&failure{reason: reasonNetwork, detail: buildFailed + err.Error()})
 	}
 	x.upstreamPath = out.URL.Path
+	if ch.PropagateTrace {
+		x.trace.traceparent(out.Header)
+	}
 	res, err := ch.Transport.RoundTrip(out)
 	headerTimer.Stop()
 	if err != nil {
@@ -206,6 +212,7 @@ func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc
 	}
 	d = e.watchForResume(x, &opts, d)
 	out := streamgate.Relay(src, cancel, d, opts)
+	x.trace.gate(out)
 	// How the stream ended decides whose doing it was, before whether the
 	// client is still there: a client that hangs up right after an
 	// upstream cut must not turn the cut into its own departure.

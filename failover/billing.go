@@ -65,6 +65,9 @@ type bill struct {
 	hideUsage func(streamgate.Event) bool
 	channel   string
 	closed    bool
+	// charge is what close charged (at most the reservation), for the
+	// request's trace.
+	charge wallet.Micros
 	// upstreamModel is what channel knows the model by.
 	upstreamModel string
 	// inputBound and outputBound are the most tokens the request can have
@@ -299,7 +302,7 @@ func (b *bill) chargePrice(channel string) wallet.Price {
 func (b *bill) entry(a *billedAnswer) wallet.Entry {
 	e := wallet.Entry{
 		Account: b.res.Account, KeyID: b.res.KeyID, Model: b.res.Model,
-		Channel: a.channel, RequestID: b.res.RequestID, UpstreamModel: a.upstreamModel,
+		Channel: a.channel, RequestID: b.res.RequestID, UpstreamModel: a.upstreamModel, TraceID: b.traceID(),
 	}
 	u := a.meter.Usage()
 	var c charge
@@ -333,8 +336,17 @@ func (b *bill) attemptFailed(channel, upstreamModel, reason string) {
 	}
 	b.rt.w.RecordAttemptAsync(wallet.Entry{
 		Account: b.res.Account, KeyID: b.res.KeyID, Model: b.res.Model, Channel: channel,
-		RequestID: b.res.RequestID, Note: reason, UpstreamModel: upstreamModel,
+		RequestID: b.res.RequestID, Note: reason, UpstreamModel: upstreamModel, TraceID: b.traceID(),
 	})
+}
+
+// traceID is the request's trace ID for its ledger rows, "" when the
+// request is untraced.
+func (b *bill) traceID() string {
+	if b.x == nil {
+		return ""
+	}
+	return b.x.trace.traceID()
 }
 
 // close settles the reservation: it charges the usage of the attempt that
@@ -357,7 +369,7 @@ func (b *bill) close() {
 	}
 	b.closed = true
 	// Nothing served: a release row.
-	entries := []wallet.Entry{{Account: b.res.Account, KeyID: b.res.KeyID, Model: b.res.Model, RequestID: b.res.RequestID}}
+	entries := []wallet.Entry{{Account: b.res.Account, KeyID: b.res.KeyID, Model: b.res.Model, RequestID: b.res.RequestID, TraceID: b.traceID()}}
 	if answers := b.answers(); len(answers) > 0 {
 		entries = entries[:0]
 		for _, a := range answers {
@@ -368,6 +380,7 @@ func (b *bill) close() {
 	for _, e := range entries {
 		cost += e.Cost
 	}
+	b.charge = min(cost, b.res.Amount)
 	// No deadline of its own: the settlement joins the store's next batch,
 	// whose statements the store bounds (statement_timeout, busy_timeout).
 	b.rt.w.SettleAsync(b.res.ID, entries, func(charged wallet.Micros, err error) {

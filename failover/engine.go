@@ -41,6 +41,10 @@ type Channel struct {
 	Adapter   provider.Adapter
 	Transport http.RoundTripper
 	Extras    *provider.Extras
+	// PropagateTrace sends the attempt's W3C traceparent upstream (only
+	// it: never the client's tracestate or baggage); off by default, as
+	// it tells the upstream about the gateway's traces.
+	PropagateTrace bool
 
 	health *failoverapp.Channel
 }

@@ -1,8 +1,10 @@
 package failover
 
 import (
+	"context"
 	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -185,6 +187,8 @@ type exchange struct {
 	upstreamPath string
 	// drill is a drill request's plan and path (drill.go); nil otherwise.
 	drill *drillState
+	// trace is the request's spans (tracing.go); nil when untraced.
+	trace *requestTrace
 }
 
 // newExchange starts an exchange for r, answered through w.
@@ -220,6 +224,31 @@ const (
 	// clientGone: the client left; it says nothing about the channel.
 	clientGone
 )
+
+func (v verdict) String() string {
+	switch v {
+	case retry:
+		return "failed"
+	case served:
+		return "served"
+	case passed:
+		return "passed"
+	case broken:
+		return "broken"
+	case clientGone:
+		return "client_gone"
+	}
+	return "verdict(" + strconv.Itoa(int(v)) + ")"
+}
+
+// attemptParent is the context an attempt runs in: the request's, with
+// the attempt's span when traced.
+func (x *exchange) attemptParent() context.Context {
+	if x.trace != nil && x.trace.attemptCtx != nil {
+		return x.trace.attemptCtx
+	}
+	return x.r.Context()
+}
 
 // attemptResult says what became of one attempt.
 type attemptResult struct {

@@ -1,9 +1,13 @@
 package failover
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/llmfailover/caddy-llm-failover/chain"
 	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
+	"github.com/llmfailover/caddy-llm-failover/provider"
 )
 
 // The collectors live at package level and are registered into every
@@ -43,11 +47,64 @@ var (
 		Namespace: "caddy", Subsystem: "llm_failover", Name: "input_tokens_total",
 		Help: "Input tokens of the answers channels served, as the upstreams reported them, by model, channel and class (plain, cache_read, cache_write): a channel's cache-read share is its cache_read over the sum.",
 	}, []string{"model", "channel", "class"})
+
+	// The OpenTelemetry GenAI client metrics, named as an OpenTelemetry
+	// Prometheus exporter names them, with the conventions' buckets. Each
+	// upstream attempt of real traffic is one operation; the labels are
+	// the conventions' attributes, none of them taken from an answer (an
+	// upstream must not choose label values).
+	genAIDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "gen_ai_client_operation_duration_seconds",
+		Help:    "GenAI operation duration (gen_ai.client.operation.duration): one upstream attempt, from sending it until its answer ended or it failed; error_type is the upstream's status for a status failure, the failure reason for others, empty on success.",
+		Buckets: genAISecondsBuckets,
+	}, genAILabels("error_type"))
+	genAITimeToFirstChunk = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "gen_ai_client_operation_time_to_first_chunk_seconds",
+		Help:    "Time from sending a streaming attempt until its first content was committed to the client (gen_ai.client.operation.time_to_first_chunk).",
+		Buckets: genAISecondsBuckets,
+	}, genAILabels())
+	genAITokens = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "gen_ai_client_token_usage",
+		Help:    "Tokens an upstream attempt reported, by gen_ai_token_type input (every cache class) or output (gen_ai.client.token.usage).",
+		Buckets: []float64{1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864},
+	}, genAILabels("gen_ai_token_type"))
 )
+
+var genAISecondsBuckets = []float64{0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92}
+
+// genAILabels are the GenAI metrics' labels, then extra.
+func genAILabels(extra ...string) []string {
+	return append([]string{"gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "server_address"}, extra...)
+}
+
+// countGenAI records one attempt of real traffic in the GenAI metrics:
+// took is from sending it until it ended.
+func countGenAI(x *exchange, ch *Channel, route *chain.Route, res attemptResult, took time.Duration) {
+	if x.mode != modeChain && x.mode != modeLastResort && x.mode != modeContinue {
+		return
+	}
+	op, prov, model, addr := x.api.Operation(), provider.ProviderNameOf(ch.Adapter), upstreamModel(route, x.req.Model), ""
+	if ch.Base != nil {
+		addr = ch.Base.Hostname()
+	}
+	genAIDuration.WithLabelValues(op, prov, model, addr, errorType(res)).Observe(took.Seconds())
+	if !x.committedAt.IsZero() && streaming(x) {
+		genAITimeToFirstChunk.WithLabelValues(op, prov, model, addr).Observe(x.committedAt.Sub(time.Now().Add(-took)).Seconds())
+	}
+	if x.meter == nil {
+		return
+	}
+	if u := x.meter.Usage(); u.InputKnown {
+		genAITokens.WithLabelValues(op, prov, model, addr, "input").Observe(float64(u.Input))
+	}
+	if u := x.meter.Usage(); u.OutputKnown {
+		genAITokens.WithLabelValues(op, prov, model, addr, "output").Observe(float64(u.Output))
+	}
+}
 
 func registerMetrics(reg prometheus.Registerer) error {
 	return caddykit.Register(reg, requestsTotal, attemptsTotal, attemptDuration, channelSkipped,
-		walletTotal, walletCharged, resumesTotal, inputTokens)
+		walletTotal, walletCharged, resumesTotal, inputTokens, genAIDuration, genAITimeToFirstChunk, genAITokens)
 }
 
 // countInput adds an answer's reported input, by cache class, to

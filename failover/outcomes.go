@@ -120,9 +120,11 @@ func clientClassOf(status int) history.Class {
 
 // decided journals one failover decision.
 func (e *Engine) decided(x *exchange, channel string, f *failure, next string) {
-	e.app.Decided(journal.Decision{
-		At: time.Now(), RequestID: requestID(x), Model: x.req.Model, Channel: channel, Attempt: x.attempts,
+	d := journal.Decision{
+		At: time.Now(), RequestID: requestID(x), TraceID: x.trace.traceID(), Model: x.req.Model, Channel: channel, Attempt: x.attempts,
 		Reason: string(f.reason), UpstreamStatus: f.status, Elapsed: time.Since(x.start), Remaining: time.Until(x.deadline), Next: next,
 		DeliveredTokens: f.delivered, Form: f.form,
-	})
+	}
+	e.app.Decided(d)
+	x.trace.decided(d)
 }

@@ -118,6 +118,10 @@ func (e *Engine) probeChannel(ctx context.Context, m *Model, route *chain.Route)
 	if x.req, err = api.ParseRequest(x.body); err != nil {
 		return probe.Result{Outcome: probe.ConfigError, Reason: err.Error()}, true
 	}
+	// Its own trace, when the config traces requests; ended after the
+	// bill is closed.
+	traceSynthetic(ctx, x, e.app.ProbeTracer())
+	defer x.trace.end(x)
 	if e.wallet != nil {
 		// The operator's system account pays for probes.
 		rt := *e.wallet

@@ -241,6 +241,7 @@ func (e *Engine) resume(x *exchange, rest []*chain.Route, broke attemptResult) a
 			zap.String("next_channel", next), zap.String("reason", string(reasonResumed)), zap.String("form", form),
 			zap.Int("delivered_bytes", len(rs.transcript.Text())), zap.Int64("delivered_tokens", delivered))
 		e.decided(x, rs.from, &failure{reason: reasonResumed, delivered: delivered, form: form}, next)
+		x.trace.resumed(form)
 		return end.res
 	case x.r.Context().Err() != nil:
 		return attemptResult{verdict: clientGone}

@@ -23,6 +23,9 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) error {
 		defer e.wallet.w.Enter()()
 	}
 	x := newExchange(w, r, provider.APIFromPath(r.URL.Path), modeChain)
+	traceRequest(x)
+	// Deferred first, so it runs last: after the bill is closed.
+	defer x.trace.end(x)
 
 	if e.refusePath(x) {
 		return nil
@@ -51,6 +54,7 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) error {
 		return e.refuse(x, provider.Error{Status: http.StatusBadRequest, Message: err.Error()})
 	}
 	x.setVar("http.llm_failover.model", x.req.Model)
+	x.trace.parsed(x)
 	if x.model = e.models[x.req.Model]; x.model == nil {
 		return e.refuse(x, provider.Error{Status: http.StatusNotFound, Code: "model_not_found",
 			Message: fmt.Sprintf("The model %q does not exist or is not served by this gateway", x.req.Model)})
@@ -216,6 +220,7 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 
 // refuse answers the client with pe in its API's error format.
 func (e *Engine) refuse(x *exchange, pe provider.Error) error {
+	x.trace.refusedWith(pe.Status)
 	hdr := x.w.Header()
 	hdr.Set("Content-Type", "application/json")
 	hdr.Set("X-Content-Type-Options", "nosniff")

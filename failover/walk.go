@@ -139,6 +139,8 @@ func (e *Engine) try(x *exchange, route *chain.Route, ticket breaker.Ticket, bud
 	x.committedAt = time.Time{}
 	began := time.Now()
 	var res attemptResult
+	x.trace.startAttempt(x, e.channels[route.Channel], route, ticket)
+	defer func() { x.trace.endAttempt(x, res) }()
 	if x.drill != nil && route.Name == x.drill.failed {
 		res = retryWith(&failure{reason: reasonDrill})
 	} else {
@@ -188,7 +190,8 @@ func (e *Engine) failedOver(x *exchange, route *chain.Route, f *failure, next st
 		detailField(f.detail),
 		zap.Duration("elapsed", time.Since(x.start)),
 		zap.Duration("remaining_budget", time.Until(x.deadline)),
-		zap.String("next_channel", next))
+		zap.String("next_channel", next),
+		traceField(x))
 	e.decided(x, route.Name, f, next)
 }
 
@@ -251,6 +254,7 @@ func (e *Engine) record(x *exchange, route *chain.Route, res attemptResult, took
 	}
 	attemptsTotal.WithLabelValues(x.req.Model, ch.Name, string(outcome)).Inc()
 	countInput(x, ch.Name, res)
+	countGenAI(x, ch, route, res, took)
 	attemptDuration.WithLabelValues(ch.Name).Observe(took.Seconds())
 	e.app.Attempted(failoverapp.Attempt{Model: x.req.Model, UpstreamModel: upstreamModel(route, x.req.Model), Channel: ch.Name,
 		Number: x.attempts, Outcome: string(outcome), UpstreamStatus: status, Took: took})

@@ -25,6 +25,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.uber.org/zap"
 
 	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
@@ -85,7 +86,10 @@ type App struct {
 	readiness checkOutcome
 	checking  bool
 	// What Start started, for Stop (or Start's own failure) to undo.
-	prober           *prober
+	prober *prober
+	// probeTraces traces synthetic checks while the config traces
+	// requests (tracing.go); nil otherwise.
+	probeTraces      *sdktrace.TracerProvider
 	detachHeartbeats func()
 }
 
@@ -184,6 +188,7 @@ func (a *App) Start() (err error) {
 	if a.detachHeartbeats, err = caddykit.AttachHeartbeats(a.Heartbeats); err != nil {
 		return err
 	}
+	a.probeTraces = startProbeTracing(a.ctx, a.logger)
 	a.prober = startProber(a.probes, a.leaderDSN, a.logger)
 	return nil
 }
@@ -199,10 +204,15 @@ func (a *App) Start() (err error) {
 // Caddy's config lock behind it).
 func (a *App) Stop() error {
 	a.mu.Lock()
-	p, detach := a.prober, a.detachHeartbeats
+	p, detach, tp := a.prober, a.detachHeartbeats, a.probeTraces
 	a.prober, a.detachHeartbeats = nil, nil
 	a.mu.Unlock()
 	stopStarted(p, detach)
+	// After the prober: its last round's spans are flushed too.
+	a.mu.Lock()
+	a.probeTraces = nil
+	a.mu.Unlock()
+	stopProbeTracing(tp, a.logger)
 	return nil
 }
 

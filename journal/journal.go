@@ -20,8 +20,10 @@ const DefaultSize = 10000
 // Decision is one failover decision: an attempt failed and the gateway
 // moved on (or ran out of candidates: Next is "").
 type Decision struct {
-	At             time.Time     `json:"at"`
-	RequestID      string        `json:"request_id,omitempty"`
+	At        time.Time `json:"at"`
+	RequestID string    `json:"request_id,omitempty"`
+	// TraceID is the request's OpenTelemetry trace, when it was traced.
+	TraceID        string        `json:"trace_id,omitempty"`
 	Model          string        `json:"model"`
 	Channel        string        `json:"channel"`
 	Attempt        int           `json:"attempt"`

@@ -93,8 +93,8 @@ func newStore(db *sql.DB, kind string, dollar bool) *Store {
 	all := append(keys, cols...)
 	s.upsert = fmt.Sprintf("INSERT INTO llmf_history_buckets (%s) VALUES (%s) ON CONFLICT (res, start, scope, name) DO UPDATE SET %s",
 		strings.Join(all, ", "), s.placeholders(len(all)), strings.Join(set, ", "))
-	s.insert = "INSERT INTO llmf_decisions (at, request_id, model, channel, attempt, reason, upstream_status, elapsed_ns, remaining_ns, next_channel, delivered_tokens, form) VALUES (" +
-		s.placeholders(12) + ")"
+	s.insert = "INSERT INTO llmf_decisions (at, request_id, model, channel, attempt, reason, upstream_status, elapsed_ns, remaining_ns, next_channel, delivered_tokens, form, trace_id) VALUES (" +
+		s.placeholders(13) + ")"
 	return s
 }
 
@@ -147,6 +147,7 @@ func migrate(ctx context.Context, db *sql.DB, columnExists string, prelude ...st
 		{"llmf_decisions", "form", "TEXT NOT NULL DEFAULT ''"},
 		{"llmf_history_buckets", "input_tokens", "BIGINT NOT NULL DEFAULT 0"},
 		{"llmf_history_buckets", "cache_read_tokens", "BIGINT NOT NULL DEFAULT 0"},
+		{"llmf_decisions", "trace_id", "TEXT NOT NULL DEFAULT ''"},
 	} {
 		var n int
 		if err := tx.QueryRowContext(ctx, columnExists, col.table, col.name).Scan(&n); err != nil {
@@ -200,7 +201,7 @@ func (s *Store) Flush(ctx context.Context, deltas []history.Delta, decisions []j
 		defer st.Close()
 		for _, d := range decisions {
 			if _, err := st.ExecContext(ctx, d.At.UnixNano(), d.RequestID, d.Model, d.Channel, int64(d.Attempt), d.Reason,
-				int64(d.UpstreamStatus), int64(d.Elapsed), int64(d.Remaining), d.Next, d.DeliveredTokens, d.Form); err != nil {
+				int64(d.UpstreamStatus), int64(d.Elapsed), int64(d.Remaining), d.Next, d.DeliveredTokens, d.Form, d.TraceID); err != nil {
 				return fmt.Errorf("flushing decisions: %w", err)
 			}
 		}
@@ -256,7 +257,7 @@ func (s *Store) readBuckets(ctx context.Context, q string, res history.Resolutio
 
 // Decisions reads the latest limit decisions, oldest first.
 func (s *Store) Decisions(ctx context.Context, limit int) ([]journal.Decision, error) {
-	rows, err := s.db.QueryContext(ctx, "SELECT at, request_id, model, channel, attempt, reason, upstream_status, elapsed_ns, remaining_ns, next_channel, delivered_tokens, form FROM llmf_decisions ORDER BY at DESC LIMIT "+s.arg(1), limit)
+	rows, err := s.db.QueryContext(ctx, "SELECT at, request_id, model, channel, attempt, reason, upstream_status, elapsed_ns, remaining_ns, next_channel, delivered_tokens, form, trace_id FROM llmf_decisions ORDER BY at DESC LIMIT "+s.arg(1), limit)
 	if err != nil {
 		return nil, fmt.Errorf("reading decisions: %w", err)
 	}
@@ -265,7 +266,7 @@ func (s *Store) Decisions(ctx context.Context, limit int) ([]journal.Decision, e
 	for rows.Next() {
 		var d journal.Decision
 		var at, attempt, status, elapsed, remaining int64
-		if err := rows.Scan(&at, &d.RequestID, &d.Model, &d.Channel, &attempt, &d.Reason, &status, &elapsed, &remaining, &d.Next, &d.DeliveredTokens, &d.Form); err != nil {
+		if err := rows.Scan(&at, &d.RequestID, &d.Model, &d.Channel, &attempt, &d.Reason, &status, &elapsed, &remaining, &d.Next, &d.DeliveredTokens, &d.Form, &d.TraceID); err != nil {
 			return nil, fmt.Errorf("reading decisions: %w", err)
 		}
 		d.At, d.Attempt, d.UpstreamStatus = time.Unix(0, at), int(attempt), int(status)

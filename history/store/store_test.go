@@ -70,7 +70,7 @@ func testStore(t *testing.T, open func() *Store) {
 		{At: now, Model: "m", Channel: "a", Class: history.Client, Reason: "status", Status: 400},
 	}
 	d := journal.Decision{At: now, RequestID: "r1", Model: "m", Channel: "a", Attempt: 1, Reason: "status", UpstreamStatus: 503,
-		Elapsed: time.Second, Remaining: time.Minute, Next: "b", DeliveredTokens: 40, Form: "instructed"}
+		Elapsed: time.Second, Remaining: time.Minute, Next: "b", DeliveredTokens: 40, Form: "instructed", TraceID: "4bf92f3577b34da6a3ce929d0e0e4736"}
 	instance(t, s, a, []journal.Decision{d})
 	instance(t, s, b, nil)
 
