@@ -56,6 +56,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		deadline            <duration>
 //		first_byte_timeout  <duration>
 //		max_request_body    <size>
+//		trace_content       <size>
 //		max_response_body   <size>
 //		retry_status        <status...>
 //		retry_same          <status...> [max_wait <duration>]
@@ -135,6 +136,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.MaxRequestBody, err = caddykit.SizeArg(d)
 		case "max_response_body":
 			h.MaxResponseBody, err = caddykit.SizeArg(d)
+		case "trace_content":
+			h.TraceContent, err = caddykit.SizeArg(d)
 		case "retry_status":
 			args := d.RemainingArgs()
 			if len(args) == 0 {
@@ -220,7 +223,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // singleArgument lists the options that take exactly one argument.
 var singleArgument = map[string]bool{
 	"max_hops": true, "header_timeout": true, "stream_header_timeout": true, "deadline": true, "first_byte_timeout": true,
-	"max_request_body": true, "max_response_body": true, "stream_idle_timeout": true,
+	"max_request_body": true, "max_response_body": true, "stream_idle_timeout": true, "trace_content": true,
 	"auth": true, "request_body_timeout": true, "probe_account": true,
 	"window": true, "failures": true, "cooldown": true, "max_park": true, "park": true, "trials": true,
 }

@@ -113,7 +113,7 @@ func compileOptions(h *Handler) (failover.Options, error) {
 		Deadline: time.Duration(h.Deadline), FirstByteTimeout: time.Duration(h.FirstByteTimeout),
 		MaxRequestBody: h.MaxRequestBody, MaxResponseBody: h.MaxResponseBody, RetryStatus: h.RetryStatus,
 		StreamIdleTimeout: time.Duration(h.StreamIdleTimeout), RequestBodyTimeout: time.Duration(h.RequestBodyTimeout),
-		ForwardPaths: h.ForwardPaths, ProbeAccount: h.ProbeAccount,
+		ForwardPaths: h.ForwardPaths, ProbeAccount: h.ProbeAccount, TraceContent: h.TraceContent,
 	}
 	if g := h.StreamGate; g != nil {
 		o.StreamGate, o.StreamGateFailover = time.Duration(g.Timeout), g.Failover
@@ -136,7 +136,7 @@ func compileOptions(h *Handler) (failover.Options, error) {
 	for _, s := range []struct {
 		opt string
 		v   int64
-	}{{"max_request_body", h.MaxRequestBody}, {"max_response_body", h.MaxResponseBody}} {
+	}{{"max_request_body", h.MaxRequestBody}, {"max_response_body", h.MaxResponseBody}, {"trace_content", h.TraceContent}} {
 		if s.v < 0 {
 			return o, mistake(optionKey(s.opt), "%s must not be negative, got %d", s.opt, s.v)
 		}

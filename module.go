@@ -78,6 +78,12 @@ type Handler struct {
 	// MaxResponseBody caps a non-streaming upstream answer, which is read
 	// whole before it is committed. Default: 64 MiB.
 	MaxResponseBody int64 `json:"max_response_body,omitempty"`
+	// TraceContent, when set, puts the prompt (the request's system,
+	// instructions, messages, input or prompt, as sent) on a traced
+	// request's span and the answer's text on its attempts' spans, each
+	// cut at this many bytes. Off by default: prompts and answers are the
+	// users' data, and a trace store is rarely where they may be kept.
+	TraceContent int64 `json:"trace_content,omitempty"`
 	// RetryStatus are the upstream statuses that fail over. Network errors
 	// and timeouts always do. Default: 408 429 500 502 503 504 529.
 	RetryStatus []int `json:"retry_status,omitempty"`

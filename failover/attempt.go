@@ -67,9 +67,7 @@ func (e *Engine) attempt(x *exchange, route *chain.Route, budget time.Duration) 
 		// reads the answer on its way past and asks the upstream nothing.
 		x.meter = x.api.NewMeter()
 	}
-	if x.trace != nil {
-		x.meter.Describe()
-	}
+	x.trace.watch(x.meter)
 	out, err := ch.Adapter.NewRequest(ctx, provider.Call{
 		API: x.api, Base: ch.Base, Client: x.r, Body: body, Request: req,
 		UpstreamModel: route.UpstreamModel, Header: ch.Header, PassHeader: ch.Extras.Request,

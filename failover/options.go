@@ -42,6 +42,9 @@ type Options struct {
 	FirstByteTimeout    time.Duration // 0: off
 	MaxRequestBody      int64
 	MaxResponseBody     int64
+	// TraceContent bounds the prompt and answer text a traced request's
+	// spans carry; 0: none (the default).
+	TraceContent int64
 	RetryStatus         []int
 	RetrySame           *RetrySame // nil: off
 	StreamGate          time.Duration

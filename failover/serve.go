@@ -23,7 +23,7 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) error {
 		defer e.wallet.w.Enter()()
 	}
 	x := newExchange(w, r, provider.APIFromPath(r.URL.Path), modeChain)
-	traceRequest(x)
+	traceRequest(x, e.opts.TraceContent)
 	// Deferred first, so it runs last: after the bill is closed.
 	defer x.trace.end(x)
 

@@ -70,6 +70,10 @@ const (
 	attrNext            = attribute.Key("llm_failover.next_channel")
 	attrUpstreamStatus  = attribute.Key("llm_failover.upstream_status")
 	attrDeliveredTokens = attribute.Key("llm_failover.delivered_tokens")
+	attrPrompt          = attribute.Key("llm_failover.prompt")
+	attrPromptCut       = attribute.Key("llm_failover.prompt.truncated")
+	attrCompletion      = attribute.Key("llm_failover.completion")
+	attrCompletionCut   = attribute.Key("llm_failover.completion.truncated")
 )
 
 // decisionEvent names the request span's event for a journaled decision.
@@ -83,6 +87,9 @@ type requestTrace struct {
 	ctx    context.Context // carries span
 	// id is the trace's ID, for the journal, the log and the ledger.
 	id string
+	// content bounds the prompt and answer text the spans carry
+	// (trace_content); 0: none.
+	content int
 	// attempt and attemptCtx are the current attempt's span and the
 	// context carrying it; lastChannel the previous attempt's channel
 	// (the same again is a retry_same or a prefill refusal's retry).
@@ -97,15 +104,15 @@ type requestTrace struct {
 }
 
 // traceRequest starts the gateway's span under the request's, when the
-// request is traced.
-func traceRequest(x *exchange) {
+// request is traced; content is trace_content.
+func traceRequest(x *exchange, content int64) {
 	parent := trace.SpanFromContext(x.r.Context())
 	if !parent.IsRecording() {
 		return
 	}
 	tracer := parent.TracerProvider().Tracer(instrumentationName)
 	ctx, span := tracer.Start(x.r.Context(), "llm_failover", trace.WithSpanKind(trace.SpanKindInternal))
-	x.trace = &requestTrace{tracer: tracer, span: span, ctx: ctx, id: span.SpanContext().TraceID().String()}
+	x.trace = &requestTrace{tracer: tracer, span: span, ctx: ctx, id: span.SpanContext().TraceID().String(), content: int(content)}
 }
 
 // traceSynthetic makes a synthetic check its own trace, with tracer (the
@@ -141,6 +148,20 @@ func (t *requestTrace) parsed(x *exchange) {
 	if x.req.MaxOutput > 0 {
 		t.span.SetAttributes(attrMaxTokens.Int64(x.req.MaxOutput))
 	}
+	if t.content > 0 {
+		p, cut := provider.Prompt(x.body, t.content)
+		t.span.SetAttributes(attrPrompt.String(p), attrPromptCut.Bool(cut))
+	}
+}
+
+// watch has the attempt's meter read what the answer says of itself, and
+// keep its text when trace_content asks.
+func (t *requestTrace) watch(m *provider.Meter) {
+	if t == nil {
+		return
+	}
+	m.Describe()
+	m.KeepText(t.content)
 }
 
 // attemptKind says what an attempt is to its request.
@@ -205,6 +226,10 @@ func (t *requestTrace) endAttempt(x *exchange, res attemptResult) {
 		}
 		if u.OutputKnown {
 			s.SetAttributes(attrOutputTokens.Int64(u.Output))
+		}
+		if t.content > 0 {
+			text, cut := x.meter.Text()
+			s.SetAttributes(attrCompletion.String(text), attrCompletionCut.Bool(cut))
 		}
 		d := x.meter.Described()
 		if d.Model != "" {

@@ -27,7 +27,7 @@ func BenchmarkUntracedRequestOverhead(b *testing.B) {
 	res := attemptResult{verdict: served}
 	b.ReportAllocs()
 	for b.Loop() {
-		traceRequest(x)
+		traceRequest(x, 0)
 		x.trace.parsed(x)
 		x.trace.refusedWith(0)
 		countGenAI(x, ch, route, res, time.Millisecond)

@@ -350,3 +350,51 @@ func failoverPicture(t *testing.T, trace []otlptest.Span) {
 		}
 	}
 }
+
+// trace_content puts the prompt on the gateway's span and the answer's
+// text on the attempt's, each cut at its bound; the channels' keys stay
+// out whatever the bound.
+func TestTracingContentOptIn(t *testing.T) {
+	rcv := otlptest.Start(t)
+	up := upstream(t, fu.OKNamed("content"))
+	loadTraced(t, rcv, gatewayConfigWith("", `
+		channel a %s {
+			header Authorization "Bearer upstream-key-c-0123456789"
+		}
+		model m {
+			route a
+		}
+		auth off
+		trace_content 40
+`, up.URL))
+	body := []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"Tell me a story about a lighthouse keeper."}]}`)
+	s := streamPost(t, nil, "/v1/chat/completions", body, "")
+	okStream(t, s)
+	spans, ok := rcv.WaitFor(10*time.Second, func(spans []otlptest.Span) bool {
+		n := 0
+		for _, s := range spans {
+			if s.Scope == "github.com/llmfailover/caddy-llm-failover" {
+				n++
+			}
+		}
+		return n == 2
+	})
+	if !ok {
+		t.Fatalf("spans: %+v", spans)
+	}
+	for _, s := range spans {
+		switch s.Name {
+		case "llm_failover chat m":
+			wantAttrs(t, "gateway span", s, map[string]any{
+				"llm_failover.prompt": `{"messages":[{"role":"user","content":"T`, "llm_failover.prompt.truncated": true})
+		case "chat m":
+			wantAttrs(t, "attempt span", s, map[string]any{
+				"llm_failover.completion": "Hello from content", "llm_failover.completion.truncated": false})
+		}
+	}
+	for _, raw := range rcv.Raw() {
+		if bytes.Contains(raw, []byte("upstream-key-c-0123456789")) {
+			t.Error("an exported span holds the channel's key")
+		}
+	}
+}

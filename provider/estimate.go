@@ -29,6 +29,8 @@ type TokenEstimator struct {
 	tokens int64
 	class  charClass
 	run    int64 // length of the current run of class
+	// keep, when set, also keeps the text written (Meter.KeepText).
+	keep *textKeeper
 }
 
 type charClass uint8
@@ -64,6 +66,9 @@ func (e *TokenEstimator) byte(c byte) {
 // writeJSONString adds the text of a raw JSON string's contents, its
 // escapes read as the characters they stand for.
 func (e *TokenEstimator) writeJSONString(raw []byte) {
+	if e.keep != nil {
+		e.keep.add(raw)
+	}
 	for i := 0; i < len(raw); i++ {
 		c := raw[i]
 		if c != '\\' || i+1 == len(raw) {

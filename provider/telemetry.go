@@ -3,6 +3,7 @@ package provider
 import (
 	"bytes"
 	"encoding/json"
+	"unicode/utf8"
 )
 
 // What OpenTelemetry's GenAI semantic conventions call an operation and a
@@ -73,6 +74,99 @@ type Described struct {
 // Describe makes the meter read what each answer says of itself from
 // now on (Described); without it nothing is parsed for it.
 func (m *Meter) Describe() { m.describing = true }
+
+// KeepText makes the meter keep the answer's text, its first max bytes
+// (Text); without it the meter keeps no text.
+func (m *Meter) KeepText(max int) {
+	if max > 0 {
+		m.content.keep = &textKeeper{max: max}
+	}
+}
+
+// Text is the answer's text kept so far (KeepText), and whether it was
+// cut at the bound.
+func (m *Meter) Text() (text string, cut bool) {
+	if m.content.keep == nil {
+		return "", false
+	}
+	return m.content.keep.text()
+}
+
+// textKeeper keeps the text an estimator reads, as the raw contents of
+// JSON strings (escapes and all), up to twice its bound (an escape takes
+// more bytes than the character), decoded when read.
+type textKeeper struct {
+	raw []byte
+	max int
+	cut bool
+}
+
+func (k *textKeeper) add(raw []byte) {
+	room := 2*k.max - len(k.raw)
+	if len(raw) > room {
+		raw, k.cut = raw[:max(room, 0)], true
+	}
+	k.raw = append(k.raw, raw...)
+}
+
+func (k *textKeeper) text() (string, bool) {
+	s, cut := decodeJSONText(k.raw), k.cut
+	if len(s) > k.max {
+		s, cut = truncateUTF8(s, k.max), true
+	}
+	return s, cut
+}
+
+// decodeJSONText decodes the raw contents of JSON strings; a tail cut
+// inside an escape is dropped.
+func decodeJSONText(raw []byte) string {
+	for len(raw) > 0 {
+		var s string
+		if json.Unmarshal(append(append([]byte{'"'}, raw...), '"'), &s) == nil {
+			return s
+		}
+		raw = raw[:len(raw)-1]
+	}
+	return ""
+}
+
+// truncateUTF8 cuts s to at most n bytes, at a character boundary.
+func truncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// Prompt is what a request body asks: its system, instructions,
+// messages, input and prompt members as sent (JSON), in one object, cut
+// at max bytes; cut says whether it was.
+func Prompt(body []byte, max int) (prompt string, cut bool) {
+	var b []byte
+	_ = eachTopLevel(body, func(key []byte, start, end int) error {
+		switch string(key) {
+		case "system", "instructions", "messages", "input", "prompt":
+			if len(b) == 0 {
+				b = append(b, '{')
+			} else {
+				b = append(b, ',')
+			}
+			b = append(append(append(b, '"'), key...), '"', ':')
+			b = append(b, body[start:end]...)
+		}
+		return nil
+	})
+	if len(b) > 0 {
+		b = append(b, '}')
+	}
+	if len(b) > max {
+		return truncateUTF8(string(b), max), true
+	}
+	return string(b), false
+}
 
 // Described is what the answer said of itself so far.
 func (m *Meter) Described() Described { return m.described }

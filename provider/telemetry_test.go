@@ -67,3 +67,37 @@ func TestOperationAndProviderNames(t *testing.T) {
 		}
 	}
 }
+
+// The prompt and the answer's text are kept only when asked, and cut at
+// the bound on a character boundary.
+func TestPromptAndTextAreBounded(t *testing.T) {
+	body := []byte(`{"model":"m","temperature":0.2,"system":"Be brief.","messages":[{"role":"user","content":"Grüße"}],"max_tokens":9}`)
+	if p, cut := Prompt(body, 1000); p != `{"system":"Be brief.","messages":[{"role":"user","content":"Grüße"}]}` || cut {
+		t.Errorf("Prompt = %s, %v", p, cut)
+	}
+	if p, cut := Prompt(body, 62); p != `{"system":"Be brief.","messages":[{"role":"user","content":"Gr` || !cut {
+		t.Errorf("Prompt cut = %q, %v (a cut inside ü keeps no half of it)", p, cut)
+	}
+
+	m := AnthropicMessages.NewMeter()
+	for _, e := range []string{shapes.AntStart, shapes.AntBlockDelta, `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":", \"wörld\"\n"}}`} {
+		m.Event(streamgate.Event{Data: []byte(e)})
+	}
+	if text, cut := m.Text(); text != "" || cut {
+		t.Errorf("text kept without KeepText: %q", text)
+	}
+	for _, tt := range []struct {
+		max  int
+		want string
+		cut  bool
+	}{{100, "Hello, \"wörld\"\n", false}, {10, "Hello, \"w", true}, {11, "Hello, \"wö", true}} {
+		m := AnthropicMessages.NewMeter()
+		m.KeepText(tt.max)
+		for _, e := range []string{shapes.AntStart, shapes.AntBlockDelta, `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":", \"wörld\"\n"}}`} {
+			m.Event(streamgate.Event{Data: []byte(e)})
+		}
+		if text, cut := m.Text(); text != tt.want || cut != tt.cut {
+			t.Errorf("KeepText(%d): %q, %v; want %q, %v", tt.max, text, cut, tt.want, tt.cut)
+		}
+	}
+}
