@@ -44,13 +44,13 @@ type Options struct {
 	MaxResponseBody     int64
 	// TraceContent bounds the prompt and answer text a traced request's
 	// spans carry; 0: none (the default).
-	TraceContent int64
-	RetryStatus         []int
-	RetrySame           *RetrySame // nil: off
-	StreamGate          time.Duration
-	StreamGateFailover  bool
-	StreamIdleTimeout   time.Duration
-	RequestBodyTimeout  time.Duration
+	TraceContent       int64
+	RetryStatus        []int
+	RetrySame          *RetrySame // nil: off
+	StreamGate         time.Duration
+	StreamGateFailover bool
+	StreamIdleTimeout  time.Duration
+	RequestBodyTimeout time.Duration
 	// ForwardPaths are client paths forwarded besides the LLM endpoints;
 	// one ending in /* forwards everything under it.
 	ForwardPaths []string
