@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -48,9 +49,14 @@ const tracedChannels = `
 // tracedGateway loads tracedChannels into a site with Caddy's tracing
 // directive, exporting over OTLP/gRPC to rcv as the standard OTEL_*
 // variables say, with a wallet on a fresh SQLite file.
-func tracedGateway(t *testing.T, rcv *otlptest.Receiver, a, b *fu.Server) {
+// It returns the file Caddy's warnings are logged to.
+func tracedGateway(t *testing.T, rcv *otlptest.Receiver, a, b *fu.Server) (logFile string) {
 	t.Helper()
-	loadTraced(t, rcv, gatewayConfigWith(storeOption("sqlite "+t.TempDir()+"/w.db"), tracedChannels, a.URL, b.URL))
+	logFile = filepath.Join(t.TempDir(), "caddy.log")
+	cfg := strings.Replace(gatewayConfigWith(storeOption("sqlite "+t.TempDir()+"/w.db"), tracedChannels, a.URL, b.URL),
+		"\tlog {\n\t\tlevel ERROR\n\t}", fmt.Sprintf("\tlog {\n\t\toutput file %s\n\t\tformat json\n\t\tlevel WARN\n\t}", logFile), 1)
+	loadTraced(t, rcv, cfg)
+	return logFile
 }
 
 // loadTraced loads cfg with Caddy's tracing directive added to its
@@ -140,7 +146,7 @@ func TestTracingFailoverAndResume(t *testing.T) {
 	// Short waits, so that the picture drawn from the trace shows its bars.
 	a := upstream(t, fu.Status(503, `{"error":{"message":"overloaded, upstream-key-a-0123456789"}}`).After(15*time.Millisecond))
 	b := upstream(t, fu.SlowHeaders(40*time.Millisecond, fu.OKNamed("backup").WithUsage(100, 20)))
-	tracedGateway(t, rcv, a, b)
+	logFile := tracedGateway(t, rcv, a, b)
 	secret, _ := newWalletAccount(t, "acct-7f3a", "10")
 
 	const prompt = "PROMPT-TEXT-never-exported"
@@ -228,6 +234,22 @@ func TestTracingFailoverAndResume(t *testing.T) {
 	}
 
 	failoverPicture(t, rcv.Trace(gw.TraceID))
+
+	// The failover log line names the trace; the GenAI metrics counted
+	// both attempts.
+	logged, _ := os.ReadFile(logFile)
+	if !bytes.Contains(logged, []byte(`"msg":"failover"`)) || !bytes.Contains(logged, []byte(`"trace_id":"`+clientTrace+`"`)) {
+		t.Errorf("no failover log line names trace %s:\n%s", clientTrace, logged)
+	}
+	for _, series := range []string{
+		`gen_ai_client_operation_duration_seconds_count{error_type="503",gen_ai_operation_name="chat",gen_ai_provider_name="openai",gen_ai_request_model="m",server_address="127.0.0.1"}`,
+		`gen_ai_client_operation_duration_seconds_count{error_type="",gen_ai_operation_name="chat",gen_ai_provider_name="openai",gen_ai_request_model="m",server_address="127.0.0.1"}`,
+		`gen_ai_client_token_usage_sum{gen_ai_operation_name="chat",gen_ai_provider_name="openai",gen_ai_request_model="m",gen_ai_token_type="output",server_address="127.0.0.1"}`,
+	} {
+		if v, ok := brkMetric(t, series); !ok || v < 1 {
+			t.Errorf("%s = %v, %v; want at least 1", series, v, ok)
+		}
+	}
 
 	// The journal's decision names the trace.
 	var journaled failoverapp.DecisionsAnswer
@@ -352,11 +374,13 @@ func failoverPicture(t *testing.T, trace []otlptest.Span) {
 }
 
 // trace_content puts the prompt on the gateway's span and the answer's
-// text on the attempt's, each cut at its bound; the channels' keys stay
-// out whatever the bound.
+// text on the attempts', each cut at its bound; the channels' keys stay
+// out whatever the bound. A retry_same retry is an attempt span too.
 func TestTracingContentOptIn(t *testing.T) {
 	rcv := otlptest.Start(t)
-	up := upstream(t, fu.OKNamed("content"))
+	// It fails once with a 500, which retry_same retries on the same
+	// channel: the retry is an attempt span of its own.
+	up := upstream(t, fu.FailFirst(1, fu.Status(500, ""), fu.OKNamed("content")))
 	loadTraced(t, rcv, gatewayConfigWith("", `
 		channel a %s {
 			header Authorization "Bearer upstream-key-c-0123456789"
@@ -366,6 +390,7 @@ func TestTracingContentOptIn(t *testing.T) {
 		}
 		auth off
 		trace_content 40
+		retry_same 500
 `, up.URL))
 	body := []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"Tell me a story about a lighthouse keeper."}]}`)
 	s := streamPost(t, nil, "/v1/chat/completions", body, "")
@@ -377,7 +402,7 @@ func TestTracingContentOptIn(t *testing.T) {
 				n++
 			}
 		}
-		return n == 2
+		return n == 3
 	})
 	if !ok {
 		t.Fatalf("spans: %+v", spans)
@@ -388,7 +413,11 @@ func TestTracingContentOptIn(t *testing.T) {
 			wantAttrs(t, "gateway span", s, map[string]any{
 				"llm_failover.prompt": `{"messages":[{"role":"user","content":"T`, "llm_failover.prompt.truncated": true})
 		case "chat m":
-			wantAttrs(t, "attempt span", s, map[string]any{
+			if s.Attrs["llm_failover.attempt"] == int64(1) {
+				wantAttrs(t, "failed attempt span", s, map[string]any{"llm_failover.attempt.kind": "chain", "error.type": "500"})
+				continue
+			}
+			wantAttrs(t, "retry span", s, map[string]any{"llm_failover.attempt.kind": "retry_same", "llm_failover.attempt": 2,
 				"llm_failover.completion": "Hello from content", "llm_failover.completion.truncated": false})
 		}
 	}
