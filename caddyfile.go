@@ -153,6 +153,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "retry_same":
 			h.RetrySame, err = unmarshalRetrySame(d)
+		case "idempotency":
+			h.Idempotency, err = unmarshalIdempotency(d)
 		case "stream_resume":
 			h.StreamResume, err = resumeArg(d)
 		case "cache_affinity":
@@ -384,6 +386,14 @@ func (h *Handler) unmarshalModel(d *caddyfile.Dispenser, at map[string]string) e
 			if m.StreamResume, err = resumeArg(d); err != nil {
 				return err
 			}
+		case "idempotency":
+			if !d.NextArg() || (d.Val() != "on" && d.Val() != "off") {
+				return d.Errf("idempotency: want on or off")
+			}
+			m.Idempotency = d.Val()
+			if d.NextArg() {
+				return d.ArgErr()
+			}
 		case "probe":
 			p, err := unmarshalProbe(d)
 			if err != nil {
@@ -587,6 +597,34 @@ func unmarshalRetrySame(d *caddyfile.Dispenser) (*RetrySame, error) {
 		return nil, d.Errf("retry_same needs at least one status")
 	}
 	return r, nil
+}
+
+// unmarshalIdempotency parses `idempotency [{ retention <d> max_answer
+// <size> max_stored <size> grace <d> }]`.
+func unmarshalIdempotency(d *caddyfile.Dispenser) (*Idempotency, error) {
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	idem := new(Idempotency)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var err error
+		switch opt := d.Val(); opt {
+		case "retention":
+			idem.Retention, err = caddykit.DurationArg(d)
+		case "grace":
+			idem.Grace, err = caddykit.DurationArg(d)
+		case "max_answer":
+			idem.MaxAnswer, err = caddykit.SizeArg(d)
+		case "max_stored":
+			idem.MaxStored, err = caddykit.SizeArg(d)
+		default:
+			return nil, d.Errf("idempotency: unknown option %q (want retention, max_answer, max_stored or grace)", opt)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return idem, nil
 }
 
 // resumeArg parses stream_resume's one argument.

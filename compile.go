@@ -176,12 +176,44 @@ func compileOptions(h *Handler) (failover.Options, error) {
 	if h.Auth == "off" && h.Wallet != nil {
 		return o, mistake(optionKey("auth"), "auth off and a wallet contradict each other: a wallet authenticates every request")
 	}
+	if o.Idempotency, err = compileIdempotency(h); err != nil {
+		return o, mistake(optionKey("idempotency"), "idempotency: %w", err)
+	}
 	for _, p := range h.ForwardPaths {
 		if !strings.HasPrefix(p, "/") || provider.CheckPath(p) != nil {
 			return o, mistake(optionKey("forward_path"), "forward_path: %q is not a clean absolute path", p)
 		}
 	}
 	return o, nil
+}
+
+// compileIdempotency applies the idempotency defaults. A duplicate is
+// recognised by its client's identity, so idempotency needs a wallet
+// (keys, or an account placeholder behind Caddy's authentication): with
+// anonymous clients one client's key would replay another's answer.
+func compileIdempotency(h *Handler) (failover.IdempotencyLimits, error) {
+	l := failover.IdempotencyLimits{Retention: failover.DefaultIdempotencyRetention, Grace: failover.DefaultIdempotencyGrace,
+		MaxAnswer: failover.DefaultIdempotencyMaxAnswer, MaxStored: failover.DefaultIdempotencyMaxStored}
+	used := h.Idempotency != nil || slices.ContainsFunc(h.Models, func(m *Model) bool { return m.Idempotency == "on" })
+	if !used {
+		return l, nil
+	}
+	if h.Wallet == nil {
+		return l, errors.New("needs authenticated clients: configure a wallet (keys, or an account placeholder behind basic_auth or forward_auth); with anonymous clients one client's key would replay another's answer")
+	}
+	if i := h.Idempotency; i != nil {
+		if i.Retention < 0 || i.Grace < 0 || i.MaxAnswer < 0 || i.MaxStored < 0 {
+			return l, errors.New("retention, grace, max_answer and max_stored must not be negative")
+		}
+		l.Retention = cmp.Or(time.Duration(i.Retention), l.Retention)
+		l.Grace = cmp.Or(time.Duration(i.Grace), l.Grace)
+		l.MaxAnswer = cmp.Or(i.MaxAnswer, l.MaxAnswer)
+		l.MaxStored = cmp.Or(i.MaxStored, l.MaxStored)
+	}
+	if l.MaxAnswer > l.MaxStored {
+		return l, fmt.Errorf("max_answer %d is larger than max_stored %d", l.MaxAnswer, l.MaxStored)
+	}
+	return l, nil
 }
 
 // compileRetrySame rejects a retry_same that could never apply.
@@ -271,7 +303,13 @@ func compileModel(h *Handler, m *Model, index map[string]int, channels []*failov
 	if err := compileResume(m.StreamResume); err != nil {
 		return nil, mistake(at, "model %q: stream_resume: %w", m.Name, err)
 	}
-	pm := &failover.Model{Name: m.Name, MaxOutput: m.MaxOutputTokens, MaxInput: m.MaxInputTokens, Resume: resume}
+	pm := &failover.Model{Name: m.Name, MaxOutput: m.MaxOutputTokens, MaxInput: m.MaxInputTokens, Resume: resume,
+		Idempotent: m.Idempotency == "on" || (m.Idempotency == "" && h.Idempotency != nil)}
+	switch m.Idempotency {
+	case "", "on", "off":
+	default:
+		return nil, mistake(at, "model %q: idempotency: want on or off, got %q", m.Name, m.Idempotency)
+	}
 	if pm.MaxOutput == 0 {
 		pm.MaxOutput = failover.DefaultMaxOutputTokens
 	}

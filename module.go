@@ -98,6 +98,12 @@ type Handler struct {
 	// its last turn, where its prompt cache is warm, for this long after
 	// that turn (a duration), or "off". Default: 10m.
 	CacheAffinity string `json:"cache_affinity,omitempty"`
+	// Idempotency answers a request carrying an Idempotency-Key once: a
+	// duplicate of it (same client, same key) follows the first while it
+	// runs and is answered from its answer afterwards, for every model
+	// (a model's own idempotency overrides it). Off by default; it needs
+	// authenticated clients (a wallet).
+	Idempotency *Idempotency `json:"idempotency,omitempty"`
 	// StreamGate bounds how long an SSE stream is held back waiting for
 	// its first decisive frame.
 	StreamGate *StreamGate `json:"stream_gate,omitempty"`
@@ -193,6 +199,10 @@ type Model struct {
 	Probe *Probe `json:"probe,omitempty"`
 	// StreamResume overrides the handler's stream_resume for this model.
 	StreamResume string `json:"stream_resume,omitempty"`
+	// Idempotency is "on" or "off" for this model, overriding the
+	// handler's idempotency; on without the handler's block takes its
+	// defaults.
+	Idempotency string `json:"idempotency,omitempty"`
 }
 
 // Route is one channel serving a model.
@@ -274,6 +284,23 @@ type RetrySame struct {
 	// MaxWait is the longest Retry-After of a 429 worth waiting for;
 	// a 429 without Retry-After, or with a longer one, moves on at once.
 	MaxWait caddy.Duration `json:"max_wait,omitempty"`
+}
+
+// Idempotency bounds what idempotent requests keep (docs/errors.md,
+// "Idempotent requests").
+type Idempotency struct {
+	// Retention is how long a completed call's answer is kept for its
+	// duplicates. Default 5m, which covers SDK retries: answers are
+	// model output, which zero-retention setups must not keep long.
+	Retention caddy.Duration `json:"retention,omitempty"`
+	// MaxAnswer is the largest answer kept; a duplicate of a call whose
+	// answer was larger gets 409. Default 1 MiB.
+	MaxAnswer int64 `json:"max_answer,omitempty"`
+	// MaxStored bounds the bytes of all kept answers. Default 64 MiB.
+	MaxStored int64 `json:"max_stored,omitempty"`
+	// Grace is how long a call whose client went away keeps running, so
+	// that the client's retry finds it. Default 60s.
+	Grace caddy.Duration `json:"grace,omitempty"`
 }
 
 // Probe turns on synthetic checks of a model's channels. A channel is

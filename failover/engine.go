@@ -74,6 +74,9 @@ type Model struct {
 	Probe *probe.Plan
 	// Resume is the model's stream_resume.
 	Resume string
+	// Idempotent: a request carrying an Idempotency-Key is answered once
+	// (idempotency.go).
+	Idempotent bool
 
 	// resumable: per client API, whether a broken stream can be
 	// continued (stream_resume continue, a resumable API, and a channel

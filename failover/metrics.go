@@ -104,7 +104,7 @@ func countGenAI(x *exchange, ch *Channel, route *chain.Route, res attemptResult,
 
 func registerMetrics(reg prometheus.Registerer) error {
 	return caddykit.Register(reg, requestsTotal, attemptsTotal, attemptDuration, channelSkipped,
-		walletTotal, walletCharged, resumesTotal, inputTokens, genAIDuration, genAITimeToFirstChunk, genAITokens)
+		walletTotal, walletCharged, resumesTotal, inputTokens, genAIDuration, genAITimeToFirstChunk, genAITokens, idempotentTotal)
 }
 
 // countInput adds an answer's reported input, by cache class, to

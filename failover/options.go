@@ -58,10 +58,29 @@ type Options struct {
 	ProbeAccount string
 	// Breaker is the breaker settings the handler wants for its channels.
 	Breaker breaker.Config
+	// Idempotency bounds idempotent requests (idempotency.go); its
+	// zero value is the defaults. Models say whether they take them.
+	Idempotency IdempotencyLimits
 	// CacheAffinity is how long a conversation stays on the channel that
 	// served its last turn (where its prompt cache is warm); 0: off.
 	CacheAffinity time.Duration
 }
+
+// IdempotencyLimits bound what idempotent requests keep and hold.
+type IdempotencyLimits struct {
+	Retention, Grace     time.Duration
+	MaxAnswer, MaxStored int64
+}
+
+// The idempotency defaults: a retention that covers SDK retries (answers
+// are model output, kept no longer than needed), a grace long enough for
+// a client's retry after a network blip.
+const (
+	DefaultIdempotencyRetention = 5 * time.Minute
+	DefaultIdempotencyGrace     = 60 * time.Second
+	DefaultIdempotencyMaxAnswer = 1 << 20
+	DefaultIdempotencyMaxStored = 64 << 20
+)
 
 // DefaultCacheAffinity outlasts the providers' default prompt-cache
 // lifetime (Anthropic's 5 minutes, OpenAI's 5 to 10 of idleness).

@@ -64,6 +64,17 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) error {
 			Message: fmt.Sprintf("model %q is not served over the %s API by any of its channels", x.req.Model, x.api)})
 	}
 
+	// A duplicate of a call is answered before anything is reserved; the
+	// call's first run ends after its bill is settled (deferred first).
+	answered, run := e.beginIdempotent(x)
+	if answered {
+		return nil
+	}
+	if run != nil {
+		r = x.r // the run's context, which outlives its client
+		defer e.finishRun(x, run)
+	}
+
 	if e.wallet != nil {
 		var refusal *provider.Error
 		if x.bill, refusal = e.wallet.admit(x, e.mayResume(x)); refusal != nil {

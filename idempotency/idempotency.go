@@ -1,0 +1,233 @@
+// Package idempotency answers a retried request once: a request carrying
+// an Idempotency-Key is one logical call of its client, and a duplicate
+// of it (same client, same key) either follows the first while it runs or
+// is answered from what the first got, for a retention window. Nothing is
+// sent upstream twice and nothing is charged twice.
+//
+// A Table is the process's: its flights (keyed requests under way here)
+// and the answers it keeps (Stored). It knows HTTP answers as status,
+// headers and bytes; it must not know LLM APIs, money or SQL. A Store
+// shares answers and running claims with a fleet (store.go).
+package idempotency
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// ReplayedHeader marks an answer served from a duplicate's first run, as
+// Stripe's API does.
+const ReplayedHeader = "Idempotent-Replayed"
+
+// MaxKeyLen bounds a client's key.
+const MaxKeyLen = 255
+
+// ID identifies a logical call: the client's identity and its key, hashed
+// so that neither is kept.
+func ID(identity, key string) string {
+	sum := sha256.Sum256([]byte(identity + "\x00" + key))
+	return hex.EncodeToString(sum[:])
+}
+
+// Fingerprint identifies a request body: a key reused with another body
+// is a client's mistake, never a replay.
+func Fingerprint(body []byte) string {
+	sum := sha256.Sum256(body)
+	return hex.EncodeToString(sum[:16])
+}
+
+// Answer is what a client got: status, the headers the gateway passed,
+// and the body (a stream's events as sent).
+type Answer struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// Verdict is what Begin decided for a keyed request.
+type Verdict int
+
+const (
+	// Run: nobody runs this call; the caller does, recording into the
+	// Flight, and ends it with Finish.
+	Run Verdict = iota
+	// Follow: the call runs in this process; the caller follows its
+	// Flight (Follow).
+	Follow
+	// Replay: the call completed; the caller answers with the Answer.
+	Replay
+	// Mismatch: the key was used with another body (422).
+	Mismatch
+	// Unstored: the call completed with an answer too large to keep;
+	// running it again would run it twice (409).
+	Unstored
+)
+
+// Flight is one keyed request under way in this process: what its client
+// got so far, for the duplicates that follow it.
+type Flight struct {
+	id, fingerprint string
+
+	mu sync.Mutex
+	// changed is closed, and replaced, whenever the flight gains bytes,
+	// its status, or ends.
+	changed chan struct{}
+	status  int
+	header  http.Header
+	body    []byte
+	done    bool
+	// overflow: the answer outgrew what may be held; followers that
+	// joined before keep what they read, later ones cannot start.
+	overflow bool
+	held     int64
+}
+
+// stored is a completed call's answer, or its tombstone when the answer
+// was too large to keep.
+type stored struct {
+	fingerprint string
+	answer      *Answer // nil: unstored (too large)
+	expires     time.Time
+	size        int64
+}
+
+// Limits bound a Table.
+type Limits struct {
+	// Retention is how long a completed call's answer is kept.
+	Retention time.Duration
+	// MaxAnswer is the largest answer kept (and held for followers).
+	MaxAnswer int64
+	// MaxStored bounds the bytes of every answer kept together.
+	MaxStored int64
+}
+
+// Table is the process's flights and kept answers.
+type Table struct {
+	mu      sync.Mutex
+	flights map[string]*Flight
+	answers map[string]*stored
+	bytes   int64
+}
+
+// NewTable returns an empty table.
+func NewTable() *Table {
+	return &Table{flights: make(map[string]*Flight), answers: make(map[string]*stored)}
+}
+
+// Begin decides what a keyed request does: run, follow the flight under
+// way, or be answered from the kept answer.
+func (t *Table) Begin(id, fingerprint string, now time.Time) (Verdict, *Flight, *Answer) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if f, ok := t.flights[id]; ok {
+		if f.fingerprint != fingerprint {
+			return Mismatch, nil, nil
+		}
+		return Follow, f, nil
+	}
+	if s, ok := t.answers[id]; ok {
+		switch {
+		case !now.Before(s.expires):
+			t.drop(id, s)
+		case s.fingerprint != fingerprint:
+			return Mismatch, nil, nil
+		case s.answer == nil:
+			return Unstored, nil, nil
+		default:
+			return Replay, nil, s.answer
+		}
+	}
+	f := &Flight{id: id, fingerprint: fingerprint, changed: make(chan struct{})}
+	t.flights[id] = f
+	return Run, f, nil
+}
+
+// Keep keeps a as the answer of call id (nil: a tombstone), as Finish
+// does.
+func (t *Table) Keep(id, fingerprint string, a *Answer, lim Limits, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.keepLocked(id, fingerprint, a, lim, now)
+}
+
+func (t *Table) keepLocked(id, fingerprint string, a *Answer, lim Limits, now time.Time) {
+	if old, ok := t.answers[id]; ok {
+		t.drop(id, old)
+	}
+	s := &stored{fingerprint: fingerprint, answer: a, expires: now.Add(lim.Retention)}
+	if a != nil {
+		s.size = int64(len(a.Body))
+		if t.bytes+s.size > lim.MaxStored {
+			t.sweepLocked(now)
+		}
+		if t.bytes+s.size > lim.MaxStored {
+			// No room: kept as a tombstone, so a duplicate is refused
+			// (409) rather than run twice.
+			s.answer, s.size = nil, 0
+		}
+	}
+	t.answers[id] = s
+	t.bytes += s.size
+}
+
+func (t *Table) drop(id string, s *stored) {
+	delete(t.answers, id)
+	t.bytes -= s.size
+}
+
+// Sweep drops the kept answers expired at now.
+func (t *Table) Sweep(now time.Time) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.sweepLocked(now)
+}
+
+func (t *Table) sweepLocked(now time.Time) int {
+	n := 0
+	for id, s := range t.answers {
+		if !now.Before(s.expires) {
+			t.drop(id, s)
+			n++
+		}
+	}
+	return n
+}
+
+// Finish ends f. With keep, its answer is kept for the retention window
+// (a tombstone when it overflowed); without, the call is forgotten and a
+// duplicate runs it again (a failure is not kept). Followers see the end.
+func (t *Table) Finish(f *Flight, keep bool, lim Limits, now time.Time) {
+	f.mu.Lock()
+	f.done = true
+	a := &Answer{Status: f.status, Header: f.header, Body: f.body}
+	overflow := f.overflow
+	f.notifyLocked()
+	f.mu.Unlock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.flights[f.id] == f {
+		delete(t.flights, f.id)
+	}
+	if !keep {
+		return
+	}
+	if overflow || a.Status == 0 {
+		a = nil
+	}
+	t.keepLocked(f.id, f.fingerprint, a, lim, now)
+}
+
+// Stats are a table's sizes, for metrics.
+func (t *Table) Stats() (flights, kept int, bytes int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.flights), len(t.answers), t.bytes
+}
+
+func (f *Flight) notifyLocked() {
+	close(f.changed)
+	f.changed = make(chan struct{})
+}

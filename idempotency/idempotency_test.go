@@ -1,0 +1,149 @@
+package idempotency
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+)
+
+var lim = Limits{Retention: time.Minute, MaxAnswer: 64, MaxStored: 100}
+
+// record runs f's first run: status, a Content-Type, then body.
+func record(t *testing.T, f *Flight, status int, body string) *httptest.ResponseRecorder {
+	t.Helper()
+	w := httptest.NewRecorder()
+	r := NewRecorder(w, f, lim.MaxAnswer, func(int64) bool { return true })
+	r.Header().Set("Content-Type", "application/json")
+	r.Header().Set("Date", "Sun, 06 Dec 2026 12:00:00 GMT")
+	r.WriteHeader(status)
+	_, _ = r.Write([]byte(body))
+	return w
+}
+
+func TestTableLifecycle(t *testing.T) {
+	tb := NewTable()
+	now := time.Unix(1_800_000_000, 0)
+	id, fp := ID("acct", "k1"), Fingerprint([]byte(`{"a":1}`))
+	if ID("acct", "k1") == ID("acct2", "k1") || ID("a", "bk") == ID("ab", "k") {
+		t.Fatal("IDs of different clients or keys collide")
+	}
+	v, f, _ := tb.Begin(id, fp, now)
+	if v != Run {
+		t.Fatalf("first request: %v", v)
+	}
+	if v, g, _ := tb.Begin(id, fp, now); v != Follow || g != f {
+		t.Fatalf("a duplicate during the run: %v", v)
+	}
+	if v, _, _ := tb.Begin(id, Fingerprint([]byte(`{"a":2}`)), now); v != Mismatch {
+		t.Fatalf("another body during the run: %v", v)
+	}
+	record(t, f, 200, `{"ok":true}`)
+	tb.Finish(f, true, lim, now)
+	v, _, a := tb.Begin(id, fp, now.Add(time.Second))
+	if v != Replay || a.Status != 200 || string(a.Body) != `{"ok":true}` || a.Header.Get("Content-Type") != "application/json" || a.Header.Get("Date") != "" {
+		t.Fatalf("after the run: %v %+v", v, a)
+	}
+	if v, _, _ := tb.Begin(id, Fingerprint([]byte(`{"a":2}`)), now); v != Mismatch {
+		t.Fatalf("another body after the run: %v", v)
+	}
+	// Past the retention, the key is free again.
+	if v, _, _ := tb.Begin(id, fp, now.Add(lim.Retention)); v != Run {
+		t.Fatalf("after the retention: %v", v)
+	}
+}
+
+// A failure is forgotten; an answer over MaxAnswer, or one there is no
+// room for, leaves a tombstone (its duplicates get 409, never a rerun).
+func TestTableFailuresAndTombstones(t *testing.T) {
+	tb := NewTable()
+	now := time.Unix(1_800_000_000, 0)
+	_, f, _ := tb.Begin("failed", "fp", now)
+	record(t, f, 503, `{"error":{}}`)
+	tb.Finish(f, false, lim, now)
+	if v, _, _ := tb.Begin("failed", "fp", now); v != Run {
+		t.Fatalf("a failed call's retry: %v", v)
+	}
+
+	_, f, _ = tb.Begin("large", "fp", now)
+	record(t, f, 200, string(make([]byte, lim.MaxAnswer+1)))
+	tb.Finish(f, true, lim, now)
+	if v, _, _ := tb.Begin("large", "fp", now); v != Unstored {
+		t.Fatalf("a large answer's duplicate: %v", v)
+	}
+
+	for i, id := range []string{"k1", "k2", "k3"} {
+		_, f, _ := tb.Begin(id, "fp", now)
+		record(t, f, 200, string(make([]byte, 40)))
+		tb.Finish(f, true, lim, now)
+		want := Replay
+		if i == 2 {
+			want = Unstored // 120 bytes > MaxStored 100
+		}
+		if v, _, _ := tb.Begin(id, "fp", now); v != want {
+			t.Errorf("answer %d: %v, want %v", i, v, want)
+		}
+	}
+	if _, kept, bytes := tb.Stats(); kept != 4 || bytes != 80 {
+		t.Errorf("kept %d answers of %d bytes", kept, bytes)
+	}
+	if n := tb.Sweep(now.Add(lim.Retention)); n != 4 {
+		t.Errorf("swept %d", n)
+	}
+}
+
+// A follower gets the whole answer, from its start, whenever it joins;
+// one that joins after the answer outgrew the bound cannot start.
+func TestFollow(t *testing.T) {
+	tb := NewTable()
+	_, f, _ := tb.Begin("id", "fp", time.Now())
+	w := httptest.NewRecorder()
+	r := NewRecorder(w, f, lim.MaxAnswer, func(int64) bool { return true })
+	r.Header().Set("Content-Type", "text/event-stream")
+	r.WriteHeader(200)
+	_, _ = r.Write([]byte("data: 1\n\n"))
+	got := make(chan *httptest.ResponseRecorder)
+	go func() {
+		fw := httptest.NewRecorder()
+		if !f.Follow(context.Background(), fw) {
+			t.Error("could not follow")
+		}
+		got <- fw
+	}()
+	time.Sleep(20 * time.Millisecond)
+	_, _ = r.Write([]byte("data: 2\n\n"))
+	tb.Finish(f, true, lim, time.Now())
+	fw := <-got
+	if fw.Body.String() != w.Body.String() || fw.Code != 200 || fw.Header().Get(ReplayedHeader) != "true" {
+		t.Fatalf("follower got %d %q, the client %q", fw.Code, fw.Body.String(), w.Body.String())
+	}
+
+	_, f, _ = tb.Begin("big", "fp", time.Now())
+	r = NewRecorder(httptest.NewRecorder(), f, lim.MaxAnswer, func(int64) bool { return true })
+	r.WriteHeader(200)
+	_, _ = r.Write(make([]byte, lim.MaxAnswer+1))
+	if f.Follow(context.Background(), httptest.NewRecorder()) {
+		t.Error("followed an answer that outgrew the bound")
+	}
+}
+
+// A client that went away does not stop the run: writes succeed and are
+// recorded.
+func TestRecorderOutlivesItsClient(t *testing.T) {
+	_, f, _ := NewTable().Begin("id", "fp", time.Now())
+	r := NewRecorder(failingWriter{httptest.NewRecorder()}, f, lim.MaxAnswer, func(int64) bool { return true })
+	r.WriteHeader(200)
+	for _, p := range []string{"a", "b"} {
+		if n, err := r.Write([]byte(p)); n != 1 || err != nil {
+			t.Fatalf("write after the client left: %d, %v", n, err)
+		}
+	}
+	if !r.ClientGone() || string(f.body) != "ab" || f.Held() != 2 {
+		t.Errorf("gone %v, recorded %q, held %d", r.ClientGone(), f.body, f.Held())
+	}
+}
+
+type failingWriter struct{ *httptest.ResponseRecorder }
+
+func (failingWriter) Write([]byte) (int, error) { return 0, http.ErrHandlerTimeout }

@@ -1,0 +1,236 @@
+package integration_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
+	"github.com/llmfailover/caddy-llm-failover/wallet"
+)
+
+// idempotentGateway loads walletChannels with idempotency on (options in
+// its block) and a fresh SQLite wallet, and returns a funded key.
+func idempotentGateway(t *testing.T, a, b *fu.Server, options string) (secret string) {
+	t.Helper()
+	gatewayWith(t, storeOption("sqlite "+t.TempDir()+"/w.db"), walletChannels+"\t\tidempotency {\n"+options+"\n\t\t}\n", a.URL, b.URL)
+	secret, _ = newWalletAccount(t, "idem", "1000")
+	return secret
+}
+
+// keyed is a request with an Idempotency-Key and the client's wallet key.
+func keyed(t *testing.T, secret, key string, body []byte) *http.Request {
+	t.Helper()
+	return newPost(t, context.Background(), "/v1/chat/completions", body, append(bearer(secret), "Idempotency-Key", key)...)
+}
+
+// do sends req and returns its status, headers and whole body.
+func do(t *testing.T, req *http.Request) (int, http.Header, []byte) {
+	t.Helper()
+	res, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		t.Errorf("%s: %v", req.URL.Path, err)
+		return 0, nil, nil
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Errorf("%s: reading: %v", req.URL.Path, err)
+	}
+	return res.StatusCode, res.Header, b
+}
+
+// charges counts the account's charge rows.
+func charges(t *testing.T, account string) int {
+	t.Helper()
+	n := 0
+	for _, e := range requestRows(t, account) {
+		if e.Kind == wallet.KindCharge {
+			n++
+		}
+	}
+	return n
+}
+
+// Many pairs of concurrent duplicates, streaming and not, billed: each
+// call runs upstream once and is charged once, and both requests of a
+// pair get the same answer.
+func TestIdempotentConcurrentDuplicates(t *testing.T) {
+	const pairs = 1000
+	a := upstream(t, fu.SlowHeaders(20*time.Millisecond, fu.OKNamed("a").WithUsage(10, 5).WithPieces("one", " two", " three")))
+	b := upstream(t, fu.OK())
+	secret := idempotentGateway(t, a, b, "")
+	sem := make(chan struct{}, 64)
+	var wg sync.WaitGroup
+	for i := range pairs {
+		stream := i%2 == 0
+		body := fu.ChatRequest("m", stream)
+		key := fmt.Sprintf("pair-%d", i)
+		var got [2][]byte
+		var status [2]int
+		var pair sync.WaitGroup
+		for j := range 2 {
+			wg.Add(1)
+			pair.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer pair.Done()
+				defer func() { <-sem }()
+				status[j], _, got[j] = do(t, keyed(t, secret, key, body))
+			}()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pair.Wait()
+			if status[0] != 200 || status[1] != 200 || !bytes.Equal(got[0], got[1]) {
+				t.Errorf("pair %d (stream %v): %d %q and %d %q", i, stream, status[0], got[0], status[1], got[1])
+			}
+		}()
+	}
+	wg.Wait()
+	waitUnreserved(t, "idem")
+	if n := a.Hits(); n != pairs {
+		t.Errorf("%d upstream runs for %d calls", n, pairs)
+	}
+	if n := charges(t, "idem"); n != pairs {
+		t.Errorf("%d charge rows for %d calls", n, pairs)
+	}
+}
+
+// A duplicate after the call completed is answered from the kept answer,
+// byte for byte, marked as a replay: no upstream call, no ledger row. A
+// different body under the same key is a 422.
+func TestIdempotentReplayAfterCompletion(t *testing.T) {
+	a := upstream(t, fu.OKNamed("a").WithUsage(10, 5))
+	b := upstream(t, fu.OK())
+	secret := idempotentGateway(t, a, b, "")
+	for _, stream := range []bool{false, true} {
+		body := fu.ChatRequest("m", stream)
+		key := fmt.Sprintf("replay-%v", stream)
+		status, h1, first := do(t, keyed(t, secret, key, body))
+		waitUnreserved(t, "idem")
+		hits, rows := a.Hits(), len(requestRows(t, "idem"))
+		status2, h2, again := do(t, keyed(t, secret, key, body))
+		if status != 200 || status2 != 200 || !bytes.Equal(first, again) {
+			t.Fatalf("stream %v: %d %q, then %d %q", stream, status, first, status2, again)
+		}
+		if h1.Get("Idempotent-Replayed") != "" || h2.Get("Idempotent-Replayed") != "true" || h2.Get("Content-Type") != h1.Get("Content-Type") {
+			t.Errorf("stream %v: headers %v then %v", stream, h1, h2)
+		}
+		if a.Hits() != hits || len(requestRows(t, "idem")) != rows {
+			t.Errorf("stream %v: the replay reached the upstream (%d) or the ledger (%d rows)", stream, a.Hits()-hits, len(requestRows(t, "idem"))-rows)
+		}
+		other := bytes.Replace(body, []byte("Say hello."), []byte("Say goodbye."), 1)
+		if bytes.Equal(other, body) {
+			t.Fatalf("the test's body %s has no \"Say hello.\"", body)
+		}
+		status, _, refused := do(t, keyed(t, secret, key, other))
+		if msg, _, code := openAIError(t, refused); status != 422 || code != "idempotency_key_reused" {
+			t.Errorf("another body under the key: %d %s %s", status, code, msg)
+		}
+	}
+}
+
+// A duplicate that arrives mid-stream gets the whole stream: what was
+// delivered so far, then the rest as it comes.
+func TestIdempotentDuplicateMidStream(t *testing.T) {
+	pieces := []string{"alpha", " beta", " gamma", " delta", " epsilon"}
+	a := upstream(t, fu.OKNamed("a").WithPieces(pieces...).WithEventDelay(60*time.Millisecond).WithUsage(10, 5))
+	b := upstream(t, fu.OK())
+	secret := idempotentGateway(t, a, b, "")
+	body := fu.ChatRequest("m", true)
+	firstDone := make(chan []byte)
+	go func() {
+		_, _, got := do(t, keyed(t, secret, "mid", body))
+		firstDone <- got
+	}()
+	// Once the first stream is under way (its first content was sent).
+	eventually(t, 5*time.Second, "the first stream under way", func() bool { return a.Hits() == 1 })
+	time.Sleep(150 * time.Millisecond)
+	status, h, second := do(t, keyed(t, secret, "mid", body))
+	first := <-firstDone
+	if status != 200 || h.Get("Idempotent-Replayed") != "true" || !bytes.Equal(first, second) {
+		t.Fatalf("duplicate: %d %v\n%s\nfirst:\n%s", status, h, second, first)
+	}
+	if got := fu.StreamText(mustSSE(t, second)); got != strings.Join(pieces, "") {
+		t.Errorf("duplicate's text %q", got)
+	}
+	waitUnreserved(t, "idem")
+	if a.Hits() != 1 || charges(t, "idem") != 1 {
+		t.Errorf("%d upstream runs, %d charges", a.Hits(), charges(t, "idem"))
+	}
+}
+
+// A client that goes away mid-stream does not end the call: it runs on
+// for the grace period, and the client's retry gets the whole answer,
+// run and charged once.
+func TestIdempotentClientGoneThenRetry(t *testing.T) {
+	pieces := []string{"one", " two", " three", " four", " five", " six"}
+	a := upstream(t, fu.OKNamed("a").WithPieces(pieces...).WithEventDelay(50*time.Millisecond).WithUsage(10, 5))
+	b := upstream(t, fu.OK())
+	secret := idempotentGateway(t, a, b, "grace 10s")
+	body := fu.ChatRequest("m", true)
+	ctx, cancel := context.WithCancel(context.Background())
+	req := keyed(t, secret, "gone", body).WithContext(ctx)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	_, _ = res.Body.Read(buf) // the stream has started
+	cancel()
+	res.Body.Close()
+	status, _, again := do(t, keyed(t, secret, "gone", body))
+	if status != 200 || fu.StreamText(mustSSE(t, again)) != strings.Join(pieces, "") {
+		t.Fatalf("retry: %d\n%s", status, again)
+	}
+	waitUnreserved(t, "idem")
+	if a.Hits() != 1 || charges(t, "idem") != 1 {
+		t.Errorf("%d upstream runs, %d charges", a.Hits(), charges(t, "idem"))
+	}
+}
+
+// A failed call is not kept: its retry runs again. An answer larger than
+// max_answer is not kept either, and its duplicate gets 409 rather than a
+// second run.
+func TestIdempotentFailuresRunAgainLargeAnswersConflict(t *testing.T) {
+	a := upstream(t, fu.Status(503, ""))
+	b := upstream(t, fu.Status(503, ""))
+	secret := idempotentGateway(t, a, b, "max_answer 200")
+	body := fu.ChatRequest("m", false)
+	for range 2 {
+		if status, _, got := do(t, keyed(t, secret, "fails", body)); status != 503 {
+			t.Fatalf("%d %s", status, got)
+		}
+	}
+	if a.Hits() != 2 {
+		t.Errorf("the failed call ran %d times, want 2 (not kept)", a.Hits())
+	}
+	a.Set(fu.OKNamed("a").WithPieces(strings.Repeat("long answer ", 40)).WithUsage(10, 5))
+	if status, _, got := do(t, keyed(t, secret, "large", body)); status != 200 {
+		t.Fatalf("%d %s", status, got)
+	}
+	status, _, got := do(t, keyed(t, secret, "large", body))
+	if _, _, code := openAIError(t, got); status != 409 || code != "idempotency_answer_not_kept" {
+		t.Errorf("duplicate of a large answer: %d %s", status, got)
+	}
+	if a.Hits() != 3 {
+		t.Errorf("%d upstream runs, want 3", a.Hits())
+	}
+}
+
+// Idempotency needs to know the client: without a wallet it is refused.
+func TestIdempotencyNeedsAuthentication(t *testing.T) {
+	status, body := tryLoad(t, "channel a http://127.0.0.1:9\n\t\tmodel m {\n\t\t\troute a\n\t\t}\n\t\tauth off\n\t\tidempotency")
+	if status == 200 || !strings.Contains(body, "idempotency: needs authenticated clients") {
+		t.Errorf("%d %s", status, body)
+	}
+}
