@@ -600,7 +600,7 @@ func unmarshalRetrySame(d *caddyfile.Dispenser) (*RetrySame, error) {
 }
 
 // unmarshalIdempotency parses `idempotency [{ retention <d> max_answer
-// <size> max_stored <size> grace <d> }]`.
+// <size> max_stored <size> grace <d> lease <d> }]`.
 func unmarshalIdempotency(d *caddyfile.Dispenser) (*Idempotency, error) {
 	if d.NextArg() {
 		return nil, d.ArgErr()
@@ -613,12 +613,14 @@ func unmarshalIdempotency(d *caddyfile.Dispenser) (*Idempotency, error) {
 			idem.Retention, err = caddykit.DurationArg(d)
 		case "grace":
 			idem.Grace, err = caddykit.DurationArg(d)
+		case "lease":
+			idem.Lease, err = caddykit.DurationArg(d)
 		case "max_answer":
 			idem.MaxAnswer, err = caddykit.SizeArg(d)
 		case "max_stored":
 			idem.MaxStored, err = caddykit.SizeArg(d)
 		default:
-			return nil, d.Errf("idempotency: unknown option %q (want retention, max_answer, max_stored or grace)", opt)
+			return nil, d.Errf("idempotency: unknown option %q (want retention, max_answer, max_stored, grace or lease)", opt)
 		}
 		if err != nil {
 			return nil, err

@@ -193,6 +193,7 @@ func compileOptions(h *Handler) (failover.Options, error) {
 // anonymous clients one client's key would replay another's answer.
 func compileIdempotency(h *Handler) (failover.IdempotencyLimits, error) {
 	l := failover.IdempotencyLimits{Retention: failover.DefaultIdempotencyRetention, Grace: failover.DefaultIdempotencyGrace,
+		Lease:     failover.DefaultIdempotencyLease,
 		MaxAnswer: failover.DefaultIdempotencyMaxAnswer, MaxStored: failover.DefaultIdempotencyMaxStored}
 	used := h.Idempotency != nil || slices.ContainsFunc(h.Models, func(m *Model) bool { return m.Idempotency == "on" })
 	if !used {
@@ -202,9 +203,10 @@ func compileIdempotency(h *Handler) (failover.IdempotencyLimits, error) {
 		return l, errors.New("needs authenticated clients: configure a wallet (keys, or an account placeholder behind basic_auth or forward_auth); with anonymous clients one client's key would replay another's answer")
 	}
 	if i := h.Idempotency; i != nil {
-		if i.Retention < 0 || i.Grace < 0 || i.MaxAnswer < 0 || i.MaxStored < 0 {
-			return l, errors.New("retention, grace, max_answer and max_stored must not be negative")
+		if i.Retention < 0 || i.Grace < 0 || i.MaxAnswer < 0 || i.MaxStored < 0 || i.Lease < 0 {
+			return l, errors.New("retention, grace, lease, max_answer and max_stored must not be negative")
 		}
+		l.Lease = cmp.Or(time.Duration(i.Lease), l.Lease)
 		l.Retention = cmp.Or(time.Duration(i.Retention), l.Retention)
 		l.Grace = cmp.Or(time.Duration(i.Grace), l.Grace)
 		l.MaxAnswer = cmp.Or(i.MaxAnswer, l.MaxAnswer)

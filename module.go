@@ -301,6 +301,10 @@ type Idempotency struct {
 	// Grace is how long a call whose client went away keeps running, so
 	// that the client's retry finds it. Default 60s.
 	Grace caddy.Duration `json:"grace,omitempty"`
+	// Lease is how long a fleet waits for an instance that claimed a call
+	// and stopped renewing its claim (it died) before another instance
+	// runs the call. Default 30s.
+	Lease caddy.Duration `json:"lease,omitempty"`
 }
 
 // Probe turns on synthetic checks of a model's channels. A channel is

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -128,6 +129,9 @@ type Engine struct {
 	memory    *failoverapp.Memory
 	logger    *zap.Logger
 	secrets   *redact.Secrets
+	// idem keeps idempotent calls beyond this process (idempotency.go);
+	// nil when no model is idempotent.
+	idem *failoverapp.IdempotencyStore
 }
 
 // New readies the plan's engine: it registers the channels (getting their
@@ -174,6 +178,12 @@ func New(ctx caddy.Context, p Plan) (*Engine, error) {
 			return nil, fmt.Errorf("wallet: %w", err)
 		}
 		e.useWallet(rt)
+		if slices.ContainsFunc(p.Models, func(m *Model) bool { return m.Idempotent }) {
+			dsn, shared := rt.w.SharedDSN()
+			if e.idem, err = e.app.IdempotencyStore(dsn, shared); err != nil {
+				return nil, err
+			}
+		}
 		// A wallet that refuses requests without its store makes the
 		// instance unready without it, unless the store is shared by
 		// every instance (PostgreSQL): then its outage is reported, and

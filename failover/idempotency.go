@@ -2,7 +2,11 @@ package failover
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -11,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/llmfailover/caddy-llm-failover/idempotency"
+	"github.com/llmfailover/caddy-llm-failover/idempotency/store"
 	"github.com/llmfailover/caddy-llm-failover/provider"
 )
 
@@ -32,20 +37,44 @@ var idempotentTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Help: "Requests carrying an Idempotency-Key, by model and what became of them: ran, followed (a duplicate joined the run under way), replayed (answered from a kept answer), mismatch (422), unstored (409).",
 }, []string{"model", "outcome"})
 
-// idempotentRun is the first run of a call: its flight, and how to end it.
+// idempotentRun is the first run of a call in this process: its flight,
+// and how to end it. claimed is the store that has this instance run the
+// call (nil: the store was not asked or did not answer, or the call's
+// answer came from it), renewing the claim's lease until the run ends.
 type idempotentRun struct {
-	flight *idempotency.Flight
-	rec    *idempotency.Recorder
-	cancel context.CancelFunc
-	stop   func() bool
-	mu     sync.Mutex
-	grace  *time.Timer
+	id, fingerprint string
+	flight          *idempotency.Flight
+	rec             *idempotency.Recorder
+	cancel          context.CancelFunc
+	stop            func() bool
+	mu              sync.Mutex
+	grace           *time.Timer
+	claimed         *store.Store
+	renewing        chan struct{}
 }
 
+// Bounds of the fleet's claims: how often a duplicate looks at a call
+// another instance runs; how long one store statement may take. A claim's
+// lease (idempotency lease) is renewed at a third of it while the run
+// goes on, so a dead instance's call is taken over about a lease after
+// it died.
+const (
+	idempotencyPoll = 200 * time.Millisecond
+	idempotencyStmt = 5 * time.Second
+)
+
+// instanceID names this process as a claim's owner.
+var instanceID = func() string {
+	host, _ := os.Hostname()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}()
+
 // beginIdempotent handles a keyed request before anything is reserved:
-// it answers a duplicate (answered), or makes x the call's first run
-// (run, to be finished when x ends), or leaves x alone (neither: no key,
-// or the model is not idempotent).
+// it answers a duplicate (answered), or makes x the call's first run in
+// this process (run, to be finished when x ends, answered or not), or
+// leaves x alone (neither: no key, or the model is not idempotent).
 func (e *Engine) beginIdempotent(x *exchange) (answered bool, run *idempotentRun) {
 	key := x.r.Header.Get(idempotencyKeyHeader)
 	if key == "" || !x.model.Idempotent || e.wallet == nil {
@@ -68,10 +97,12 @@ func (e *Engine) beginIdempotent(x *exchange) (answered bool, run *idempotentRun
 		// client is not known, so its key cannot be scoped to it.
 		return false, nil
 	}
-	id := idempotency.ID(e.wallet.w.Name()+"\x00"+account+"\x00"+keyID, key)
+	id, fp := idempotency.ID(e.wallet.w.Name()+"\x00"+account+"\x00"+keyID, key), idempotency.Fingerprint(x.body)
 	table := e.app.Idempotency()
-	verdict, f, answer := table.Begin(id, idempotency.Fingerprint(x.body), time.Now())
-	idempotentTotal.WithLabelValues(x.req.Model, [...]string{"ran", "followed", "replayed", "mismatch", "unstored"}[verdict]).Inc()
+	verdict, f, answer := table.Begin(id, fp, time.Now())
+	if verdict != idempotency.Run {
+		idempotentTotal.WithLabelValues(x.req.Model, [...]string{"ran", "followed", "replayed", "mismatch", "unstored"}[verdict]).Inc()
+	}
 	switch verdict {
 	case idempotency.Mismatch:
 		_ = e.refuse(x, provider.Error{Status: http.StatusUnprocessableEntity, Code: "idempotency_key_reused",
@@ -89,7 +120,79 @@ func (e *Engine) beginIdempotent(x *exchange) (answered bool, run *idempotentRun
 		}
 		return true, nil
 	}
-	return false, e.startRun(x, f)
+	run = e.startRun(x, f)
+	run.id, run.fingerprint = id, fp
+	if answered = e.claim(x, run); !answered {
+		idempotentTotal.WithLabelValues(x.req.Model, "ran").Inc()
+	}
+	return answered, run
+}
+
+// claim asks the fleet's store whether x's call runs here: claimed (x
+// runs it), completed elsewhere (x answers from its answer), or running
+// elsewhere (x waits for it, polling, as long as the request's deadline).
+// A store that fails leaves the call to this process: it runs, answered
+// once per instance. It reports whether x was answered.
+func (e *Engine) claim(x *exchange, run *idempotentRun) bool {
+	if e.idem == nil {
+		return false
+	}
+	st, err := e.idem.Store()
+	if err != nil {
+		return false
+	}
+	lim := e.opts.Idempotency
+	until := time.Now().Add(e.opts.Deadline)
+	for {
+		now := time.Now()
+		ctx, cancel := context.WithTimeout(x.r.Context(), idempotencyStmt)
+		c, err := st.Claim(ctx, run.id, run.fingerprint, instanceID, now.Add(lim.Lease), now.Add(lim.Retention), now)
+		cancel()
+		switch {
+		case err != nil:
+			e.logger.Warn("the idempotency store failed; this request runs as on one instance", zap.Error(err))
+			return false
+		case c.State == store.Claimed:
+			run.claimed, run.renewing = st, make(chan struct{})
+			go renewClaim(st, run.id, lim.Lease, run.renewing)
+			return false
+		case c.Fingerprint != run.fingerprint:
+			idempotentTotal.WithLabelValues(x.req.Model, "mismatch").Inc()
+			_ = e.refuse(x, provider.Error{Status: http.StatusUnprocessableEntity, Code: "idempotency_key_reused",
+				Message: "this Idempotency-Key was used with a different request body; a key names one request"})
+			return true
+		case c.State == store.Done && c.Answer == nil:
+			idempotentTotal.WithLabelValues(x.req.Model, "unstored").Inc()
+			e.refuseUnstored(x)
+			return true
+		case c.State == store.Done:
+			idempotentTotal.WithLabelValues(x.req.Model, "replayed").Inc()
+			idempotency.WriteAnswer(x.w, c.Answer)
+			return true
+		}
+		// Another instance runs it: wait for its answer.
+		if now.After(until) || !sleepCtx(x.r.Context(), idempotencyPoll) {
+			_ = e.refuse(x, provider.Error{Status: http.StatusConflict, Code: "idempotency_request_in_progress",
+				Message: "the request with this Idempotency-Key is still running on another instance; retry later with the same key"})
+			return true
+		}
+	}
+}
+
+// renewClaim renews the claim's lease every third of it until stop.
+func renewClaim(st *store.Store, id string, lease time.Duration, stop chan struct{}) {
+	t := time.NewTicker(lease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), idempotencyStmt)
+			_ = st.Renew(ctx, id, instanceID, time.Now().Add(lease))
+			cancel()
+		}
+	}
 }
 
 // refuseUnstored answers a duplicate of a call whose answer was too large
@@ -134,6 +237,10 @@ func (e *Engine) finishRun(x *exchange, run *idempotentRun) {
 	run.cancel()
 	status := run.flight.Status()
 	keep := status >= 200 && status < 300
+	if run.claimed != nil {
+		close(run.renewing)
+		e.settleClaim(run, keep)
+	}
 	e.memory.Release(run.flight.Held())
 	e.app.Idempotency().Finish(run.flight, keep, idempotency.Limits{
 		Retention: e.opts.Idempotency.Retention, MaxAnswer: e.opts.Idempotency.MaxAnswer, MaxStored: e.opts.Idempotency.MaxStored,
@@ -141,6 +248,28 @@ func (e *Engine) finishRun(x *exchange, run *idempotentRun) {
 	if run.rec.ClientGone() {
 		e.logger.Info("idempotent request finished after its client left; its answer is kept for the client's retry",
 			zap.String("model", x.req.Model), zap.Int("status", status), zap.Bool("kept", keep))
+	}
+}
+
+// settleClaim records the claimed call's end in the fleet's store: its
+// answer (a tombstone when it outgrew max_answer), or, for a failure, no
+// record, so that a retry anywhere runs again.
+func (e *Engine) settleClaim(run *idempotentRun, keep bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), idempotencyStmt)
+	defer cancel()
+	var err error
+	if keep {
+		a, overflow := run.flight.Answer()
+		if overflow {
+			a = nil
+		}
+		err = run.claimed.Complete(ctx, run.id, instanceID, a, time.Now().Add(e.opts.Idempotency.Retention))
+	} else {
+		err = run.claimed.Abandon(ctx, run.id, instanceID)
+	}
+	if err != nil {
+		// Other instances take the call over once its lease passes.
+		e.logger.Error("recording an idempotent call's end failed", zap.Bool("kept", keep), zap.Error(err))
 	}
 }
 

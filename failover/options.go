@@ -68,8 +68,8 @@ type Options struct {
 
 // IdempotencyLimits bound what idempotent requests keep and hold.
 type IdempotencyLimits struct {
-	Retention, Grace     time.Duration
-	MaxAnswer, MaxStored int64
+	Retention, Grace, Lease time.Duration
+	MaxAnswer, MaxStored    int64
 }
 
 // The idempotency defaults: a retention that covers SDK retries (answers
@@ -78,6 +78,7 @@ type IdempotencyLimits struct {
 const (
 	DefaultIdempotencyRetention = 5 * time.Minute
 	DefaultIdempotencyGrace     = 60 * time.Second
+	DefaultIdempotencyLease     = 30 * time.Second
 	DefaultIdempotencyMaxAnswer = 1 << 20
 	DefaultIdempotencyMaxStored = 64 << 20
 )

@@ -67,12 +67,12 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) error {
 	// A duplicate of a call is answered before anything is reserved; the
 	// call's first run ends after its bill is settled (deferred first).
 	answered, run := e.beginIdempotent(x)
-	if answered {
-		return nil
-	}
 	if run != nil {
 		r = x.r // the run's context, which outlives its client
 		defer e.finishRun(x, run)
+	}
+	if answered {
+		return nil
 	}
 
 	if e.wallet != nil {

@@ -87,6 +87,8 @@ type App struct {
 	checking  bool
 	// What Start started, for Stop (or Start's own failure) to undo.
 	prober *prober
+	// idempotencyKeys are the idempotency stores this config holds.
+	idempotencyKeys []string
 	// probeTraces traces synthetic checks while the config traces
 	// requests (tracing.go); nil otherwise.
 	probeTraces      *sdktrace.TracerProvider
@@ -235,6 +237,7 @@ func (a *App) Cleanup() error {
 		a.warnConfigRisks()
 	}
 	a.releaseHistory()
+	a.releaseIdempotency()
 	a.releaseChannels()
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -54,7 +54,7 @@ func (a *App) wallets() *walletapp.App {
 
 // checkHeartbeatNames refuses, while the config provisions (so `caddy
 // validate` says so), a heartbeat whose job no config could run: not
-// prober or history_flush, nor a wallet job of a wallet this config
+// prober, history_flush or idempotency_sweep, nor a wallet job of a wallet this config
 // declares ("default" when it declares none). A receiver of a misspelt
 // job is never pinged, and a Healthchecks-style receiver never alerts on
 // a check it was never pinged on.
@@ -63,7 +63,7 @@ func (a *App) checkHeartbeatNames() error {
 	if w := a.wallets(); w != nil && len(w.Names()) > 0 {
 		wallets = w.Names()
 	}
-	possible := []string{ProberJob, HistoryFlushJob}
+	possible := []string{ProberJob, HistoryFlushJob, IdempotencySweepJob}
 	for _, w := range wallets {
 		possible = append(possible, walletapp.JobNames(w)...)
 	}
@@ -90,6 +90,9 @@ func (a *App) checkHeartbeatJobs() error {
 	if a.history != nil {
 		running = append(running, HistoryFlushJob)
 	}
+	if len(a.idempotencyKeys) > 0 {
+		running = append(running, IdempotencySweepJob)
+	}
 	if w := a.wallets(); w != nil {
 		for _, name := range w.Names() {
 			running = append(running, walletapp.JobNames(name)...)
@@ -100,8 +103,9 @@ func (a *App) checkHeartbeatJobs() error {
 			continue
 		}
 		why := map[string]string{
-			ProberJob:       "no model of this config has a probe block",
-			HistoryFlushJob: "this config has no history store (llm_failover { history ... })",
+			ProberJob:           "no model of this config has a probe block",
+			HistoryFlushJob:     "this config has no history store (llm_failover { history ... })",
+			IdempotencySweepJob: "no model of this config is idempotent",
 		}[hb.Job]
 		if why == "" {
 			why = "no handler of this config bills to that wallet"

@@ -105,6 +105,14 @@ func (f *Flight) Held() int64 {
 	return f.held
 }
 
+// Answer is what the first run sent, and whether it outgrew what is
+// kept.
+func (f *Flight) Answer() (a *Answer, overflow bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return &Answer{Status: f.status, Header: f.header, Body: f.body}, f.overflow
+}
+
 // Status is the status the first run answered with so far (0: none yet).
 func (f *Flight) Status() int {
 	f.mu.Lock()

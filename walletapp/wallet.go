@@ -95,6 +95,16 @@ func (w *Wallet) Name() string { return w.name }
 // Kind is the store's backend, "sqlite" or "postgres".
 func (w *Wallet) Kind() string { return w.backend.Kind() }
 
+// SharedDSN is the DSN of the wallet's PostgreSQL database, which a fleet
+// shares (other shared state, such as idempotent calls, goes there too);
+// false for an SQLite wallet, one instance's. It is a secret: never log it.
+func (w *Wallet) SharedDSN() (string, bool) {
+	if p, ok := w.backend.(*Postgres); ok {
+		return p.dsn, true
+	}
+	return "", false
+}
+
 // ReservationTTL is how long a reservation may stay unsettled.
 func (w *Wallet) ReservationTTL() time.Duration { return w.ttl }
 
