@@ -2,12 +2,17 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/llmfailover/caddy-llm-failover/internal/faultproxy"
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 )
 
@@ -117,5 +122,84 @@ func TestBinaryIdempotencyAcrossTheFleet(t *testing.T) {
 	}
 	if charges != calls+1 || micros(t, acct.Balance) != micros(t, "1000")-micros(t, fmt.Sprint(calls+1)) {
 		t.Errorf("%d charges, balance %s; want %d charges of $1", charges, acct.Balance, calls+1)
+	}
+}
+
+var portsSDKIdem = ports{19623, 19624}
+
+// The official SDKs' own retries are charged once: each SDK sends one
+// call with an Idempotency-Key; while the call runs upstream the test
+// resets the client's connection (a proxy between them), the SDK retries
+// with the same key, and the gateway answers the retry from the first
+// run. One upstream run and one charge per call.
+func TestSDKRetriesAreChargedOnce(t *testing.T) {
+	caddyBin(t)
+	node, sdkDir := sdkPrerequisites(t)
+	up := fu.New(fu.SlowHeaders(1500*time.Millisecond, fu.OKNamed("idem").WithUsage(11, 10)))
+	defer up.Close()
+	p := portsSDKIdem
+	in := newInstance(t, "sdk-idem", p, withWallet(globalOptions(p), "\t\tstore sqlite {env.XDG_DATA_HOME}/w.db")+site(p, fmt.Sprintf(`
+		channel a %s
+		model gpt-idem {
+			route a
+			price 0 100000
+			max_output_tokens 10
+		}
+		model claude-idem {
+			route a
+			price 0 100000
+			max_output_tokens 64
+		}
+		wallet
+		idempotency
+`, up.URL)))
+	secret := in.newAccount("sdk", "100")
+	proxy, err := faultproxy.New(fmt.Sprintf("127.0.0.1:%d", p.HTTP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "idempotency.mjs")
+	cmd.Dir = sdkDir
+	cmd.Env = append(os.Environ(), "GATEWAY_URL=http://"+proxy.Addr(), "WALLET_KEY="+secret, "NO_COLOR=1")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Each call: once it runs upstream, cut the client off.
+	for call := int64(1); call <= 2; call++ {
+		if !waitFor(20*time.Second, func() bool { return up.Hits() >= call }) {
+			t.Fatalf("call %d never reached the upstream:\n%s", call, out.String())
+		}
+		time.Sleep(200 * time.Millisecond)
+		proxy.Reset()
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("node idempotency.mjs: %v\n%s", err, out.String())
+	}
+	for _, sdk := range []string{"openai", "anthropic"} {
+		if !strings.Contains(out.String(), `{"sdk":"`+sdk+`","text":"Hello from idem","replayed":"true"}`) {
+			t.Errorf("%s: the retry was not answered from the first run:\n%s", sdk, out.String())
+		}
+	}
+	if n := up.Hits(); n != 2 {
+		t.Errorf("%d upstream runs for 2 calls", n)
+	}
+	var acct account
+	if !waitFor(10*time.Second, func() bool { acct = in.account("sdk"); return micros(t, acct.Reserved) == 0 }) {
+		t.Fatalf("money still reserved: %+v", acct)
+	}
+	charges := 0
+	for _, e := range in.ledger("sdk") {
+		if e.Kind == "charge" {
+			charges++
+		}
+	}
+	if charges != 2 || micros(t, acct.Balance) != micros(t, "98") {
+		t.Errorf("%d charges, balance %s; want 2 charges of $1", charges, acct.Balance)
 	}
 }

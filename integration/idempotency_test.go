@@ -234,3 +234,36 @@ func TestIdempotencyNeedsAuthentication(t *testing.T) {
 		t.Errorf("%d %s", status, body)
 	}
 }
+
+// A `caddy reload` in the middle of a call changes nothing: its duplicate,
+// sent after the reload, follows the run the old config started, and the
+// call is run and charged once.
+func TestIdempotentAcrossReload(t *testing.T) {
+	pieces := []string{"one", " two", " three", " four", " five", " six", " seven", " eight"}
+	a := upstream(t, fu.OKNamed("a").WithPieces(pieces...).WithEventDelay(80*time.Millisecond).WithUsage(10, 5))
+	b := upstream(t, fu.OK())
+	dir := t.TempDir()
+	load := func() {
+		gatewayWith(t, storeOption("sqlite "+dir+"/w.db"), walletChannels+"\t\tidempotency\n", a.URL, b.URL)
+	}
+	load()
+	secret, _ := newWalletAccount(t, "reload", "1000")
+	body := fu.ChatRequest("m", true)
+	firstDone := make(chan []byte)
+	go func() {
+		_, _, got := do(t, keyed(t, secret, "reload", body))
+		firstDone <- got
+	}()
+	eventually(t, 5*time.Second, "the first stream under way", func() bool { return a.Hits() == 1 })
+	load() // the same config again: a reload
+	status, h, second := do(t, keyed(t, secret, "reload", body))
+	first := <-firstDone
+	if status != 200 || h.Get("Idempotent-Replayed") != "true" || !bytes.Equal(first, second) ||
+		fu.StreamText(mustSSE(t, first)) != strings.Join(pieces, "") {
+		t.Fatalf("after the reload: %d %v\n%s\nfirst:\n%s", status, h, second, first)
+	}
+	waitUnreserved(t, "reload")
+	if a.Hits() != 1 || charges(t, "reload") != 1 {
+		t.Errorf("%d upstream runs, %d charges", a.Hits(), charges(t, "reload"))
+	}
+}

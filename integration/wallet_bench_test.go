@@ -5,22 +5,27 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/llmfailover/caddy-llm-failover/internal/cputime"
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
+	"github.com/llmfailover/caddy-llm-failover/internal/pgtest"
 )
 
-// BenchmarkBilledRequest is what the wallet adds to a whole gateway
-// request: the same non-streaming chat completion through the in-process
-// Caddy, from 32 clients, with the wallet off and on (SQLite). Client,
-// gateway and upstream share the process, so cpu-ns/op (the process's CPU
-// time per request) holds all three; the difference between the two is
-// the wallet's, admission to settlement, Caddy's request UUID and the
-// meter included, which BenchmarkRequestPath (walletapp) leaves out. Run
-// it on one core, as bench/run.sh runs Caddy, several times over (the two
+// BenchmarkBilledRequest is what the wallet, and idempotency on top of
+// it, add to a whole gateway request: the same non-streaming chat
+// completion through the in-process Caddy, from 32 clients, with the
+// wallet off, on (SQLite, PostgreSQL when LLMF_TEST_POSTGRES_DSN is set)
+// and on with every request carrying a fresh Idempotency-Key (its claim,
+// recording and kept answer). Client, gateway and upstream share the
+// process, so cpu-ns/op (the process's CPU time per request) holds all
+// three; the differences between the cases are the wallet's and
+// idempotency's, which BenchmarkRequestPath (walletapp) leaves out. Run it
+// on one core, as bench/run.sh runs Caddy, several times over (the cases
 // run one after the other, so a busy moment of the machine lands on one
 // of them: compare medians):
 //
@@ -30,13 +35,23 @@ func BenchmarkBilledRequest(b *testing.B) {
 	b.Cleanup(up.Close)
 	body := fu.ChatRequest("m", false)
 	for _, c := range []struct {
-		name   string
-		wallet bool
-	}{{"wallet-off", false}, {"wallet-on", true}} {
+		name, store string
+		idempotent  bool
+	}{{"wallet-off", "", false}, {"wallet-on", "sqlite", false}, {"idempotent-sqlite", "sqlite", true},
+		{"wallet-on-postgres", "postgres", false}, {"idempotent-postgres", "postgres", true}} {
 		b.Run(c.name, func(b *testing.B) {
 			globals, directive := "", ""
-			if c.wallet {
+			switch c.store {
+			case "sqlite":
 				globals, directive = storeOption("sqlite "+filepath.Join(b.TempDir(), "w.db")), "wallet"
+			case "postgres":
+				if os.Getenv("LLMF_TEST_POSTGRES_DSN") == "" {
+					b.Skip("LLMF_TEST_POSTGRES_DSN is not set")
+				}
+				globals, directive = storeOption("postgres "+pgtest.FreshDSN(b)), "wallet"
+			}
+			if c.idempotent {
+				directive += "\n\t\t\t\tidempotency"
 			}
 			gatewayWith(b, globals, `
 				channel a %s
@@ -46,19 +61,23 @@ func BenchmarkBilledRequest(b *testing.B) {
 				}
 				`+directive, up.URL)
 			hdr := http.Header{"Content-Type": {"application/json"}}
-			if c.wallet {
+			if c.store != "" {
 				secret, _ := newWalletAccount(b, "bench", "1000000000")
 				hdr.Set("Authorization", "Bearer "+secret)
 			}
 			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 30 * time.Second}
 			b.Cleanup(client.CloseIdleConnections)
 			url := gatewayURL + "/v1/chat/completions"
+			var keys atomic.Int64
 			do := func() error {
 				req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
 				if err != nil {
 					return err
 				}
 				req.Header = hdr.Clone()
+				if c.idempotent {
+					req.Header.Set("Idempotency-Key", fmt.Sprintf("bench-%s-%d", b.Name(), keys.Add(1)))
+				}
 				res, err := client.Do(req)
 				if err != nil {
 					return err
