@@ -267,3 +267,25 @@ func TestIdempotentAcrossReload(t *testing.T) {
 		t.Errorf("%d upstream runs, %d charges", a.Hits(), charges(t, "reload"))
 	}
 }
+
+// A stream that broke after content was billed for what it delivered, so
+// it is kept as it was delivered: its duplicate gets the same bytes,
+// ending with the same error event, and no second run.
+func TestIdempotentBrokenStreamReplayedAsDelivered(t *testing.T) {
+	a := upstream(t, fu.CutMidStream())
+	b := upstream(t, fu.OK())
+	secret := idempotentGateway(t, a, b, "")
+	body := fu.ChatRequest("m", true)
+	status, _, first := do(t, keyed(t, secret, "broken", body))
+	if status != 200 || !bytes.Contains(first, []byte(`"error"`)) {
+		t.Fatalf("the first run: %d\n%s", status, first)
+	}
+	waitUnreserved(t, "idem")
+	status, h, again := do(t, keyed(t, secret, "broken", body))
+	if status != 200 || h.Get("Idempotent-Replayed") != "true" || !bytes.Equal(first, again) {
+		t.Fatalf("the duplicate: %d %v\n%s\nfirst:\n%s", status, h, again, first)
+	}
+	if a.Hits() != 1 || b.Hits() != 0 || charges(t, "idem") != 1 {
+		t.Errorf("%d runs on a, %d on b, %d charges", a.Hits(), b.Hits(), charges(t, "idem"))
+	}
+}
