@@ -1,7 +1,8 @@
-// Command load is a small closed-loop HTTP load generator for the
-// benchmarks in bench/: -c workers each send one POST, read the whole
-// answer, and send the next, for -warmup (discarded) and then -d
-// (measured). It reports requests per second, latency percentiles, the
+// Command load is a small HTTP load generator for the benchmarks in
+// bench/: closed loop (-c workers each send one POST, read the whole
+// answer, and send the next) or, with -rate, open loop (requests start at
+// a constant rate, latency counted from when each was due: openloop.go),
+// for -warmup (discarded) and then -d (measured). It reports requests per second, latency percentiles, the
 // time to the first body byte (what a streaming client waits for before
 // the first token) and errors: transport errors, non-200 answers, and SSE
 // streams that do not end with "data: [DONE]".
@@ -35,6 +36,9 @@ type Result struct {
 	URL         string  `json:"url"`
 	Label       string  `json:"label,omitempty"`
 	Concurrency int     `json:"concurrency"`
+	// Rate is the open loop's arrival rate (requests per second); 0 in a
+	// closed loop.
+	Rate float64 `json:"rate,omitempty"`
 	Seconds     float64 `json:"seconds"`
 	Requests    int     `json:"requests"`
 	Errors      int     `json:"errors"`
@@ -63,6 +67,7 @@ type Pcts struct {
 	P50  float64 `json:"p50"`
 	P90  float64 `json:"p90"`
 	P99  float64 `json:"p99"`
+	P999 float64 `json:"p99_9"`
 	Mean float64 `json:"mean"`
 	Max  float64 `json:"max"`
 }
@@ -93,6 +98,9 @@ func main() {
 	label := flag.String("label", "", "label copied into the JSON result")
 	cpuPID := flag.Int("cpu-pid", 0, "measure this process's CPU time (Linux /proc) over the measured window, e.g. the proxy's")
 	dbPID := flag.Int("db-pid", 0, "measure the CPU time of this process and its children over the measured window, e.g. PostgreSQL's postmaster")
+	rate := flag.Float64("rate", 0, "open loop: start this many requests per second, latency counted from when each was due (0: closed loop, -c workers)")
+	maxInflight := flag.Int("max-inflight", 20000, "open loop: the most requests open at once; a request due beyond it is dropped (an error)")
+	quantiles := flag.String("quantiles", "", "write the latency and ttfb quantile ladder of the measured requests to this file")
 	var headers headerFlags
 	flag.Var(&headers, "H", "extra request header 'Name: value' (repeatable)")
 	flag.Parse()
@@ -106,11 +114,15 @@ func main() {
 		os.Exit(2)
 	}
 
+	pool := *conc
+	if *rate > 0 {
+		pool = *maxInflight // an open loop opens what it needs
+	}
 	tr := &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:        *conc,
-		MaxIdleConnsPerHost: *conc,
-		MaxConnsPerHost:     *conc,
+		MaxIdleConns:        pool,
+		MaxIdleConnsPerHost: pool,
+		MaxConnsPerHost:     pool,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
 		ForceAttemptHTTP2:   false,
@@ -124,20 +136,33 @@ func main() {
 	var wg sync.WaitGroup
 	cpuUsed := measureCPU("-cpu-pid", *cpuPID, cpuSeconds, measureFrom, end)
 	dbUsed := measureCPU("-db-pid", *dbPID, cpuTreeSeconds, measureFrom, end)
-	for i := range workers {
-		w := &worker{samples: make([]sample, 0, 4096)}
-		workers[i] = w
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w.run(client, *method, *url, body, headers, measureFrom, end)
-		}()
+	if *rate > 0 {
+		workers = []*worker{openLoop(client, *method, *url, body, headers, *rate, *maxInflight, start, measureFrom, end)}
+	} else {
+		for i := range workers {
+			w := &worker{samples: make([]sample, 0, 4096)}
+			workers[i] = w
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				w.run(client, *method, *url, body, headers, measureFrom, end)
+			}()
+		}
+		wg.Wait()
 	}
-	wg.Wait()
 	tr.CloseIdleConnections()
 
 	res := summarize(workers, *dur)
-	res.URL, res.Label, res.Concurrency = *url, *label, *conc
+	res.URL, res.Label, res.Concurrency, res.Rate = *url, *label, *conc, *rate
+	if *quantiles != "" {
+		var all []sample
+		for _, w := range workers {
+			all = append(all, w.samples...)
+		}
+		if err := writeQuantiles(*quantiles, all); err != nil {
+			fmt.Fprintln(os.Stderr, "load:", err)
+		}
+	}
 	if *cpuPID > 0 {
 		if cpu := <-cpuUsed; cpu > 0 {
 			res.ServerCPUSeconds = round3(cpu)
@@ -321,7 +346,7 @@ func pcts(d []time.Duration) Pcts {
 		}
 		return ms(d[i])
 	}
-	return Pcts{P50: at(0.50), P90: at(0.90), P99: at(0.99), Mean: ms(sum / time.Duration(len(d))), Max: ms(d[len(d)-1])}
+	return Pcts{P50: at(0.50), P90: at(0.90), P99: at(0.99), P999: at(0.999), Mean: ms(sum / time.Duration(len(d))), Max: ms(d[len(d)-1])}
 }
 
 func ms(d time.Duration) float64 { return math.Round(float64(d)/1e3) / 1e3 }

@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# Fixed-rate latency benchmark: the latency a gateway adds at a constant
+# request rate, measured the way peers publish it (open loop, no
+# coordinated omission), against the upstream read directly and plain
+# reverse_proxy in the same run.
+#
+# Starts the fake upstream (bench/upstream) and ONE Caddy serving, on
+# loopback: site A `reverse_proxy` (flush_interval -1), site B
+# `llm_failover` (one channel, defaults), site F `llm_failover` where every
+# request fails over once (its first channel answers 503, its breaker never
+# opens). Caddy is pinned to CPU 0 with GOMAXPROCS=1; the load generator
+# and the upstream share CPU 1 (this machine has two cores; peers pin the
+# generator apart, which is not possible here). For each mode (json,
+# stream) and rate, each target runs REPS times, alternating direct A B F
+# direct A B F, each run an open loop (bench/load -rate) of DURATION after
+# WARMUP at that rate. bench/latency then prints, per rate, the latency
+# each target adds to the direct run of the same repetition (p50, p90,
+# p99, p99.9; time to first byte for streams) and draws it.
+#
+# It builds no Caddy: `make bench` builds ./caddy first. Environment:
+#   CADDY_BIN       Caddy with llm_failover (default ./caddy)
+#   BENCH_RATES     rates in requests per second (default "250 500 1000 1500 2000 3000")
+#   BENCH_MODES     "json stream" (default both)
+#   BENCH_REPS      repetitions per target and rate (default 3)
+#   BENCH_DURATION  measured time of one run (default 5s)
+#   BENCH_WARMUP    discarded warm-up before each run (default 1s)
+#   BENCH_CHUNKS    content chunks per stream (default 20)
+#   BENCH_PORT      first port (default 18180): +1 A, +2 B, +3 F, +10 upstream, +19 admin
+#   BENCH_OUT       results directory (default bench/results)
+# Results: $BENCH_OUT/latency-<stamp>/ holds results.jsonl (one JSON line
+# per run), q/<mode>-<target>-<rate>-<rep>.txt (each run's quantile
+# ladder: every half percent and the tail), summary.md and latency.svg.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+CADDY_BIN="${CADDY_BIN:-$ROOT/caddy}"
+RATES="${BENCH_RATES:-250 500 1000 1500 2000 3000}"
+MODES="${BENCH_MODES:-json stream}"
+REPS="${BENCH_REPS:-3}"
+DURATION="${BENCH_DURATION:-5s}"
+WARMUP="${BENCH_WARMUP:-1s}"
+CHUNKS="${BENCH_CHUNKS:-20}"
+PORT="${BENCH_PORT:-18180}"
+OUT="${BENCH_OUT:-$ROOT/bench/results}"
+GO="${GO:-go}"
+
+die() { echo "latency: $*" >&2; exit 1; }
+[ -x "$CADDY_BIN" ] || die "no Caddy binary at $CADDY_BIN (run 'make bench', or set CADDY_BIN)"
+PORT_A=$((PORT + 1)) PORT_B=$((PORT + 2)) PORT_F=$((PORT + 3)) PORT_UP=$((PORT + 10)) PORT_ADMIN=$((PORT + 19))
+for p in "$PORT_A" "$PORT_B" "$PORT_F" "$PORT_UP" "$PORT_ADMIN"; do
+	if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+		die "port $p is already in use (set BENCH_PORT)"
+	fi
+done
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/llmf-latency.XXXXXX")"
+PIDS=()
+cleanup() {
+	for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+	for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+	rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+PIN_CADDY=() PIN_LOAD=() PINNING="none (taskset missing or fewer than 2 CPUs)"
+if command -v taskset >/dev/null && [ "$(nproc --all)" -ge 2 ]; then
+	PIN_CADDY=(taskset -c 0) PIN_LOAD=(taskset -c 1)
+	PINNING="caddy on CPU 0 (GOMAXPROCS=1); load generator and upstream on CPU 1"
+fi
+
+"$GO" build -o "$WORK/upstream" ./bench/upstream
+"$GO" build -o "$WORK/load" ./bench/load
+"$GO" build -o "$WORK/latency" ./bench/latency
+
+cat >"$WORK/Caddyfile" <<EOF
+{
+	admin 127.0.0.1:$PORT_ADMIN
+	auto_https off
+	persist_config off
+	skip_install_trust
+	grace_period 1s
+}
+http://127.0.0.1:$PORT_A {
+	bind 127.0.0.1
+	reverse_proxy 127.0.0.1:$PORT_UP {
+		flush_interval -1
+	}
+}
+http://127.0.0.1:$PORT_B {
+	bind 127.0.0.1
+	llm_failover {
+		channel up http://127.0.0.1:$PORT_UP
+		model m {
+			route up
+		}
+	}
+}
+http://127.0.0.1:$PORT_F {
+	bind 127.0.0.1
+	llm_failover {
+		channel down http://127.0.0.1:$PORT_UP/fail
+		channel backup http://127.0.0.1:$PORT_UP
+		model m {
+			route down cost 1 1
+			route backup cost 2 2
+		}
+		breaker {
+			failures 64
+			window 1ms
+		}
+	}
+}
+EOF
+
+GOMAXPROCS=1 "${PIN_LOAD[@]}" "$WORK/upstream" -listen "127.0.0.1:$PORT_UP" -chunks "$CHUNKS" 2>"$WORK/upstream.log" &
+PIDS+=($!)
+XDG_DATA_HOME="$WORK/data" XDG_CONFIG_HOME="$WORK/config" GOMAXPROCS=1 \
+	"${PIN_CADDY[@]}" "$CADDY_BIN" run --config "$WORK/Caddyfile" --adapter caddyfile >"$WORK/caddy.log" 2>&1 &
+PIDS+=($!)
+for p in "$PORT_A" "$PORT_B" "$PORT_F" "$PORT_UP"; do
+	for _ in $(seq 100); do
+		(exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && break
+		sleep 0.1
+	done
+done
+
+STAMP="$(date -u +%Y%m%d-%H%M%S)"
+RES="$OUT/latency-$STAMP"
+mkdir -p "$RES/q"
+declare -A URL=(
+	[direct]="http://127.0.0.1:$PORT_UP/v1/chat/completions"
+	[reverse_proxy]="http://127.0.0.1:$PORT_A/v1/chat/completions"
+	[llm_failover]="http://127.0.0.1:$PORT_B/v1/chat/completions"
+	[llm_failover+failover_once]="http://127.0.0.1:$PORT_F/v1/chat/completions"
+)
+TARGETS="direct reverse_proxy llm_failover llm_failover+failover_once"
+{
+	echo "date:    $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+	echo "machine: $(nproc --all) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
+	echo "pinning: $PINNING"
+	echo "load:    bench/load -rate (open loop, latency from each request's due time), ${DURATION} after ${WARMUP} warm-up, $REPS repetitions alternating $TARGETS"
+	echo "rates:   $RATES; modes: $MODES; stream chunks: $CHUNKS"
+	echo "caddy:   $("$CADDY_BIN" version)"
+} >"$RES/setup.txt"
+cat "$RES/setup.txt"
+
+for mode in $MODES; do
+	stream=false
+	[ "$mode" = stream ] && stream=true
+	body="{\"model\":\"m\",\"stream\":$stream,\"messages\":[{\"role\":\"user\",\"content\":\"Say hello.\"}]}"
+	for rate in $RATES; do
+		for rep in $(seq "$REPS"); do
+			for target in $TARGETS; do
+				"${PIN_LOAD[@]}" "$WORK/load" -url "${URL[$target]}" -body "$body" -rate "$rate" -d "$DURATION" -warmup "$WARMUP" \
+					-json -label "$mode $target $rate" -quantiles "$RES/q/$mode-$target-$rate-$rep.txt" >>"$RES/results.jsonl"
+			done
+		done
+	done
+done
+
+"$WORK/latency" -svg "$RES/latency.svg" "$RES/results.jsonl" | tee "$RES/summary.md"
+echo "latency: results in $RES"
