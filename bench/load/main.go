@@ -33,12 +33,12 @@ import (
 
 // Result is what one run measured; -json prints it.
 type Result struct {
-	URL         string  `json:"url"`
-	Label       string  `json:"label,omitempty"`
-	Concurrency int     `json:"concurrency"`
+	URL         string `json:"url"`
+	Label       string `json:"label,omitempty"`
+	Concurrency int    `json:"concurrency"`
 	// Rate is the open loop's arrival rate (requests per second); 0 in a
 	// closed loop.
-	Rate float64 `json:"rate,omitempty"`
+	Rate        float64 `json:"rate,omitempty"`
 	Seconds     float64 `json:"seconds"`
 	Requests    int     `json:"requests"`
 	Errors      int     `json:"errors"`
