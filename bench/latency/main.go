@@ -178,7 +178,10 @@ func printTable(w io.Writer, rows []row) {
 func msf(v float64) string { return strconv.FormatFloat(v, 'f', 3, 64) }
 
 // chart draws added p50 (thin) and p99 (thick) latency against the rate,
-// one colour per target, one panel per mode.
+// one colour per target, one panel per mode, on a log scale from 10 µs
+// (added latencies below it, noise included, sit on the axis): past a
+// target's knee its latency grows by orders of magnitude, and a linear
+// scale would flatten everything below it.
 func chart(rows []row) string {
 	modes, targets, rates := []string{}, []string{}, []int{}
 	seen := map[string]bool{}
@@ -202,7 +205,7 @@ func chart(rows []row) string {
 	}
 	sort.Ints(rates)
 	sort.Strings(targets)
-	maxY = niceCeil(maxY)
+	maxY = math.Pow(10, math.Ceil(math.Log10(maxY)))
 	colors := []string{"#4f7cac", "#c0504d", "#9bbb59", "#8064a2", "#f79646"}
 	const pw, ph, left, top, gap = 460, 300, 60, 50, 40
 	width := left + len(modes)*(pw+gap) + 220
@@ -210,7 +213,12 @@ func chart(rows []row) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", width, height)
 	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", width, height)
-	fmt.Fprintf(&b, `<text x="%d" y="22" font-size="14" font-weight="bold">Latency added to the upstream's at a fixed request rate (p50 thin, p99 thick), ms</text>`+"\n", left)
+	fmt.Fprintf(&b, `<text x="%d" y="22" font-size="14" font-weight="bold">Latency added to the upstream's at a fixed request rate (p50 thin, p99 thick), ms, log scale</text>`+"\n", left)
+	const floor = 0.01
+	logMin, logMax := math.Log10(floor), math.Log10(maxY)
+	yOf := func(v float64) float64 {
+		return float64(top+ph) - (math.Log10(math.Max(v, floor))-logMin)/(logMax-logMin)*ph
+	}
 	minR, maxR := float64(rates[0]), float64(rates[len(rates)-1])
 	if maxR == minR {
 		maxR = minR + 1
@@ -219,10 +227,9 @@ func chart(rows []row) string {
 		x0 := left + mi*(pw+gap)
 		fmt.Fprintf(&b, `<text x="%d" y="%d" font-weight="bold">%s</text>`+"\n", x0, top-8, html.EscapeString(mode))
 		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#999"/>`+"\n", x0, top, pw, ph)
-		for i := 0; i <= 4; i++ {
-			v := maxY * float64(i) / 4
-			y := float64(top+ph) - v/maxY*ph
-			fmt.Fprintf(&b, `<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#eee"/><text x="%d" y="%.1f" text-anchor="end">%.2f</text>`+"\n", x0, x0+pw, y, y, x0-4, y+4, v)
+		for v := floor; v <= maxY*1.0001; v *= 10 {
+			y := yOf(v)
+			fmt.Fprintf(&b, `<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#eee"/><text x="%d" y="%.1f" text-anchor="end">%g</text>`+"\n", x0, x0+pw, y, y, x0-4, y+4, v)
 		}
 		px := func(rate int) float64 { return float64(x0) + (float64(rate)-minR)/(maxR-minR)*float64(pw-20) + 10 }
 		for _, rate := range rates {
@@ -240,7 +247,7 @@ func chart(rows []row) string {
 					if p99 {
 						v = r.lat.P99
 					}
-					y := float64(top+ph) - math.Max(0, math.Min(v, maxY))/maxY*ph
+					y := yOf(math.Min(v, maxY))
 					pts = append(pts, fmt.Sprintf("%.1f,%.1f", px(r.rate), y))
 				}
 				w := 1.2
@@ -259,15 +266,4 @@ func chart(rows []row) string {
 	}
 	b.WriteString("</svg>\n")
 	return b.String()
-}
-
-// niceCeil rounds v up to 1, 2 or 5 times a power of ten.
-func niceCeil(v float64) float64 {
-	p := math.Pow(10, math.Floor(math.Log10(v)))
-	for _, m := range []float64{1, 2, 5, 10} {
-		if v <= m*p {
-			return m * p
-		}
-	}
-	return 10 * p
 }
