@@ -29,7 +29,8 @@ import (
 // not kept, so a retry of it runs again.
 
 // idempotencyKeyHeader is the header clients send (the IETF draft's and
-// Stripe's name; the OpenAI SDKs send it with their idempotency option).
+// Stripe's name; the OpenAI SDKs send it when the client class names it,
+// docs/errors.md).
 const idempotencyKeyHeader = "Idempotency-Key"
 
 var idempotentTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
