@@ -101,6 +101,7 @@ func main() {
 	rate := flag.Float64("rate", 0, "open loop: start this many requests per second, latency counted from when each was due (0: closed loop, -c workers)")
 	maxInflight := flag.Int("max-inflight", 20000, "open loop: the most requests open at once; a request due beyond it is dropped (an error)")
 	quantiles := flag.String("quantiles", "", "write the latency and ttfb quantile ladder of the measured requests to this file")
+	holdN := flag.Int("hold", 0, "open this many requests at once, each on its own connection, and keep them open for -d (hold.go)")
 	var headers headerFlags
 	flag.Var(&headers, "H", "extra request header 'Name: value' (repeatable)")
 	flag.Parse()
@@ -112,6 +113,10 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "load:", err)
 		os.Exit(2)
+	}
+	if *holdN > 0 {
+		hold(*url, body, *holdN, *dur)
+		return
 	}
 
 	pool := *conc

@@ -26,6 +26,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -46,12 +47,16 @@ var (
 	completionLen = strconv.Itoa(len(completion))
 	events        [][]byte // the SSE stream, one element per event
 	eventDelay    time.Duration
-	streamKey     = []byte(`"stream"`)
-	bodyPool      = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
-	hdrJSON       = []string{"application/json"}
-	hdrSSE        = []string{"text/event-stream; charset=utf-8"}
-	hdrNoCache    = []string{"no-cache"}
-	hdrLen        []string
+	// firstTokenDelay holds a stream before its first event; inflight
+	// counts the requests being answered (GET /stats).
+	firstTokenDelay time.Duration
+	inflight        atomic.Int64
+	streamKey       = []byte(`"stream"`)
+	bodyPool        = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+	hdrJSON         = []string{"application/json"}
+	hdrSSE          = []string{"text/event-stream; charset=utf-8"}
+	hdrNoCache      = []string{"no-cache"}
+	hdrLen          []string
 )
 
 func buildEvents(n int, roleChunk bool) [][]byte {
@@ -96,6 +101,8 @@ func wantsStream(body []byte) bool {
 }
 
 func handle(w http.ResponseWriter, r *http.Request) {
+	inflight.Add(1)
+	defer inflight.Add(-1)
 	if r.Method != http.MethodPost {
 		w.Header()["Allow"] = []string{"POST"}
 		w.WriteHeader(http.StatusMethodNotAllowed)
@@ -123,6 +130,16 @@ func handle(w http.ResponseWriter, r *http.Request) {
 	h["Cache-Control"] = hdrNoCache
 	w.WriteHeader(http.StatusOK)
 	f, _ := w.(http.Flusher)
+	if firstTokenDelay > 0 {
+		if f != nil {
+			f.Flush()
+		}
+		select {
+		case <-time.After(firstTokenDelay):
+		case <-r.Context().Done():
+			return
+		}
+	}
 	for _, ev := range events {
 		if eventDelay > 0 {
 			time.Sleep(eventDelay)
@@ -154,6 +171,7 @@ func main() {
 	chunks := flag.Int("chunks", 20, "content chunks per SSE stream (plus a finish chunk and [DONE])")
 	roleChunk := flag.Bool("role-chunk", false, "send a role-only chunk before the first content chunk, as real providers do (the stream gate holds it until content arrives)")
 	flag.DurationVar(&eventDelay, "event-delay", 0, "sleep before each SSE event (0: none)")
+	flag.DurationVar(&firstTokenDelay, "first-token-delay", 0, "send a stream's headers at once, then wait this long before its first event: streams waiting for their first token (bench/scale.sh)")
 	flag.Parse()
 	if *chunks < 1 {
 		log.Fatal("-chunks must be at least 1")
@@ -168,6 +186,7 @@ func main() {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/chat/completions", handle)
 	mux.HandleFunc("/fail/v1/chat/completions", fail)
+	mux.HandleFunc("/stats", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintf(w, "%d\n", inflight.Load()) })
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
 	fmt.Fprintf(os.Stderr, "upstream: listening on %s (json %d bytes, stream %d events)\n", ln.Addr(), len(completion), len(events))
 	log.Fatal(srv.Serve(ln))

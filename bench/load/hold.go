@@ -1,0 +1,60 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// hold (-hold N) opens N requests at once, each on a connection of its
+// own, and keeps them open for -d without reading past what arrives: N
+// streams waiting for their first token, for measuring what a proxy holds
+// per open stream (bench/scale.sh). It prints how many were answered 200
+// (headers received), how many with another status (refused), and how
+// many failed without an answer before the end.
+func hold(url string, body []byte, n int, d time.Duration) {
+	tr := &http.Transport{MaxConnsPerHost: n, MaxIdleConnsPerHost: n, DisableCompression: true}
+	client := &http.Client{Transport: tr}
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var answered, refused, failed atomic.Int64
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+			if err != nil {
+				failed.Add(1)
+				return
+			}
+			req.Header.Set("Content-Type", "application/json")
+			res, err := client.Do(req)
+			if err != nil {
+				if ctx.Err() == nil {
+					failed.Add(1)
+				}
+				return
+			}
+			if res.StatusCode != http.StatusOK {
+				refused.Add(1)
+			} else {
+				answered.Add(1)
+			}
+			defer res.Body.Close()
+			buf := make([]byte, 4096)
+			for {
+				if _, err := res.Body.Read(buf); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	_ = json.NewEncoder(os.Stdout).Encode(map[string]int64{"held": int64(n), "answered": answered.Load(), "refused": refused.Load(), "failed": failed.Load()})
+}
