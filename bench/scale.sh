@@ -14,6 +14,7 @@
 # Caddy runs with GOMAXPROCS=2 here (the scaling figures are memory and
 # reload time, not one-core capacity). It builds no Caddy: `make bench`.
 #   CADDY_BIN     Caddy with llm_failover (default ./caddy)
+#   SCALE_TARGETS the idle-stream targets (default "reverse_proxy llm_failover llm_failover+512MiB")
 #   SCALE_STREAMS open streams per run (default "1000 9000": this machine's
 #                 20,000 open files per process caps Caddy, which holds two
 #                 sockets per stream, below 10,000)
@@ -101,7 +102,7 @@ BODY='{"model":"m","stream":true,"messages":[{"role":"user","content":"Say hello
 # llm_failover+512MiB: the same with a memory budget (max_held_bytes) of
 # 512 MiB: the default 256 MiB counts 32 KiB for each stream waiting in
 # the gate, so it refuses (503 gateway_overloaded) the streams past 8,192.
-for target in reverse_proxy llm_failover llm_failover+512MiB; do
+for target in ${SCALE_TARGETS:-reverse_proxy llm_failover llm_failover+512MiB}; do
 	for n in $STREAMS; do
 		GLOBAL_EXTRA=""
 		[ "$target" != llm_failover+512MiB ] || GLOBAL_EXTRA="llm_failover {
