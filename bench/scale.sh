@@ -14,7 +14,9 @@
 # Caddy runs with GOMAXPROCS=2 here (the scaling figures are memory and
 # reload time, not one-core capacity). It builds no Caddy: `make bench`.
 #   CADDY_BIN     Caddy with llm_failover (default ./caddy)
-#   SCALE_TARGETS the idle-stream targets (default "reverse_proxy llm_failover llm_failover+512MiB")
+#   SCALE_TARGETS the idle-stream targets (default "reverse_proxy llm_failover
+#                 llm_failover+512MiB"; also llm_failover+1KiB_buffers: the
+#                 channel transport's buffers at 1 KiB)
 #   SCALE_STREAMS open streams per run (default "1000 9000": this machine's
 #                 20,000 open files per process caps Caddy, which holds two
 #                 sockets per stream, below 10,000)
@@ -115,6 +117,10 @@ for target in ${SCALE_TARGETS:-reverse_proxy llm_failover llm_failover+512MiB}; 
 			echo "	bind 127.0.0.1"
 			if [ "$target" = reverse_proxy ]; then
 				printf '\treverse_proxy 127.0.0.1:%s {\n\t\tflush_interval -1\n\t}\n' "$PORT_UP"
+			elif [ "$target" = llm_failover+1KiB_buffers ]; then
+				# The channel transport's read and write buffers at 1 KiB
+				# instead of net/http's 4 KiB each.
+				printf '\tllm_failover {\n\t\tchannel up http://127.0.0.1:%s {\n\t\t\ttransport http {\n\t\t\t\tread_buffer 1KiB\n\t\t\t\twrite_buffer 1KiB\n\t\t\t}\n\t\t}\n\t\tmodel m {\n\t\t\troute up\n\t\t}\n\t\tauth off\n\t}\n' "$PORT_UP"
 			else
 				printf '\tllm_failover {\n\t\tchannel up http://127.0.0.1:%s\n\t\tmodel m {\n\t\t\troute up\n\t\t}\n\t\tauth off\n\t}\n' "$PORT_UP"
 			fi
