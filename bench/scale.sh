@@ -8,9 +8,10 @@
 #   2. a long stream: one stream of 100,000 events through llm_failover,
 #      Caddy's RSS sampled every 100 ms (it must stay flat);
 #   3. many models: configs of 1, 100 and 1,000 models (each with its own
-#      channel) loaded in turn into one Caddy: the time of each
-#      `POST /load` (a reload), the RSS after it, and the CPU a request of
-#      one model costs (closed loop, 8 clients, 3 s).
+#      channel) loaded in turn into one Caddy, SCALE_ROUNDS rounds (default
+#      5) interleaved: the time of each `POST /load` (a reload), the RSS
+#      after it, and the CPU a request of one model costs (closed loop, 8
+#      clients, 2 s), medians over the rounds.
 # Caddy runs with GOMAXPROCS=2 here (the scaling figures are memory and
 # reload time, not one-core capacity). It builds no Caddy: `make bench`.
 #   CADDY_BIN     Caddy with llm_failover (default ./caddy)
@@ -206,26 +207,38 @@ PIDS+=($!)
 wait_port "$PORT_UP2"
 models_config 1 >"$WORK/Caddyfile.m1"
 caddy_start "$WORK/Caddyfile.m1"
+ROUNDS="${SCALE_ROUNDS:-5}"
 {
 	echo
 	echo "## Many models (each with its own channel), loaded in turn into one Caddy"
 	echo
-	echo "| models | POST /load (ms) | RSS after (MiB) | requests/s (8 clients, model m0) | server CPU µs/request |"
-	echo "|---|---|---|---|---|"
+	echo "$ROUNDS rounds, each loading 1, 100 and 1,000 models in turn and loading model m0 for 2 s (8 clients) after each: medians, then every round's CPU figure."
+	echo
+	echo "| models | POST /load (ms) | RSS after (MiB) | requests/s | server CPU µs/request | every round |"
+	echo "|---|---|---|---|---|---|"
 } >>"$REPORT"
+declare -A TOOK RSS RPS CPU
 for m in 1 100 1000; do
 	models_config "$m" >"$WORK/Caddyfile.m$m"
-	start=$(date +%s%N)
-	curl -sf -X POST -H 'Content-Type: text/caddyfile' --data-binary "@$WORK/Caddyfile.m$m" "http://127.0.0.1:$PORT_ADMIN/load" >/dev/null ||
-		die "loading $m models failed"
-	took=$((($(date +%s%N) - start) / 1000000))
-	sleep 1
-	rss=$(rss_kb "$CADDY")
-	"$WORK/load" -url "http://127.0.0.1:$PORT_SITE/v1/chat/completions" -body '{"model":"m0","messages":[{"role":"user","content":"Say hello."}]}' \
-		-c 8 -d 3s -warmup 1s -json -cpu-pid "$CADDY" >"$WORK/m$m.json" 2>/dev/null
-	rps=$(sed -n 's/.*"rps":\([0-9.]*\).*/\1/p' "$WORK/m$m.json")
-	cpu=$(sed -n 's/.*"server_cpu_us_per_request":\([0-9.]*\).*/\1/p' "$WORK/m$m.json")
-	printf '| %s | %s | %.1f | %.0f | %s |\n' "$m" "$took" "$(echo "$rss / 1024" | bc -l)" "$rps" "$cpu" >>"$REPORT"
+done
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+for round in $(seq "$ROUNDS"); do
+	for m in 1 100 1000; do
+		start=$(date +%s%N)
+		curl -sf -X POST -H 'Content-Type: text/caddyfile' --data-binary "@$WORK/Caddyfile.m$m" "http://127.0.0.1:$PORT_ADMIN/load" >/dev/null ||
+			die "loading $m models failed"
+		TOOK[$m]="${TOOK[$m]:-} $((($(date +%s%N) - start) / 1000000))"
+		sleep 0.5
+		RSS[$m]="${RSS[$m]:-} $(rss_kb "$CADDY")"
+		"$WORK/load" -url "http://127.0.0.1:$PORT_SITE/v1/chat/completions" -body '{"model":"m0","messages":[{"role":"user","content":"Say hello."}]}' \
+			-c 8 -d 2s -warmup 0.5s -json -cpu-pid "$CADDY" >"$WORK/m$m.json" 2>/dev/null
+		RPS[$m]="${RPS[$m]:-} $(sed -n 's/.*"rps":\([0-9.]*\).*/\1/p' "$WORK/m$m.json")"
+		CPU[$m]="${CPU[$m]:-} $(sed -n 's/.*"server_cpu_us_per_request":\([0-9.]*\).*/\1/p' "$WORK/m$m.json")"
+	done
+done
+for m in 1 100 1000; do
+	printf '| %s | %s | %.1f | %.0f | %.1f | %s |\n' "$m" "$(echo "${TOOK[$m]}" | median)" "$(echo "$(echo "${RSS[$m]}" | median) / 1024" | bc -l)" \
+		"$(echo "${RPS[$m]}" | median)" "$(echo "${CPU[$m]}" | median)" "$(echo "${CPU[$m]}" | sed 's/^ //')" >>"$REPORT"
 done
 caddy_stop
 cat "$REPORT"
