@@ -2,22 +2,17 @@ package failover
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
-	"github.com/llmfailover/caddy-llm-failover/walletapp"
 )
 
 // A traced request's ledger rows (the failed attempt's and the charge)
@@ -28,37 +23,7 @@ func TestLedgerRowsCarryTraceID(t *testing.T) {
 	e := testEngine(t, testPlan(t, Options{}, func(m *Model) {
 		m.Price = wallet.Price{Input: 1_000, Output: 1_000}
 	}, testChannel{name: uniqueName("trace-bad"), url: bad.URL}, testChannel{name: uniqueName("trace-good"), url: good.URL}))
-	base, err := caddy.ProvisionContext(&caddy.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := caddy.NewContext(base)
-	defer cancel()
-	app := &walletapp.App{Wallets: map[string]*walletapp.Config{"default": {
-		StoreRaw: json.RawMessage(fmt.Sprintf(`{"backend":"sqlite","path":%q}`, filepath.Join(t.TempDir(), "w.db")))}}}
-	if err := app.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer app.Cleanup()
-	wal, err := app.Wallet("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.useWallet(newWalletRuntime(wal, e.logger, "", false))
-	st, err := wal.Store()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.CreateAccount(ctx, "acct"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.Credit(ctx, "acct", 1_000_000, "test"); err != nil {
-		t.Fatal(err)
-	}
-	secret, _, err := st.CreateKey(ctx, "acct", "t")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, st, secret := withTestWallet(t, e)
 
 	tp := sdktrace.NewTracerProvider()
 	defer tp.Shutdown(context.Background())

@@ -2,9 +2,11 @@ package failover
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +17,8 @@ import (
 	"github.com/llmfailover/caddy-llm-failover/chain"
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 	"github.com/llmfailover/caddy-llm-failover/provider"
+	"github.com/llmfailover/caddy-llm-failover/wallet"
+	"github.com/llmfailover/caddy-llm-failover/walletapp"
 )
 
 // testChannel is a channel of a test engine.
@@ -68,13 +72,7 @@ func testPlan(t testing.TB, opts Options, model func(*Model), channels ...testCh
 // testEngine readies p's engine outside a running Caddy.
 func testEngine(t testing.TB, p Plan) *Engine {
 	t.Helper()
-	base, err := caddy.ProvisionContext(&caddy.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := caddy.NewContext(base)
-	t.Cleanup(cancel)
-	e, err := New(ctx, p)
+	e, err := New(testContext(t), p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,3 +103,50 @@ func uniqueName(base string) string { return fmt.Sprintf("%s%d", base, testRun.A
 
 // background is a context for calls that need one.
 var background = context.Background()
+
+// withTestWallet gives e a wallet of its own, on an SQLite file of the
+// test's, with account "acct" credited $1 and a key, and returns the
+// store, its context and the key's secret.
+func withTestWallet(t *testing.T, e *Engine) (context.Context, wallet.Store, string) {
+	t.Helper()
+	ctx := testContext(t)
+	app := &walletapp.App{Wallets: map[string]*walletapp.Config{"default": {
+		StoreRaw: json.RawMessage(fmt.Sprintf(`{"backend":"sqlite","path":%q}`, filepath.Join(t.TempDir(), "w.db")))}}}
+	if err := app.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = app.Cleanup() })
+	wal, err := app.Wallet("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.useWallet(newWalletRuntime(wal, e.logger, "", false))
+	st, err := wal.Store()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.CreateAccount(ctx, "acct"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Credit(ctx, "acct", 1_000_000, "test"); err != nil {
+		t.Fatal(err)
+	}
+	secret, _, err := st.CreateKey(ctx, "acct", "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctx, st, secret
+}
+
+// testContext is a Caddy context outside a running Caddy, cancelled when
+// the test ends.
+func testContext(t testing.TB) caddy.Context {
+	t.Helper()
+	base, err := caddy.ProvisionContext(&caddy.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := caddy.NewContext(base)
+	t.Cleanup(cancel)
+	return ctx
+}

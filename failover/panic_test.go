@@ -1,11 +1,8 @@
 package failover
 
 import (
-	"encoding/json"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +12,6 @@ import (
 
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
-	"github.com/llmfailover/caddy-llm-failover/walletapp"
 )
 
 // panicWriter panics on the first body write, standing in for any bug
@@ -28,42 +24,10 @@ func (p panicWriter) Write([]byte) (int, error) { panic("boom") }
 // the settlement is deferred, and deferred calls run while panicking.
 func TestWalletPanicReleasesReservation(t *testing.T) {
 	up := upstream(t, fu.OKNamed("a").WithUsage(10, 5))
-	db := filepath.Join(t.TempDir(), "w.db")
 	e := testEngine(t, testPlan(t, Options{}, func(m *Model) {
 		m.Price = wallet.Price{Input: 1_000_000, Output: 1_000_000}
 	}, testChannel{name: uniqueName("panic"), url: up.URL}))
-	base, err := caddy.ProvisionContext(&caddy.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := caddy.NewContext(base)
-	defer cancel()
-	// Give the engine a wallet of its own, on a database of the test's.
-	app := &walletapp.App{Wallets: map[string]*walletapp.Config{"default": {
-		StoreRaw: json.RawMessage(fmt.Sprintf(`{"backend":"sqlite","path":%q}`, db))}}}
-	if err := app.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer app.Cleanup()
-	wal, err := app.Wallet("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.useWallet(newWalletRuntime(wal, e.logger, "", false))
-	st, err := wal.Store()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.CreateAccount(ctx, "acct"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.Credit(ctx, "acct", 1_000_000, "test"); err != nil {
-		t.Fatal(err)
-	}
-	secret, _, err := st.CreateKey(ctx, "acct", "t")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, st, secret := withTestWallet(t, e)
 
 	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(string(fu.ChatRequest("m", false))))
 	req.Header.Set("Authorization", "Bearer "+secret)
