@@ -181,6 +181,9 @@ func (rt *walletRuntime) insufficient(ctx context.Context, account string, amoun
 // account with no refusal is a store error served unbilled
 // (on_store_error allow).
 func (rt *walletRuntime) authenticate(ctx context.Context, x *exchange) (account, keyID string, refusal *provider.Error) {
+	if x.client.account != "" {
+		return x.client.account, x.client.keyID, nil // authenticated already (idempotency.go)
+	}
 	if rt.account != "" {
 		if x.repl != nil {
 			account = x.repl.ReplaceAll(rt.account, "")

@@ -189,6 +189,10 @@ type exchange struct {
 	drill *drillState
 	// trace is the request's spans (tracing.go); nil when untraced.
 	trace *requestTrace
+	// client is who the wallet found the client to be, once an
+	// idempotent request was authenticated ahead of its admission, so
+	// that admission does not look the key up again.
+	client struct{ account, keyID string }
 }
 
 // newExchange starts an exchange for r, answered through w.

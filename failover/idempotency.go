@@ -98,6 +98,7 @@ func (e *Engine) beginIdempotent(x *exchange) (answered bool, run *idempotentRun
 		// client is not known, so its key cannot be scoped to it.
 		return false, nil
 	}
+	x.client.account, x.client.keyID = account, keyID
 	id, fp := idempotency.ID(e.wallet.w.Name()+"\x00"+account+"\x00"+keyID, key), idempotency.Fingerprint(x.body)
 	table := e.app.Idempotency()
 	verdict, f, answer := table.Begin(id, fp, time.Now())

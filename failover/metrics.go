@@ -94,10 +94,11 @@ func countGenAI(x *exchange, ch *Channel, route *chain.Route, res attemptResult,
 	if x.meter == nil {
 		return
 	}
-	if u := x.meter.Usage(); u.InputKnown {
+	u := x.meter.Usage()
+	if u.InputKnown {
 		genAITokens.WithLabelValues(op, prov, model, addr, "input").Observe(float64(u.Input))
 	}
-	if u := x.meter.Usage(); u.OutputKnown {
+	if u.OutputKnown {
 		genAITokens.WithLabelValues(op, prov, model, addr, "output").Observe(float64(u.Output))
 	}
 }

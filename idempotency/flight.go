@@ -145,6 +145,7 @@ func (f *Flight) Follow(ctx context.Context, w http.ResponseWriter) bool {
 	for {
 		f.mu.Lock()
 		status, header, body, done, overflow, changed := f.status, f.header, f.body, f.done, f.overflow, f.changed
+		f.watched = true
 		f.mu.Unlock()
 		if !started && overflow {
 			return false

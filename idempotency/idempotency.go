@@ -73,8 +73,10 @@ type Flight struct {
 
 	mu sync.Mutex
 	// changed is closed, and replaced, whenever the flight gains bytes,
-	// its status, or ends.
+	// its status, or ends, and a follower waits on it (watched): a run
+	// nobody follows allocates nothing per write.
 	changed chan struct{}
+	watched bool
 	status  int
 	header  http.Header
 	body    []byte
@@ -228,6 +230,9 @@ func (t *Table) Stats() (flights, kept int, bytes int64) {
 }
 
 func (f *Flight) notifyLocked() {
+	if !f.watched {
+		return
+	}
 	close(f.changed)
-	f.changed = make(chan struct{})
+	f.changed, f.watched = make(chan struct{}), false
 }

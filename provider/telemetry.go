@@ -208,9 +208,10 @@ type describedFields struct {
 }
 
 // describe reads one event's data or a whole body, when it can say
-// anything: only data naming a model, a reason or a status is parsed.
+// anything new: data naming a reason or a status, or a model while none
+// is known (every chat chunk names it; one parse is enough).
 func (m *Meter) describe(data []byte) {
-	if !bytes.Contains(data, modelKey) && !bytes.Contains(data, finishKey) && !bytes.Contains(data, statusKey) {
+	if (m.described.Model != "" || !bytes.Contains(data, modelKey)) && !bytes.Contains(data, finishKey) && !bytes.Contains(data, statusKey) {
 		return
 	}
 	var f describedFields
