@@ -45,7 +45,9 @@ PORT="${BENCH_PORT:-18180}"
 OUT="${BENCH_OUT:-$ROOT/bench/results}"
 GO="${GO:-go}"
 
-die() { echo "latency: $*" >&2; exit 1; }
+NAME=latency
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 [ -x "$CADDY_BIN" ] || die "no Caddy binary at $CADDY_BIN (run 'make bench', or set CADDY_BIN)"
 PORT_A=$((PORT + 1)) PORT_B=$((PORT + 2)) PORT_F=$((PORT + 3)) PORT_UP=$((PORT + 10)) PORT_ADMIN=$((PORT + 19))
 for p in "$PORT_A" "$PORT_B" "$PORT_F" "$PORT_UP" "$PORT_ADMIN"; do
@@ -54,15 +56,6 @@ for p in "$PORT_A" "$PORT_B" "$PORT_F" "$PORT_UP" "$PORT_ADMIN"; do
 	fi
 done
 
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/llmf-latency.XXXXXX")"
-PIDS=()
-cleanup() {
-	for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-	for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-	rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
 
 PIN_CADDY=() PIN_LOAD=() PINNING="none (taskset missing or fewer than 2 CPUs)"
 if command -v taskset >/dev/null && [ "$(nproc --all)" -ge 2 ]; then
@@ -120,10 +113,7 @@ XDG_DATA_HOME="$WORK/data" XDG_CONFIG_HOME="$WORK/config" GOMAXPROCS=1 \
 	"${PIN_CADDY[@]}" "$CADDY_BIN" run --config "$WORK/Caddyfile" --adapter caddyfile >"$WORK/caddy.log" 2>&1 &
 PIDS+=($!)
 for p in "$PORT_A" "$PORT_B" "$PORT_F" "$PORT_UP"; do
-	for _ in $(seq 100); do
-		(exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && break
-		sleep 0.1
-	done
+	wait_port "$p"
 done
 
 STAMP="$(date -u +%Y%m%d-%H%M%S)"

@@ -32,18 +32,11 @@ PORT="${BENCH_PORT:-18280}"
 OUT="${BENCH_OUT:-$ROOT/bench/results}"
 GO="${GO:-go}"
 PORT_SITE=$((PORT + 1)) PORT_UP=$((PORT + 10)) PORT_LONG=$((PORT + 11)) PORT_ADMIN=$((PORT + 19))
-die() { echo "scale: $*" >&2; exit 1; }
+NAME=scale
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 [ -x "$CADDY_BIN" ] || die "no Caddy binary at $CADDY_BIN (run 'make bench', or set CADDY_BIN)"
 
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/llmf-scale.XXXXXX")"
-PIDS=()
-cleanup() {
-	for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-	for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-	rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
 "$GO" build -o "$WORK/upstream" ./bench/upstream
 "$GO" build -o "$WORK/load" ./bench/load
 
@@ -56,13 +49,6 @@ REPORT="$RES/summary.md"
 	echo
 } >"$REPORT"
 
-wait_port() {
-	for _ in $(seq 200); do
-		(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-		sleep 0.05
-	done
-	die "port $1 never answered"
-}
 rss_kb() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
 
 # caddy_start CADDYFILE: runs Caddy on it, sets CADDY.
