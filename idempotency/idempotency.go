@@ -147,14 +147,6 @@ func (t *Table) Begin(id, fingerprint string, now time.Time) (Verdict, *Flight, 
 	return Run, f, nil
 }
 
-// Keep keeps a as the answer of call id (nil: a tombstone), as Finish
-// does.
-func (t *Table) Keep(id, fingerprint string, a *Answer, lim Limits, now time.Time) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.keepLocked(id, fingerprint, a, lim, now)
-}
-
 func (t *Table) keepLocked(id, fingerprint string, a *Answer, lim Limits, now time.Time) {
 	if old, ok := t.answers[id]; ok {
 		t.drop(id, old)
@@ -220,13 +212,6 @@ func (t *Table) Finish(f *Flight, keep bool, lim Limits, now time.Time) {
 		a = nil
 	}
 	t.keepLocked(f.id, f.fingerprint, a, lim, now)
-}
-
-// Stats are a table's sizes, for metrics.
-func (t *Table) Stats() (flights, kept int, bytes int64) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.flights), len(t.answers), t.bytes
 }
 
 func (f *Flight) notifyLocked() {
