@@ -245,7 +245,7 @@ func (e *Engine) finishRun(x *exchange, run *idempotentRun) {
 	}
 	e.memory.Release(run.flight.Held())
 	e.app.Idempotency().Finish(run.flight, keep, idempotency.Limits{
-		Retention: e.opts.Idempotency.Retention, MaxAnswer: e.opts.Idempotency.MaxAnswer, MaxStored: e.opts.Idempotency.MaxStored,
+		Retention: e.opts.Idempotency.Retention, MaxStored: e.opts.Idempotency.MaxStored,
 	}, time.Now())
 	if run.rec.ClientGone() {
 		e.logger.Info("idempotent request finished after its client left; its answer is kept for the client's retry",

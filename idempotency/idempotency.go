@@ -100,8 +100,6 @@ type stored struct {
 type Limits struct {
 	// Retention is how long a completed call's answer is kept.
 	Retention time.Duration
-	// MaxAnswer is the largest answer kept (and held for followers).
-	MaxAnswer int64
 	// MaxStored bounds the bytes of every answer kept together.
 	MaxStored int64
 }

@@ -8,13 +8,16 @@ import (
 	"time"
 )
 
-var lim = Limits{Retention: time.Minute, MaxAnswer: 64, MaxStored: 100}
+// maxAnswer is the recorders' bound in these tests.
+const maxAnswer = 64
+
+var lim = Limits{Retention: time.Minute, MaxStored: 100}
 
 // record runs f's first run: status, a Content-Type, then body.
 func record(t *testing.T, f *Flight, status int, body string) *httptest.ResponseRecorder {
 	t.Helper()
 	w := httptest.NewRecorder()
-	r := NewRecorder(w, f, lim.MaxAnswer, func(int64) bool { return true })
+	r := NewRecorder(w, f, maxAnswer, func(int64) bool { return true })
 	r.Header().Set("Content-Type", "application/json")
 	r.Header().Set("Date", "Sun, 06 Dec 2026 12:00:00 GMT")
 	r.WriteHeader(status)
@@ -54,7 +57,7 @@ func TestTableLifecycle(t *testing.T) {
 	}
 }
 
-// A failure is forgotten; an answer over MaxAnswer, or one there is no
+// A failure is forgotten; an answer over the recorder's bound, or one there is no
 // room for, leaves a tombstone (its duplicates get 409, never a rerun).
 func TestTableFailuresAndTombstones(t *testing.T) {
 	tb := NewTable()
@@ -67,7 +70,7 @@ func TestTableFailuresAndTombstones(t *testing.T) {
 	}
 
 	_, f, _ = tb.Begin("large", "fp", now)
-	record(t, f, 200, string(make([]byte, lim.MaxAnswer+1)))
+	record(t, f, 200, string(make([]byte, maxAnswer+1)))
 	tb.Finish(f, true, lim, now)
 	if v, _, _ := tb.Begin("large", "fp", now); v != Unstored {
 		t.Fatalf("a large answer's duplicate: %v", v)
@@ -99,7 +102,7 @@ func TestFollow(t *testing.T) {
 	tb := NewTable()
 	_, f, _ := tb.Begin("id", "fp", time.Now())
 	w := httptest.NewRecorder()
-	r := NewRecorder(w, f, lim.MaxAnswer, func(int64) bool { return true })
+	r := NewRecorder(w, f, maxAnswer, func(int64) bool { return true })
 	r.Header().Set("Content-Type", "text/event-stream")
 	r.WriteHeader(200)
 	_, _ = r.Write([]byte("data: 1\n\n"))
@@ -120,9 +123,9 @@ func TestFollow(t *testing.T) {
 	}
 
 	_, f, _ = tb.Begin("big", "fp", time.Now())
-	r = NewRecorder(httptest.NewRecorder(), f, lim.MaxAnswer, func(int64) bool { return true })
+	r = NewRecorder(httptest.NewRecorder(), f, maxAnswer, func(int64) bool { return true })
 	r.WriteHeader(200)
-	_, _ = r.Write(make([]byte, lim.MaxAnswer+1))
+	_, _ = r.Write(make([]byte, maxAnswer+1))
 	if f.Follow(context.Background(), httptest.NewRecorder()) {
 		t.Error("followed an answer that outgrew the bound")
 	}
@@ -132,7 +135,7 @@ func TestFollow(t *testing.T) {
 // recorded.
 func TestRecorderOutlivesItsClient(t *testing.T) {
 	_, f, _ := NewTable().Begin("id", "fp", time.Now())
-	r := NewRecorder(failingWriter{httptest.NewRecorder()}, f, lim.MaxAnswer, func(int64) bool { return true })
+	r := NewRecorder(failingWriter{httptest.NewRecorder()}, f, maxAnswer, func(int64) bool { return true })
 	r.WriteHeader(200)
 	for _, p := range []string{"a", "b"} {
 		if n, err := r.Write([]byte(p)); n != 1 || err != nil {
