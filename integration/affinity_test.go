@@ -138,7 +138,7 @@ func TestCacheAffinityKeepsConversationsWarm(t *testing.T) {
 			a, b := newCachingChannel(), newCachingChannel()
 			gateway(t, affinityChannels+tt.option, upstream(t, a).URL, upstream(t, b).URL)
 			before := inputByClass(t)
-			share, bill, cached, input := conversationTurns(t, "warm "+tt.name, 20, 8, func(int) {})
+			share, bill, cached, input := conversationTurns(t, uniqueName("warm "+tt.name), 20, 8, func(int) {})
 			after := inputByClass(t)
 			shares[tt.name] = share
 			t.Logf("cache affinity %s: cache-read share %.1f%%, input bill %s a conversation (a served %d, b served %d)",
@@ -179,7 +179,7 @@ func TestCacheAffinityMovesWithFailover(t *testing.T) {
 				upstream(t, a).URL, upstream(t, b).URL)
 			journaled := affinityToB(t)
 			turn := 0
-			conversationTurns(t, "moving "+tt.name, 1, 6, func(int) {
+			conversationTurns(t, uniqueName("moving "+tt.name), 1, 6, func(int) {
 				turn++
 				a.failing.Store(turn == 3) // a fails once: the third turn goes to b
 			})
