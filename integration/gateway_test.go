@@ -197,6 +197,11 @@ func loadCaddyfile(t *testing.T, cfg string) (int, string) {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "text/caddyfile")
+	// A connection of its own: a refused load makes Caddy run the old
+	// config again, which can close the admin API's kept-alive
+	// connections, and a POST reused on one of them is reset, not retried
+	// (seen once: TestUnsetEnvironmentVariableIsNamed, 2026-12-06).
+	req.Close = true
 	res, err := (&http.Client{Timeout: 60 * time.Second}).Do(req)
 	if err != nil {
 		t.Fatal(err)
