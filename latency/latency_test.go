@@ -92,14 +92,14 @@ func TestWindowForgets(t *testing.T) {
 func TestSlowdown(t *testing.T) {
 	l := NewLearner()
 	start := time.Now()
-	for i := range 200 {
+	for i := range 1000 {
 		l.Observe(FirstContent, 0, 200*time.Millisecond, cfg.Window, start.Add(time.Duration(i)*time.Second))
 	}
-	now := start.Add(200 * time.Second)
+	now := start.Add(1000 * time.Second)
 	if s := l.Slowdown(cfg, now); s != 1 {
 		t.Fatalf("as usual: slowdown %v, want 1", s)
 	}
-	for range 300 {
+	for range 200 {
 		l.Observe(FirstContent, 0, 2*time.Second, cfg.Window, now)
 	}
 	if s := l.Slowdown(cfg, now); s < 5 {
