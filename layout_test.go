@@ -76,10 +76,10 @@ func TestImportRules(t *testing.T) {
 	forbid("probe", false, func(p string) bool { return named("failover", "failoverapp", "walletapp")(p) || isCaddy(p) },
 		"the scheduler knows a probe target, never the handler, the app or Caddy")
 	forbid("walletapp", true, named("failover", "failoverapp", "status", "probe", "provider"), "the wallet knows no handler and no LLM API")
-	for _, pkg := range []string{"provider", "streamgate", "breaker", "chain", "wallet", "history", "history/store", "journal", "jobs", "idempotency", "idempotency/store"} {
+	for _, pkg := range []string{"provider", "streamgate", "breaker", "chain", "wallet", "history", "history/store", "journal", "jobs", "idempotency", "idempotency/store", "latency"} {
 		forbid(pkg, false, named(modulePkgs...), "a library never imports a module package")
 	}
-	for _, pkg := range []string{"streamgate", "breaker", "chain", "journal", "jobs", "idempotency"} {
+	for _, pkg := range []string{"streamgate", "breaker", "chain", "journal", "jobs", "idempotency", "latency"} {
 		forbid(pkg, false, isCaddy, "it knows nothing of Caddy")
 	}
 	for pkg := range imports {

@@ -10,6 +10,7 @@ import (
 	"github.com/llmfailover/caddy-llm-failover/breaker"
 	"github.com/llmfailover/caddy-llm-failover/history"
 	"github.com/llmfailover/caddy-llm-failover/journal"
+	"github.com/llmfailover/caddy-llm-failover/latency"
 	"github.com/llmfailover/caddy-llm-failover/probe"
 )
 
@@ -46,7 +47,7 @@ func TestStopWhileAProbeChangesABreaker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ch := &Channel{Name: "alpha", Breaker: breaker.New(breaker.Config{Failures: 3, Window: time.Minute, Cooldown: time.Minute, Trials: 1})}
+	ch := &Channel{Name: "alpha", Breaker: breaker.New(breaker.Config{Failures: 3, Window: time.Minute, Cooldown: time.Minute, Trials: 1}), Latency: latency.NewLearner()}
 	a := &App{logger: zap.NewNop(), status: &statusState{history: history.NewRecorder(), journal: journal.New(journal.DefaultSize),
 		since: map[string]time.Time{}, started: time.Now()}}
 	target := &transitionDuringStop{app: a, ch: ch, plan: plan, probing: make(chan struct{}), stopping: make(chan struct{})}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/llmfailover/caddy-llm-failover/breaker"
 	"github.com/llmfailover/caddy-llm-failover/chain"
+	"github.com/llmfailover/caddy-llm-failover/latency"
 )
 
 // channels holds what must outlive a config reload: each channel's
@@ -29,6 +30,14 @@ type Channel struct {
 	Name    string
 	BaseURL string // redacted, for views and events
 	Breaker *breaker.Breaker
+	// Latency is what the channel's waits usually take, for its learned
+	// deadlines (adaptive_deadlines) and hedge_after pNN: kept across
+	// reloads like the breaker, as relearning takes traffic.
+	Latency *latency.Learner
+	// learning is the adaptive_deadlines config of the handler that
+	// declared the channel with it last, and the configured timeouts that
+	// bound its deadlines, for the views; nil when none does.
+	learning atomic.Pointer[Learning]
 	// lastUsed is when real traffic last reached the channel (Unix
 	// nanoseconds), so that only idle channels are probed.
 	lastUsed atomic.Int64
@@ -60,6 +69,28 @@ func (c *Channel) noPrefillModels() []string {
 func (c *Channel) LearnRefusesPrefill(model string) bool {
 	_, known := c.noPrefill.LoadOrStore(model, struct{}{})
 	return !known
+}
+
+// Learning is how a handler learns a channel's deadlines
+// (adaptive_deadlines): its config and, per latency.Kind, the configured
+// timeout that bounds the learned one.
+type Learning struct {
+	Config   latency.Config
+	Ceilings [latency.NumKinds]time.Duration
+}
+
+// Learn records that a handler learns the channel's deadlines this way.
+func (c *Channel) Learn(l Learning) { c.learning.Store(&l) }
+
+// Learned is the channel's learned deadlines, per kind and size class
+// with observations, for the status page, its JSON and the metrics; nil
+// when no handler learns them.
+func (c *Channel) Learned(now time.Time) []latency.Learned {
+	l := c.learning.Load()
+	if l == nil {
+		return nil
+	}
+	return c.Latency.Snapshot(l.Config, l.Ceilings, now)
 }
 
 // Touch records that real traffic reached the channel at now.
@@ -121,7 +152,7 @@ func (a *App) Channel(id ChannelID, cfg breaker.Config, owner string) (*Channel,
 		}
 	}
 	v, _, err := channels.LoadOrNew(id.key, func() (caddy.Destructor, error) {
-		return &Channel{Name: id.name, BaseURL: id.baseURL, Breaker: breaker.New(cfg)}, nil
+		return &Channel{Name: id.name, BaseURL: id.baseURL, Breaker: breaker.New(cfg), Latency: latency.NewLearner()}, nil
 	})
 	if err != nil {
 		return nil, err
