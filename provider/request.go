@@ -41,6 +41,13 @@ type Request struct {
 	// stored prompt), or is "" when it refers to none. Such input is not in
 	// the body, so the body does not bound the request's input tokens.
 	StoredContext string
+	// Effects names the field through which the request has effects or
+	// state upstream beyond its answer ("store", "background", a stored
+	// context's field, "tools" naming a server-side tool, "mcp_servers"),
+	// or is "" when it has none; StoreOff: it sent "store": false. Two
+	// copies of such a request (a hedge) would do those things twice.
+	Effects  string
+	StoreOff bool
 
 	modelStart, modelEnd int // byte span of the "model" value, quotes included
 }
@@ -90,6 +97,24 @@ func (API) ParseRequest(body []byte) (Request, error) {
 			// tokens are input the body's size cannot bound.
 			if !jsonscan.IsEmpty(val) {
 				req.StoredContext = string(key)
+				req.effect(req.StoredContext)
+			}
+		case "store":
+			req.StoreOff = string(val) == "false"
+			if string(val) == "true" {
+				req.effect("store")
+			}
+		case "background":
+			if string(val) == "true" {
+				req.effect("background")
+			}
+		case "mcp_servers":
+			if !jsonscan.IsEmpty(val) && !jsonscan.IsNull(val) {
+				req.effect("mcp_servers")
+			}
+		case "tools":
+			if serverTools(val) {
+				req.effect("tools")
 			}
 		case "stream_options":
 			req.HasStreamOptions = val[0] == '{'
@@ -110,6 +135,36 @@ func (API) ParseRequest(body []byte) (Request, error) {
 	}
 	req.Images = bytes.Count(body, []byte(`"image_url"`)) + bytes.Count(body, []byte(`"input_image"`)) + bytes.Count(body, []byte(`"image"`))
 	return req, nil
+}
+
+// effect records the first field found with effects upstream.
+func (r *Request) effect(field string) {
+	if r.Effects == "" {
+		r.Effects = field
+	}
+}
+
+// serverTools reports whether a tools array names a tool the upstream
+// runs itself (web search, code execution, file search, MCP, ...): every
+// typed tool but a function or custom one, as a client-run tool of either
+// API is. A tools value that is not an array of objects counts too: what
+// cannot be read is not known to be harmless.
+func serverTools(val []byte) bool {
+	if jsonscan.IsNull(val) {
+		return false
+	}
+	var tools []struct {
+		Type *string `json:"type"`
+	}
+	if json.Unmarshal(val, &tools) != nil {
+		return true
+	}
+	for _, t := range tools {
+		if t.Type != nil && *t.Type != "function" && *t.Type != "custom" {
+			return true
+		}
+	}
+	return false
 }
 
 // The largest limits a request may set. They keep every bound the wallet

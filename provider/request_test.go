@@ -83,9 +83,9 @@ func TestParseRequestFields(t *testing.T) {
 		{"max_tokens negative exponent", `{"model":"m","max_tokens":12000e-2}`, Request{Model: "m", MaxOutput: 120, N: 1}},
 		{"max_tokens at the maximum", `{"model":"m","max_tokens":1e8}`, Request{Model: "m", MaxOutput: MaxTokenLimit, N: 1}},
 		{"n decimal", `{"model":"m","n":8.0}`, Request{Model: "m", N: 8}},
-		{"previous_response_id", `{"model":"m","previous_response_id":"resp_1"}`, Request{Model: "m", N: 1, StoredContext: "previous_response_id"}},
-		{"conversation", `{"model":"m","conversation":{"id":"conv_1"}}`, Request{Model: "m", N: 1, StoredContext: "conversation"}},
-		{"stored prompt", `{"model":"m","prompt":{"id":"pmpt_1"}}`, Request{Model: "m", N: 1, StoredContext: "prompt"}},
+		{"previous_response_id", `{"model":"m","previous_response_id":"resp_1"}`, Request{Model: "m", N: 1, StoredContext: "previous_response_id", Effects: "previous_response_id"}},
+		{"conversation", `{"model":"m","conversation":{"id":"conv_1"}}`, Request{Model: "m", N: 1, StoredContext: "conversation", Effects: "conversation"}},
+		{"stored prompt", `{"model":"m","prompt":{"id":"pmpt_1"}}`, Request{Model: "m", N: 1, StoredContext: "prompt", Effects: "prompt"}},
 		{"previous_response_id null", `{"model":"m","previous_response_id":null}`, Request{Model: "m", N: 1}},
 		{"n", `{"model":"m","n":4}`, Request{Model: "m", N: 4}},
 		{"n zero stays 1", `{"model":"m","n":0}`, Request{Model: "m", N: 1}},
@@ -360,5 +360,42 @@ func TestModelList(t *testing.T) {
 	empty, _ := ModelList(http.Header{"Anthropic-Version": {"2023-06-01"}}, nil)
 	if string(empty) != `{"data":[],"has_more":false,"first_id":null,"last_id":null}` {
 		t.Errorf("empty Anthropic list: %s", empty)
+	}
+}
+
+// A request with effects or state upstream is told apart, so that it is
+// never sent twice at once (a hedge).
+func TestParseRequestEffects(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"model":"m"}`:                                                     "",
+		`{"model":"m","store":false}`:                                       "",
+		`{"model":"m","store":true}`:                                        "store",
+		`{"model":"m","background":true}`:                                   "background",
+		`{"model":"m","background":false}`:                                  "",
+		`{"model":"m","previous_response_id":"resp_1"}`:                     "previous_response_id",
+		`{"model":"m","conversation":"conv_1"}`:                             "conversation",
+		`{"model":"m","tools":[{"type":"function","name":"f"}]}`:            "",
+		`{"model":"m","tools":[{"name":"f","input_schema":{}}]}`:            "",
+		`{"model":"m","tools":[{"type":"web_search_preview"}]}`:             "tools",
+		`{"model":"m","tools":[{"type":"web_search_20250305"}]}`:            "tools",
+		`{"model":"m","tools":"nonsense"}`:                                  "tools",
+		`{"model":"m","tools":null}`:                                        "",
+		`{"model":"m","mcp_servers":[{"url":"https://x"}]}`:                 "mcp_servers",
+		`{"model":"m","mcp_servers":[]}`:                                    "",
+		`{"model":"m","store":true,"tools":[{"type":"mcp"}]}`:               "store",
+		`{"model":"m","tools":[{"type":"custom","name":"x"}]}`:              "",
+		`{"model":"m","tools":[{"type":"code_interpreter"}],"store":false}`: "tools",
+	} {
+		req, err := OpenAIChat.ParseRequest([]byte(body))
+		if err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		if req.Effects != want {
+			t.Errorf("%s: effects %q, want %q", body, req.Effects, want)
+		}
+	}
+	req, _ := OpenAIResponses.ParseRequest([]byte(`{"model":"m","store":false}`))
+	if !req.StoreOff {
+		t.Error("store false not seen")
 	}
 }
