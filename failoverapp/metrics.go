@@ -1,9 +1,13 @@
 package failoverapp
 
 import (
+	"slices"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
+	"github.com/llmfailover/caddy-llm-failover/latency"
 	"github.com/llmfailover/caddy-llm-failover/probe"
 )
 
@@ -19,11 +23,24 @@ var (
 		Namespace: "caddy", Subsystem: "llm_failover", Name: "held_bytes",
 		Help: "Bytes of answers held in memory across every request (held stream frames, buffered answers); max_held_bytes caps it.",
 	}, func() float64 { return float64(HeldBytes()) })
+	learnedDeadlineFired = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "llm_failover", Name: "learned_deadline_fired_total",
+		Help: "Attempts cut by a learned deadline (adaptive_deadlines), by channel and kind of wait (header, first_content, gap).",
+	}, []string{"channel", "kind"})
 )
+
+// LearnedDeadlineFired counts one attempt on channel cut by a learned
+// deadline (latency.Deadline.Learned) of kind, a latency.Kind's name, so
+// that the cuts adaptive_deadlines makes can be told from the configured
+// timeouts' and alerted on per channel.
+func LearnedDeadlineFired(channel, kind string) {
+	learnedDeadlineFired.WithLabelValues(channel, kind).Inc()
+}
 
 func registerMetrics(reg prometheus.Registerer) error {
 	return caddykit.Register(reg, append(probe.Collectors(),
-		breakerTransitions, breakerStates{}, heldBytesGauge, caddykit.JobMetrics{})...)
+		breakerTransitions, breakerStates{}, heldBytesGauge, caddykit.JobMetrics{},
+		learnedDeadlineFired, learnedDeadlines{channels: activeChannels})...)
 }
 
 var breakerStateDesc = prometheus.NewDesc("caddy_llm_failover_breaker_state",
@@ -53,4 +70,61 @@ func (breakerStates) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(breakerStateDesc, prometheus.GaugeValue, float64(state), c.Name)
 	}
+}
+
+var learnedDeadlineDesc = prometheus.NewDesc("caddy_llm_failover_learned_deadline_seconds",
+	"Deadline learned per channel, kind of wait and request size class (prompt/output: s, m, l), "+
+		"for the kinds and classes with enough samples; the others wait the configured timeout.",
+	[]string{"channel", "kind", "class"}, nil)
+
+// learnedDeadlines reads the channels' learners at scrape time, so that
+// serving a request costs nothing and a deadline that drifts with traffic
+// or expires with its window is current. channels lists the channels to
+// read, each once. Channels sharing a name (two sites with different
+// keys) report the longest deadline among them.
+type learnedDeadlines struct {
+	channels func() []*Channel
+}
+
+func (learnedDeadlines) Describe(ch chan<- *prometheus.Desc) { ch <- learnedDeadlineDesc }
+
+func (l learnedDeadlines) Collect(ch chan<- prometheus.Metric) {
+	type key struct {
+		channel string
+		kind    latency.Kind
+		class   latency.Class
+	}
+	now := time.Now()
+	limits := map[key]time.Duration{}
+	for _, c := range l.channels() {
+		for _, e := range c.Learned(now) {
+			if !e.Deadline.Learned {
+				continue
+			}
+			k := key{c.Name, e.Kind, e.Class}
+			limits[k] = max(limits[k], e.Deadline.Limit)
+		}
+	}
+	for k, limit := range limits {
+		ch <- prometheus.MustNewConstMetric(learnedDeadlineDesc, prometheus.GaugeValue, limit.Seconds(),
+			k.channel, k.kind.String(), k.class.String())
+	}
+}
+
+// activeChannels lists the running config's channels, each once; none
+// when no config has an llm_failover app.
+func activeChannels() []*Channel {
+	a := active()
+	if a == nil {
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []*Channel
+	for _, c := range a.channels {
+		if !slices.Contains(out, c.ch) {
+			out = append(out, c.ch)
+		}
+	}
+	return out
 }

@@ -1,6 +1,8 @@
 package failoverapp
 
 import (
+	"math"
+	"slices"
 	"sort"
 	"time"
 
@@ -73,6 +75,83 @@ type ChannelView struct {
 	// Probes are the synthetic checks of the channel, apart from its real
 	// traffic above; absent when it was never probed.
 	Probes *ProbeView `json:"probes,omitempty"`
+	// LearnedDeadlines are the channel's deadlines per kind of wait and
+	// size class it has observations of, so an operator can see what
+	// adaptive_deadlines would cut at; absent when no handler learns them
+	// or before their first observation.
+	LearnedDeadlines []LearnedDeadlineView `json:"learned_deadlines,omitempty"`
+}
+
+// LearnedDeadlineView is one kind and size class of a channel's
+// deadlines (latency.Learned). Until the channel has enough samples of
+// it, Learned is false and LimitMs is the configured timeout (0: none).
+type LearnedDeadlineView struct {
+	Kind       string `json:"kind"`
+	Class      string `json:"class"`
+	LimitMs    int64  `json:"limit_ms"`
+	Learned    bool   `json:"learned"`
+	QuantileMs int64  `json:"quantile_ms"`
+	// Percentile is which quantile QuantileMs is (99: p99): the
+	// duration alone does not say what share of waits it bounds.
+	Percentile float64 `json:"percentile"`
+	Samples    int     `json:"samples"`
+	MedianMs   int64   `json:"median_ms"`
+}
+
+// learnedDeadlinesOf is ch's learned deadlines at now (Channel.Learned);
+// nil when no handler learns them or it has no observations yet.
+func learnedDeadlinesOf(ch *Channel, now time.Time) []LearnedDeadlineView {
+	// The learning config is loaded once, so that the percentile shown
+	// is the one the deadlines were computed with even across a reload.
+	l := ch.learning.Load()
+	if l == nil {
+		return nil
+	}
+	learned := ch.Latency.Snapshot(l.Config, l.Ceilings, now)
+	if len(learned) == 0 {
+		return nil
+	}
+	percentile := math.Round(l.Config.Quantile*1000) / 10
+	out := make([]LearnedDeadlineView, len(learned))
+	for i, e := range learned {
+		out[i] = LearnedDeadlineView{Kind: e.Kind.String(), Class: e.Class.String(), LimitMs: e.Deadline.Limit.Milliseconds(),
+			Learned: e.Deadline.Learned, QuantileMs: e.Deadline.Quantile.Milliseconds(), Percentile: percentile,
+			Samples: e.Deadline.Samples, MedianMs: e.Median.Milliseconds()}
+	}
+	return out
+}
+
+// routeKey is one route of one model, by their names.
+type routeKey struct{ model, channel string }
+
+// learnedDeadlinesByRoute is the learned deadlines of every model
+// route's channel at now, read once per channel. The snapshot's routes
+// carry no channel, so the models are walked again, keyed by names as the
+// view is; should two handlers declare one model name, the first one's
+// channel is shown.
+func (a *App) learnedDeadlinesByRoute(now time.Time) map[routeKey][]LearnedDeadlineView {
+	// The models are copied out: a.mu is never held while a learner's
+	// lock is taken.
+	a.mu.Lock()
+	models := slices.Clone(a.models)
+	a.mu.Unlock()
+	byChannel := map[*Channel][]LearnedDeadlineView{}
+	out := map[routeKey][]LearnedDeadlineView{}
+	for _, m := range models {
+		for _, r := range m.Chain.Routes {
+			ch := m.Channels[r.Channel]
+			views, done := byChannel[ch]
+			if !done {
+				views = learnedDeadlinesOf(ch, now)
+				byChannel[ch] = views
+			}
+			key := routeKey{m.Chain.Name, r.Name}
+			if _, seen := out[key]; !seen {
+				out[key] = views
+			}
+		}
+	}
+	return out
 }
 
 type WindowView struct {
@@ -244,6 +323,10 @@ func (a *App) statusView(now time.Time, title string, hide bool) StatusView {
 	// failures are this instance's.
 	hist, jr := st.sources(now)
 	incidents := st.history.Incidents()
+	var learned map[routeKey][]LearnedDeadlineView
+	if !hide {
+		learned = a.learnedDeadlinesByRoute(now)
+	}
 	for _, m := range snap.Models {
 		hv := hist.Model(m.Name, now, durations()...)
 		ms := ModelView{Name: m.Name, Counts: "requests", Windows: windowsOf(hv), Hourly: barsOf(hv.Hourly), Daily: barsOf(hv.Daily)}
@@ -277,6 +360,7 @@ func (a *App) statusView(now time.Time, title string, hide bool) StatusView {
 				legend[d.Reason] = true
 			}
 			cs.Probes = probeViewOf(r.Route.Name, now)
+			cs.LearnedDeadlines = learned[routeKey{m.Name, r.Route.Name}]
 			ms.Channels = append(ms.Channels, cs)
 		}
 		ms.Status, ms.Since = modelCondition(m.Name, len(m.Routes) > 0, working, limitedOnly, lastOut,

@@ -38,6 +38,14 @@ type Decision struct {
 	// Form is how the continuation was asked for (reason "resumed":
 	// prefill or instructed).
 	Form string `json:"form,omitempty"`
+	// DeadlineKind and Deadline are the learned deadline that ended the
+	// attempt (adaptive_deadlines): which wait (header, first_content or
+	// gap) and how long it was.
+	DeadlineKind string        `json:"deadline_kind,omitempty"`
+	Deadline     time.Duration `json:"deadline_ns,omitempty"`
+	// CostMicros is what a hedge's losing attempt cost upstream (reason
+	// hedge_lost), in millionths of a dollar.
+	CostMicros int64 `json:"cost_micros,omitempty"`
 }
 
 // Journal is a fixed-size ring of decisions, safe for concurrent use.

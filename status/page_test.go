@@ -121,3 +121,47 @@ func TestPageShowsCacheReadShare(t *testing.T) {
 		}
 	}
 }
+
+// A channel's learned deadlines show as a small table, a learned one with
+// the quantile and samples it comes from, one still waiting for samples
+// as the configured timeout; a channel without them shows no table.
+func TestPageShowsLearnedDeadlines(t *testing.T) {
+	now := time.Date(2026, 3, 2, 12, 0, 0, 0, time.UTC)
+	windows := map[string]failoverapp.WindowView{"5m": {}, "1h": {}, "24h": {}}
+	channel := func(name string, learned []failoverapp.LearnedDeadlineView) failoverapp.ChannelView {
+		return failoverapp.ChannelView{Name: name, State: "closed", Status: failoverapp.StatusOperational, Since: now,
+			Counts: "attempts", Doing: "serving", Windows: windows, LearnedDeadlines: learned}
+	}
+	m := failoverapp.ModelView{Name: "m", Status: failoverapp.StatusOperational, Since: now, Counts: "requests", Windows: windows,
+		Channels: []failoverapp.ChannelView{
+			channel("alpha", []failoverapp.LearnedDeadlineView{
+				{Kind: "header", Class: "s/s", LimitMs: 5000, Learned: true, QuantileMs: 106, Percentile: 99, Samples: 60, MedianMs: 100},
+				{Kind: "first_content", Class: "m/l", LimitMs: 12600, Learned: true, QuantileMs: 4200, Percentile: 99.5, Samples: 75, MedianMs: 1500},
+				{Kind: "gap", Class: "s/s", LimitMs: 60000, Samples: 12, MedianMs: 800},
+				{Kind: "gap", Class: "l/l", Samples: 3, MedianMs: 900},
+			}),
+			channel("beta", nil),
+		}}
+	v := failoverapp.StatusView{Title: "t", GeneratedAt: now, Status: failoverapp.StatusOperational,
+		Models: []failoverapp.ModelView{m}, WindowKeys: []string{"5m", "1h", "24h"}}
+	var buf bytes.Buffer
+	if err := render(&buf, v, 0, "/status/"); err != nil {
+		t.Fatal(err)
+	}
+	_, alpha, _ := strings.Cut(buf.String(), `id="channel-m-alpha"`)
+	alpha, beta, _ := strings.Cut(alpha, `id="channel-m-beta"`)
+	for _, want := range []string{
+		"<th>learned deadline</th>",
+		"<tr><td>response headers</td><td>s/s</td><td>5.0 s</td><td>p99 106 ms over 60 samples</td></tr>",
+		"<tr><td>first content</td><td>m/l</td><td>12.6 s</td><td>p99.5 4.2 s over 75 samples</td></tr>",
+		"<tr><td>pause in a stream</td><td>s/s</td><td>1 min 0 s</td><td>configured timeout: 12 samples so far</td></tr>",
+		"<tr><td>pause in a stream</td><td>l/l</td><td>none</td><td>configured timeout: 3 samples so far</td></tr>",
+	} {
+		if !strings.Contains(alpha, want) {
+			t.Errorf("alpha: %q missing in %s", want, alpha)
+		}
+	}
+	if strings.Contains(beta, "learned deadline") {
+		t.Errorf("beta has no learned deadlines, yet shows a table: %s", beta)
+	}
+}

@@ -1,10 +1,12 @@
 package status
 
 import (
+	"cmp"
 	"fmt"
 	"html/template"
 	"io"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 
@@ -113,6 +115,28 @@ func span(d time.Duration) string {
 	return fmt.Sprintf("%d min %d s", int(d.Minutes()), int(d.Seconds())%60)
 }
 
+// kindLabels name a learned deadline's kind of wait for people.
+var kindLabels = map[string]string{"header": "response headers", "first_content": "first content", "gap": "pause in a stream"}
+
+// deadlineLimit is a learned deadline's limit; a configured timeout of 0
+// leaves the wait unbounded.
+func deadlineLimit(d failoverapp.LearnedDeadlineView) string {
+	if d.LimitMs <= 0 {
+		return "none"
+	}
+	return span(time.Duration(d.LimitMs) * time.Millisecond)
+}
+
+// deadlineBasis says where a deadline comes from: "p99 1.2 s over 60
+// samples", or the configured timeout while the samples are too few.
+func deadlineBasis(d failoverapp.LearnedDeadlineView) string {
+	if !d.Learned {
+		return fmt.Sprintf("configured timeout: %d samples so far", d.Samples)
+	}
+	return fmt.Sprintf("p%s %s over %d samples", strconv.FormatFloat(d.Percentile, 'f', -1, 64),
+		span(time.Duration(d.QuantileMs)*time.Millisecond), d.Samples)
+}
+
 var statusLabels = map[string]string{
 	failoverapp.StatusOperational: "Operational", failoverapp.StatusDegraded: "Degraded", failoverapp.StatusLimited: "Rate limited", failoverapp.StatusDown: "Down",
 }
@@ -123,6 +147,9 @@ var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap
 	"cache":   cacheReads,
 	"ago":     ago,
 	"span":    span,
+	"kind":    func(k string) string { return cmp.Or(kindLabels[k], k) },
+	"limit":   deadlineLimit,
+	"basis":   deadlineBasis,
 	"label":   func(s string) string { return statusLabels[s] },
 	"lower":   strings.ToLower,
 	"runbook": failoverapp.RunbookPath,
@@ -189,6 +216,9 @@ footer{color:var(--mute);font-size:12px;margin:18px 0}
 {{with .Probes}}<div><span>synthetic checks (not traffic)</span>{{if .LastAt.IsZero}}none sent{{else}}last {{.LastResult}}{{if .LastReason}} ({{.LastReason}}){{end}}{{end}} <span>{{if not .LastAt.IsZero}}{{ago $now .LastAt}} · {{end}}spent today ${{.SpentToday}}{{if .BudgetStopped}} · the budget left cannot cover another probe: stopped for today{{end}}</span></div>{{end}}</div>
 {{bars .Daily "2006-01-02" "attempts"}}<div class="axis"><span>90 days</span><span>today</span></div>
 {{bars .Hourly "Jan 2 15:00 UTC" "attempts"}}<div class="axis"><span>48 h</span><span>now</span></div>
+{{if .LearnedDeadlines}}<div class="scroll"><table><tr><th>learned deadline</th><th title="prompt / output size: s, m, l">size</th><th>limit</th><th>from</th></tr>
+{{range .LearnedDeadlines}}<tr><td>{{kind .Kind}}</td><td>{{.Class}}</td><td>{{limit .}}</td><td>{{basis .}}</td></tr>
+{{end}}</table></div>{{end}}
 {{if .Decisions}}<div class="scroll"><table><tr><th>failover at</th><th>reason</th><th>upstream</th><th>attempt</th><th>elapsed</th><th>budget left</th><th>next</th></tr>
 {{range .Decisions}}<tr><td>{{ts .At}}</td><td><a href="{{.Runbook}}">{{.Reason}}</a></td><td>{{if .UpstreamStatus}}{{.UpstreamStatus}}{{else}}–{{end}}</td><td>{{.Attempt}}</td><td>{{span .Elapsed}}</td><td>{{span .Remaining}}</td><td>{{if .Next}}{{.Next}}{{else}}none: client answered with an error{{end}}</td></tr>
 {{end}}</table></div>{{end}}

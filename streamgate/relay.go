@@ -265,6 +265,10 @@ type Result struct {
 	// BytesSent counts body bytes written to the client, excluding an
 	// appended error event.
 	BytesSent int64
+	// LongestGap is the longest pause between the committed stream's
+	// Content events (the first from commit), measured only when
+	// StallFloor > 0: what a caller learns a stall limit from.
+	LongestGap time.Duration
 	// Err is the underlying read or write error, if any. It can accompany
 	// Complete when the connection broke after the stream's normal end.
 	Err error
@@ -896,6 +900,7 @@ func (r *relay) finish(readErr error) Result {
 	}
 
 	res.BytesSent = r.sent
+	res.LongestGap = time.Duration(r.maxGap)
 	switch {
 	case ended && r.errAfter:
 		res.Outcome, res.ErrorData, res.Err, res.Deferred = UpstreamError, r.errData, rerr, r.errEvent

@@ -228,3 +228,25 @@ func TestRelayNoContentStallAfterEnd(t *testing.T) {
 		t.Fatalf("res %+v body %q", res, body)
 	}
 }
+
+// A complete stream reports its longest pause between content events,
+// which a caller learns stall limits from.
+func TestRelayReportsTheLongestContentGap(t *testing.T) {
+	dst := newFakeDown()
+	opts := Options{StallFloor: 5 * time.Second, IdleTimeout: time.Hour}
+	res, _ := relayWith(t, dst, gate(provider.AnthropicMessages, opts), func(u *upstream) {
+		u.send(antStart + antDelta)
+		time.Sleep(50 * time.Millisecond)
+		u.send(antDelta)
+		time.Sleep(250 * time.Millisecond)
+		u.send(antDelta)
+		u.send(antStop)
+		u.close()
+	})
+	if res.Outcome != Complete {
+		t.Fatalf("res %+v", res)
+	}
+	if res.LongestGap < 250*time.Millisecond || res.LongestGap > waitLimit {
+		t.Fatalf("longest gap %v, want the 250 ms pause", res.LongestGap)
+	}
+}
