@@ -49,6 +49,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			max_output_tokens <n>
 //			max_input_tokens <n>
 //			stream_resume continue|off
+//			hedge_after <duration>|p<NN>
 //		}
 //		max_hops            <n>
 //		header_timeout      <duration>
@@ -63,6 +64,18 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		stream_gate         <duration> [failover]
 //		stream_idle_timeout <duration>
 //		stream_resume       continue|off
+//		adaptive_deadlines [{
+//			quantile    p<NN>|<fraction>
+//			factor      <x>
+//			floor       <duration>
+//			stall_floor <duration>
+//			min_samples <n>
+//			window      <duration>
+//		}]
+//		hedge {
+//			budget <percent>
+//			charge operator|client
+//		}
 //		breaker {
 //			window    <duration>
 //			failures  <n>
@@ -179,6 +192,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.StreamGate = g
 		case "stream_idle_timeout":
 			h.StreamIdleTimeout, err = caddykit.DurationArg(d)
+		case "adaptive_deadlines":
+			h.AdaptiveDeadlines, err = unmarshalAdaptive(d)
+		case "hedge":
+			h.Hedge, err = unmarshalHedge(d)
 		case "heartbeat", "history", "probe_leader", "max_held_bytes":
 			return d.Errf("%s is one per process: it moved to the global llm_failover option: { llm_failover { %s ... } }", opt, opt)
 		case "breaker":
@@ -385,6 +402,14 @@ func (h *Handler) unmarshalModel(d *caddyfile.Dispenser, at map[string]string) e
 			var err error
 			if m.StreamResume, err = resumeArg(d); err != nil {
 				return err
+			}
+		case "hedge_after":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			m.HedgeAfter = d.Val()
+			if d.NextArg() {
+				return d.ArgErr()
 			}
 		case "idempotency":
 			if !d.NextArg() || (d.Val() != "on" && d.Val() != "off") {
@@ -627,6 +652,98 @@ func unmarshalIdempotency(d *caddyfile.Dispenser) (*Idempotency, error) {
 		}
 	}
 	return idem, nil
+}
+
+// unmarshalAdaptive parses `adaptive_deadlines [{ quantile <q|pNN>
+// factor <x> floor <d> stall_floor <d> min_samples <n> window <d> }]`.
+func unmarshalAdaptive(d *caddyfile.Dispenser) (*AdaptiveDeadlines, error) {
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	a := new(AdaptiveDeadlines)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var err error
+		switch opt := d.Val(); opt {
+		case "quantile":
+			if !d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			if a.Quantile, err = parseQuantile(d.Val()); err != nil {
+				return nil, d.Errf("adaptive_deadlines: quantile: %v", err)
+			}
+			err = caddykit.NoMoreArgs(d)
+		case "factor":
+			if !d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			if a.Factor, err = strconv.ParseFloat(d.Val(), 64); err != nil || a.Factor < 1 {
+				return nil, d.Errf("adaptive_deadlines: factor: want a number of at least 1, got %q", d.Val())
+			}
+			err = caddykit.NoMoreArgs(d)
+		case "floor":
+			a.Floor, err = caddykit.DurationArg(d)
+		case "stall_floor":
+			a.StallFloor, err = caddykit.DurationArg(d)
+		case "window":
+			a.Window, err = caddykit.DurationArg(d)
+		case "min_samples":
+			a.MinSamples, err = caddykit.IntArg(d, 1)
+			if err == nil {
+				err = caddykit.NoMoreArgs(d)
+			}
+		default:
+			return nil, d.Errf("adaptive_deadlines: unknown option %q (want quantile, factor, floor, stall_floor, min_samples or window)", opt)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+// unmarshalHedge parses `hedge { budget <percent> charge operator|client }`.
+func unmarshalHedge(d *caddyfile.Dispenser) (*Hedge, error) {
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	h := new(Hedge)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if !d.NextArg() {
+			return nil, d.ArgErr()
+		}
+		switch opt {
+		case "budget":
+			v := strings.TrimSuffix(d.Val(), "%")
+			pct, err := strconv.ParseFloat(v, 64)
+			if err != nil || v == d.Val() {
+				return nil, d.Errf("hedge: budget: want a percentage such as 5%%, got %q", d.Val())
+			}
+			h.Budget = pct / 100
+		case "charge":
+			h.Charge = d.Val()
+		default:
+			return nil, d.Errf("hedge: unknown option %q (want budget or charge)", opt)
+		}
+		if err := caddykit.NoMoreArgs(d); err != nil {
+			return nil, err
+		}
+	}
+	return h, nil
+}
+
+// parseQuantile reads a quantile written as a fraction (0.99) or as a
+// percentile (p99, p99.9).
+func parseQuantile(s string) (float64, error) {
+	v, pct := strings.CutPrefix(s, "p")
+	q, err := strconv.ParseFloat(v, 64)
+	if pct {
+		q /= 100
+	}
+	if err != nil || q <= 0 || q >= 1 {
+		return 0, fmt.Errorf("want a quantile such as p99 or 0.99, got %q", s)
+	}
+	return q, nil
 }
 
 // resumeArg parses stream_resume's one argument.

@@ -3,6 +3,7 @@ package llmfailover
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -138,9 +139,22 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		"bad on_store_error":        `llm_failover { wallet { on_store_error maybe } }`,
 		"unknown wallet option":     `llm_failover { wallet { currency eur } }`,
 		// 0 would silently mean the default (240 s), not "none".
-		"header_timeout 0":       `llm_failover { header_timeout 0 }`,
-		"stream_idle_timeout 0s": `llm_failover { stream_idle_timeout 0s }`,
-		"breaker cooldown 0":     `llm_failover { breaker { cooldown 0 } }`,
+		"header_timeout 0":        `llm_failover { header_timeout 0 }`,
+		"stream_idle_timeout 0s":  `llm_failover { stream_idle_timeout 0s }`,
+		"breaker cooldown 0":      `llm_failover { breaker { cooldown 0 } }`,
+		"adaptive unknown":        `llm_failover { adaptive_deadlines { speed 3 } }`,
+		"adaptive quantile 1":     `llm_failover { adaptive_deadlines { quantile 1 } }`,
+		"adaptive quantile p100":  `llm_failover { adaptive_deadlines { quantile p100 } }`,
+		"adaptive factor below 1": `llm_failover { adaptive_deadlines { factor 0.5 } }`,
+		"adaptive argument":       `llm_failover { adaptive_deadlines on }`,
+		"hedge budget no percent": `llm_failover { hedge { budget 5 } }`,
+		"hedge budget over 100%":  "llm_failover {\nchannel a http://x:1\nchannel b http://y:1\nmodel m {\nroute a\nroute b\n}\nhedge {\nbudget 150%\n}\n}",
+		"hedge charge unknown":    "llm_failover {\nchannel a http://x:1\nchannel b http://y:1\nmodel m {\nroute a\nroute b\n}\nhedge {\ncharge nobody\n}\n}",
+		"hedge unknown option":    `llm_failover { hedge { max 3 } }`,
+		"hedge_after one route":   "llm_failover {\nchannel a http://x:1\nmodel m {\nroute a\nhedge_after 1s\n}\n}",
+		"hedge_after bad":         "llm_failover {\nchannel a http://x:1\nchannel b http://y:1\nmodel m {\nroute a\nroute b\nhedge_after soon\n}\n}",
+		"hedge_after zero":        "llm_failover {\nchannel a http://x:1\nchannel b http://y:1\nmodel m {\nroute a\nroute b\nhedge_after 0s\n}\n}",
+		"hedge_after p0":          "llm_failover {\nchannel a http://x:1\nchannel b http://y:1\nmodel m {\nroute a\nroute b\nhedge_after p0\n}\n}",
 	}
 	for name, input := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -443,5 +457,64 @@ func TestPriceCacheClassesCaddyfile(t *testing.T) {
 	r := m.Routes[0]
 	if *r.Cost != (Price{Input: "1", Output: "2", CacheRead: "0.1"}) || r.UpstreamModel != "m-1" || r.Weight != 2 {
 		t.Errorf("route %+v cost %+v", r, *r.Cost)
+	}
+}
+
+// adaptive_deadlines, hedge and hedge_after reach the engine's plan with
+// their defaults filled.
+func TestAdaptiveAndHedgeCompile(t *testing.T) {
+	input := `llm_failover {
+		channel a http://x:1
+		channel b http://y:1
+		model m {
+			route a
+			route b
+			hedge_after p95
+		}
+		model n {
+			route a
+			route b
+			hedge_after 800ms
+		}
+		adaptive_deadlines {
+			quantile p99.9
+			factor 4
+			floor 2s
+			min_samples 20
+		}
+		hedge {
+			budget 2.5%
+			charge client
+		}
+	}`
+	var h Handler
+	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input)); err != nil {
+		t.Fatal(err)
+	}
+	p, err := compile(&h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := p.Options.Adaptive
+	if a == nil || math.Abs(a.Quantile-0.999) > 1e-9 || a.Factor != 4 || a.Floor != 2*time.Second || a.MinSamples != 20 ||
+		a.StallFloor != 20*time.Second || a.Window != 30*time.Minute {
+		t.Errorf("adaptive %+v", a)
+	}
+	if o := p.Options.Hedge; o.Budget != 0.025 || !o.ChargeClient {
+		t.Errorf("hedge %+v", o)
+	}
+	if m := p.Models[0].Hedge; m == nil || m.Quantile != 0.95 || m.After != 0 {
+		t.Errorf("model m hedge %+v", m)
+	}
+	if m := p.Models[1].Hedge; m == nil || m.After != 800*time.Millisecond {
+		t.Errorf("model n hedge %+v", m)
+	}
+	// Off unless asked for.
+	var plain Handler
+	if err := plain.UnmarshalCaddyfile(caddyfile.NewTestDispenser("llm_failover {\nchannel a http://x:1\nmodel m {\nroute a\n}\n}")); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := compile(&plain); p.Options.Adaptive != nil || p.Models[0].Hedge != nil || p.Options.Hedge.Budget != 0.05 {
+		t.Errorf("defaults: adaptive %+v, hedge %+v, budget %v", p.Options.Adaptive, p.Models[0].Hedge, p.Options.Hedge.Budget)
 	}
 }

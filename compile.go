@@ -17,6 +17,7 @@ import (
 	"github.com/llmfailover/caddy-llm-failover/breaker"
 	"github.com/llmfailover/caddy-llm-failover/chain"
 	"github.com/llmfailover/caddy-llm-failover/failover"
+	"github.com/llmfailover/caddy-llm-failover/latency"
 	"github.com/llmfailover/caddy-llm-failover/probe"
 	"github.com/llmfailover/caddy-llm-failover/provider"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
@@ -164,6 +165,12 @@ func compileOptions(h *Handler) (failover.Options, error) {
 			return o, mistake(optionKey("cache_affinity"), "cache_affinity: want off or a positive duration, got %q", h.CacheAffinity)
 		}
 		o.CacheAffinity = d
+	}
+	if o.Adaptive, err = compileAdaptive(h.AdaptiveDeadlines); err != nil {
+		return o, mistake(optionKey("adaptive_deadlines"), "adaptive_deadlines: %w", err)
+	}
+	if o.Hedge, err = compileHedge(h.Hedge); err != nil {
+		return o, mistake(optionKey("hedge"), "hedge: %w", err)
 	}
 	if o.Breaker, err = compileBreaker(h.Breaker); err != nil {
 		return o, mistake(optionKey("breaker"), "breaker: %w", err)
@@ -314,6 +321,16 @@ func compileModel(h *Handler, m *Model, index map[string]int, channels []*failov
 	}
 	if pm.MaxOutput == 0 {
 		pm.MaxOutput = failover.DefaultMaxOutputTokens
+	}
+	if m.HedgeAfter != "" {
+		rule, err := compileHedgeAfter(m.HedgeAfter)
+		if err != nil {
+			return nil, mistake(at, "model %q: hedge_after: %w", m.Name, err)
+		}
+		if len(m.Routes) < 2 {
+			return nil, mistake(at, "model %q: hedge_after needs a second route to hedge on", m.Name)
+		}
+		pm.Hedge = rule
 	}
 	if m.Probe != nil {
 		plan, err := probe.NewPlan(time.Duration(m.Probe.Interval), m.Probe.MaxTokens, m.Probe.Prompt, m.Probe.Budget)
@@ -513,4 +530,64 @@ func logCachePriceDefaults(logger *zap.Logger, plan failover.Plan) {
 				zap.String("cache_write_1h", p.CacheWrite1h.String()))
 		}
 	}
+}
+
+// compileAdaptive checks adaptive_deadlines and fills its defaults; nil
+// when it is off.
+func compileAdaptive(a *AdaptiveDeadlines) (*latency.Config, error) {
+	if a == nil {
+		return nil, nil
+	}
+	switch {
+	case a.Quantile < 0 || a.Quantile >= 1:
+		return nil, fmt.Errorf("quantile must be between 0 and 1, got %v", a.Quantile)
+	case a.Factor != 0 && a.Factor < 1:
+		return nil, fmt.Errorf("factor must be at least 1, got %v", a.Factor)
+	case a.Floor < 0 || a.StallFloor < 0 || a.Window < 0:
+		return nil, errors.New("floor, stall_floor and window must not be negative")
+	case a.MinSamples < 0:
+		return nil, fmt.Errorf("min_samples must not be negative, got %d", a.MinSamples)
+	}
+	cfg := latency.Config{Quantile: a.Quantile, Factor: a.Factor, Floor: time.Duration(a.Floor),
+		StallFloor: time.Duration(a.StallFloor), MinSamples: a.MinSamples, Window: time.Duration(a.Window)}.WithDefaults()
+	return &cfg, nil
+}
+
+// compileHedge checks the hedge block.
+func compileHedge(h *Hedge) (failover.HedgeOptions, error) {
+	o := failover.HedgeOptions{Budget: failover.DefaultHedgeBudget}
+	if h == nil {
+		return o, nil
+	}
+	if h.Budget < 0 || h.Budget > 1 {
+		return o, fmt.Errorf("budget must be a share of requests between 0 and 100%%, got %v", h.Budget)
+	}
+	if h.Budget > 0 {
+		o.Budget = h.Budget
+	}
+	switch h.Charge {
+	case "", "operator":
+	case "client":
+		o.ChargeClient = true
+	default:
+		return o, fmt.Errorf("charge: want operator or client, got %q", h.Charge)
+	}
+	return o, nil
+}
+
+// compileHedgeAfter reads hedge_after: a positive duration, or a
+// quantile of the first channel's time to first content (p95, p99.9).
+func compileHedgeAfter(v string) (*failover.HedgeRule, error) {
+	if strings.HasPrefix(v, "p") {
+		q, err := parseQuantile(v)
+		if err != nil {
+			return nil, err
+		}
+		return &failover.HedgeRule{Quantile: q}, nil
+	}
+	d, err := caddy.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return nil, fmt.Errorf("want a positive duration or a quantile such as p95, got %q", v)
+	}
+	return &failover.HedgeRule{After: d}, nil
 }

@@ -104,6 +104,15 @@ type Handler struct {
 	// (a model's own idempotency overrides it). Off by default; it needs
 	// authenticated clients (a wallet).
 	Idempotency *Idempotency `json:"idempotency,omitempty"`
+	// AdaptiveDeadlines, when set, learns each channel's own latency per
+	// size class of request, and makes a candidate's header and
+	// first-content deadlines and a committed stream's stall limit a
+	// bounded multiple of it (docs/reliability.md, "Adaptive deadlines").
+	// Off by default: the configured timeouts hold.
+	AdaptiveDeadlines *AdaptiveDeadlines `json:"adaptive_deadlines,omitempty"`
+	// Hedge bounds hedged requests (a model's hedge_after): how many may
+	// be hedged, and who pays for the losing attempt.
+	Hedge *Hedge `json:"hedge,omitempty"`
 	// StreamGate bounds how long an SSE stream is held back waiting for
 	// its first decisive frame.
 	StreamGate *StreamGate `json:"stream_gate,omitempty"`
@@ -203,6 +212,42 @@ type Model struct {
 	// handler's idempotency; on without the handler's block takes its
 	// defaults.
 	Idempotency string `json:"idempotency,omitempty"`
+	// HedgeAfter starts the model's next channel too when the first has
+	// produced no content this long after it was sent: a duration, or
+	// "p<NN>" for that quantile of the first channel's own time to first
+	// content for requests of the same size. The first to produce
+	// content is served; the other is cancelled. Off by default.
+	HedgeAfter string `json:"hedge_after,omitempty"`
+}
+
+// AdaptiveDeadlines is how channels' deadlines are learned; every field
+// left zero takes its default.
+type AdaptiveDeadlines struct {
+	// Quantile is the high quantile a deadline multiplies. Default 0.99.
+	Quantile float64 `json:"quantile,omitempty"`
+	// Factor multiplies it. Default 3.
+	Factor float64 `json:"factor,omitempty"`
+	// Floor is the least header or first-content deadline. Default 5s.
+	Floor caddy.Duration `json:"floor,omitempty"`
+	// StallFloor is the least stall limit of a committed stream. Default
+	// 20s: a reasoning model may pause for long.
+	StallFloor caddy.Duration `json:"stall_floor,omitempty"`
+	// MinSamples is how many answers of a size class a channel needs
+	// before its deadline is learned. Default 50.
+	MinSamples int `json:"min_samples,omitempty"`
+	// Window is how far back answers count. Default 30m.
+	Window caddy.Duration `json:"window,omitempty"`
+}
+
+// Hedge bounds hedged requests.
+type Hedge struct {
+	// Budget is the largest share of a model's requests, over any
+	// minute, that may be hedged. Default 0.05 (5 %).
+	Budget float64 `json:"budget,omitempty"`
+	// Charge is who pays the losing attempt's upstream cost: "operator"
+	// (default; a ledger row records it, the client is not charged) or
+	// "client".
+	Charge string `json:"charge,omitempty"`
 }
 
 // Route is one channel serving a model.

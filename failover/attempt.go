@@ -41,7 +41,9 @@ func (e *Engine) attempt(x *exchange, route *chain.Route, budget time.Duration) 
 	// them may cut a stream that is already on its way to the client.
 	budgetTimer := time.AfterFunc(budget, func() { cancel(errBudget) })
 	defer budgetTimer.Stop()
-	headerTimer := time.AfterFunc(e.opts.HeaderTimeoutFor(streaming(x)), func() { cancel(errHeaderTimeout) })
+	headerWait, headerCause, stopLearned := e.armLearned(x, ch, cancel)
+	defer stopLearned()
+	headerTimer := time.AfterFunc(headerWait, func() { cancel(headerCause) })
 	var firstByte *time.Timer
 	if e.opts.FirstByteTimeout > 0 {
 		firstByte = time.AfterFunc(e.opts.FirstByteTimeout, func() { cancel(errFirstByte) })
@@ -86,6 +88,7 @@ func (e *Engine) attempt(x *exchange, route *chain.Route, budget time.Duration) 
 	if err != nil {
 		return x.transportFailure(ctx, err)
 	}
+	x.timing.headersAt = time.Now()
 	defer res.Body.Close()
 
 	if res.StatusCode < len(e.retry) && e.retry[res.StatusCode] {
@@ -115,9 +118,16 @@ func (e *Engine) attempt(x *exchange, route *chain.Route, budget time.Duration) 
 	if firstByte != nil {
 		src = &firstByteReader{r: src, t: firstByte}
 	}
-	commit := func() {
+	// commit makes the attempt the client's answer; in a hedged race it
+	// first claims the client, and an attempt that lost the race commits
+	// nothing (false).
+	commit := func() bool {
+		if x.race != nil && !x.race.claim(x) {
+			return false
+		}
 		x.committedAt = time.Now()
 		budgetTimer.Stop()
+		stopLearned()
 		if firstByte != nil {
 			firstByte.Stop()
 		}
@@ -128,6 +138,7 @@ func (e *Engine) attempt(x *exchange, route *chain.Route, budget time.Duration) 
 			// an error the upstream passed back cost it nothing.
 			x.bill.servedBy(ch.Name, upstreamModel(route, x.req.Model))
 		}
+		return true
 	}
 	switch {
 	case res.StatusCode >= 300 && res.StatusCode < 400:
@@ -141,7 +152,9 @@ func (e *Engine) attempt(x *exchange, route *chain.Route, budget time.Duration) 
 	case ch.Adapter.IsStream(res.Header):
 		return e.relayStream(ctx, cancel, x, ch, res, src, commit)
 	case provider.IsLineStream(ch.Adapter, res.Header):
-		commit()
+		if !commit() {
+			return attemptResult{verdict: clientGone}
+		}
 		idle := newIdleReader(src, e.opts.StreamIdleTimeout, cancel)
 		defer idle.stop()
 		e.passThrough(x, ch, res, idle)
@@ -158,13 +171,15 @@ func (e *Engine) attempt(x *exchange, route *chain.Route, budget time.Duration) 
 // relayError passes back an error answer every channel would give (a 4xx),
 // read whole and bounded so that a credential the upstream echoed in it is
 // masked before the client sees it.
-func (e *Engine) relayError(ctx context.Context, x *exchange, ch *Channel, res *http.Response, src io.Reader, commit func()) attemptResult {
+func (e *Engine) relayError(ctx context.Context, x *exchange, ch *Channel, res *http.Response, src io.Reader, commit func() bool) attemptResult {
 	body, fail := e.readAnswer(ctx, x, res, src)
 	if fail != nil {
 		return *fail
 	}
 	body = []byte(e.secrets.String(string(body)))
-	commit()
+	if !commit() {
+		return attemptResult{verdict: clientGone}
+	}
 	out := e.writeAnswer(x, ch, res, body)
 	if out.verdict == served {
 		out = attemptResult{verdict: passed, status: res.StatusCode}
@@ -174,7 +189,7 @@ func (e *Engine) relayError(ctx context.Context, x *exchange, ch *Channel, res *
 
 // relayStream holds an SSE answer in the stream gate until it shows
 // content (commit) or an error (fail over).
-func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc, x *exchange, ch *Channel, res *http.Response, src io.Reader, commit func()) attemptResult {
+func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc, x *exchange, ch *Channel, res *http.Response, src io.Reader, commit func() bool) attemptResult {
 	client := &idleWriter{w: x.w, rc: http.NewResponseController(x.w), idle: e.opts.StreamIdleTimeout}
 	defer client.done()
 	opts := x.api.GateOptions()
@@ -186,13 +201,13 @@ func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc
 		return retryWith(over)
 	}
 	defer release()
-	var d streamgate.Downstream = &downstream{w: client, res: res, onCommit: func() { release(); commit() },
+	var d streamgate.Downstream = &downstream{w: client, res: res, onCommit: func() bool { release(); return commit() },
 		copyHeader: func(dst, src http.Header) { e.copyResponseHeader(ch, dst, src) }}
 	continuing := x.mode == modeContinue
 	var join *provider.Joiner
 	if continuing {
 		c := x.resume.cur
-		d = &spliced{w: client, seam: seamComment(x.resume.from, ch.Name, c.form), splice: c.splice, onCommit: func() { release(); commit() }}
+		d = &spliced{w: client, seam: seamComment(x.resume.from, ch.Name, c.form), splice: c.splice, onCommit: func() bool { release(); return commit() }}
 		if join = c.splice.Joiner(); join != nil {
 			// The instructed answer's text is held until it is known to
 			// join the delivered text.
@@ -209,8 +224,10 @@ func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc
 		opts.Observe = x.meter.Event
 	}
 	d = e.watchForResume(x, &opts, d)
+	e.learnStall(x, ch, &opts)
 	out := streamgate.Relay(src, cancel, d, opts)
 	x.trace.gate(out)
+	x.timing.atGate, x.timing.longestGap = out.CommittedAtGate, out.LongestGap
 	// How the stream ended decides whose doing it was, before whether the
 	// client is still there: a client that hangs up right after an
 	// upstream cut must not turn the cut into its own departure.
@@ -231,6 +248,11 @@ func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc
 			f.reason = reasonStalled
 		case errors.Is(out.Err, provider.ErrMemoryBudget):
 			f = overloadedFailure() // the load's doing, not the channel's
+		}
+		if errors.Is(out.Err, streamgate.ErrContentStall) {
+			if x.learnedStallFailure(f); f.learned != nil {
+				e.decided(x, ch.Name, f, "")
+			}
 		}
 		if !continuing && e.broke(x, ch, out) {
 			return attemptResult{verdict: broken, fail: f}
@@ -302,7 +324,7 @@ func cancelledByClient(x *exchange, err error) bool {
 // relayJSON reads a whole non-streaming answer before committing it, so a
 // body cut mid-way or a 200 that carries an error object fails over
 // instead of reaching the client.
-func (e *Engine) relayJSON(ctx context.Context, x *exchange, ch *Channel, res *http.Response, src io.Reader, commit func()) attemptResult {
+func (e *Engine) relayJSON(ctx context.Context, x *exchange, ch *Channel, res *http.Response, src io.Reader, commit func() bool) attemptResult {
 	body, fail := e.readAnswer(ctx, x, res, src)
 	if fail != nil {
 		return *fail
@@ -314,7 +336,9 @@ func (e *Engine) relayJSON(ctx context.Context, x *exchange, ch *Channel, res *h
 		return retryWith(&failure{reason: reasonBadBody, status: res.StatusCode, detail: err.Error()})
 	}
 	x.meter.Body(body)
-	commit()
+	if !commit() {
+		return attemptResult{verdict: clientGone}
+	}
 	return e.writeAnswer(x, ch, res, body)
 }
 
@@ -403,7 +427,10 @@ func (x *exchange) transportFailure(ctx context.Context, err error) attemptResul
 
 // causeFailure reports the failure behind one of the attempt's own timers.
 func causeFailure(ctx context.Context) *failure {
+	var learned learnedTimeout
 	switch cause := context.Cause(ctx); {
+	case errors.As(cause, &learned):
+		return &failure{reason: reasonLearnedDeadline, detail: cause.Error(), timeout: true, learned: &learned}
 	case errors.Is(cause, errBudget):
 		return &failure{reason: reasonBudget, detail: cause.Error(), timeout: true}
 	case errors.Is(cause, errHeaderTimeout):
@@ -433,15 +460,19 @@ func statusFailure(api provider.API, res *http.Response) *failure {
 
 // downstream lets the stream gate commit and write to the client.
 type downstream struct {
-	w        *idleWriter
-	res      *http.Response
-	onCommit func()
+	w   *idleWriter
+	res *http.Response
+	// onCommit claims the client for the attempt; false: a hedged race's
+	// other attempt has it.
+	onCommit func() bool
 	// copyHeader copies the answer's headers a client may see.
 	copyHeader func(dst, src http.Header)
 }
 
 func (d *downstream) Commit() error {
-	d.onCommit()
+	if !d.onCommit() {
+		return errHedgeLost
+	}
 	d.copyHeader(d.w.w.Header(), d.res.Header)
 	d.w.w.WriteHeader(d.res.StatusCode)
 	return d.w.Flush()

@@ -29,6 +29,7 @@ import (
 	"github.com/llmfailover/caddy-llm-failover/chain"
 	"github.com/llmfailover/caddy-llm-failover/failoverapp"
 	"github.com/llmfailover/caddy-llm-failover/internal/redact"
+	"github.com/llmfailover/caddy-llm-failover/latency"
 	"github.com/llmfailover/caddy-llm-failover/probe"
 	"github.com/llmfailover/caddy-llm-failover/provider"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
@@ -48,6 +49,13 @@ type Channel struct {
 	PropagateTrace bool
 
 	health *failoverapp.Channel
+	// account tells channels apart by provider account (their
+	// credentials, or their host when they carry none): a hedge never
+	// goes to a channel of the first one's account.
+	account string
+	// slowdown, under adaptive_deadlines, weighs the channel down while
+	// it is much slower than its usual (policy weighted); nil otherwise.
+	slowdown *latency.Config
 }
 
 // Model is a model clients can ask for and the routes that serve it.
@@ -78,6 +86,8 @@ type Model struct {
 	// Idempotent: a request carrying an Idempotency-Key is answered once
 	// (idempotency.go).
 	Idempotent bool
+	// Hedge is the model's hedge_after (hedge.go); nil: never hedged.
+	Hedge *HedgeRule
 
 	// resumable: per client API, whether a broken stream can be
 	// continued (stream_resume continue, a resumable API, and a channel
@@ -132,6 +142,13 @@ type Engine struct {
 	// idem keeps idempotent calls beyond this process (idempotency.go);
 	// nil when no model is idempotent.
 	idem *failoverapp.IdempotencyStore
+	// learn is how the channels' latencies are learned (deadlines.go):
+	// adaptive_deadlines' config, or the defaults when only a hedge_after
+	// quantile needs them; nil when nothing does.
+	learn *latency.Config
+	// hedges counts, per hedged model, requests and hedges against the
+	// hedge budget.
+	hedges map[string]*hedgeBudget
 }
 
 // New readies the plan's engine: it registers the channels (getting their
@@ -154,12 +171,25 @@ func New(ctx caddy.Context, p Plan) (*Engine, error) {
 	for _, ch := range e.channels {
 		creds := provider.ChannelCredentials(ch.Header, ch.Adapter)
 		secrets = append(secrets, creds...)
+		ch.account = accountOf(ch, creds)
 		id := failoverapp.NewChannelID(ch.Name, ch.Base, creds)
 		if ch.health, err = e.app.Channel(id, e.opts.Breaker, owner); err != nil {
 			return nil, err
 		}
 	}
 	e.secrets = redact.NewSecrets(secrets...)
+	if a := e.opts.Adaptive; a != nil {
+		e.learn = a
+		ceilings := [latency.NumKinds]time.Duration{
+			latency.Header:       e.opts.HeaderTimeout,
+			latency.FirstContent: e.opts.HeaderTimeoutFor(true) + e.opts.StreamGate,
+			latency.Gap:          e.opts.StreamIdleTimeout,
+		}
+		for _, ch := range e.channels {
+			ch.health.Learn(failoverapp.Learning{Config: *a, Ceilings: ceilings})
+			ch.slowdown = a
+		}
+	}
 	probing := false
 	for _, m := range p.Models {
 		m.resumable = e.resumableAPIs(m)
@@ -171,6 +201,16 @@ func New(ctx caddy.Context, p Plan) (*Engine, error) {
 		}
 		e.app.Model(failoverapp.Model{Chain: m.Chain, Channels: healths})
 		probing = probing || m.Probe != nil
+		if m.Hedge != nil {
+			if e.hedges == nil {
+				e.hedges = map[string]*hedgeBudget{}
+			}
+			e.hedges[m.Name] = new(hedgeBudget)
+			if m.Hedge.Quantile > 0 && e.learn == nil {
+				cfg := latency.Config{}.WithDefaults()
+				e.learn = &cfg
+			}
+		}
 	}
 	if p.Wallet != nil {
 		rt, err := provisionWallet(ctx, *p.Wallet, e.logger)
@@ -228,5 +268,17 @@ func (hs health) ReadyAt(i int, now time.Time) (time.Time, bool) {
 
 func (hs health) SuccessRate(i int) float64 {
 	rate, _ := hs[i].health.Breaker.SuccessRate()
+	if cfg := hs[i].slowdown; cfg != nil {
+		// Much slower than its own usual (twice its median time to first
+		// content, lately) weighs a channel down in proportion; it is
+		// never a failure by itself.
+		if s := hs[i].health.Latency.Slowdown(*cfg, time.Now()); s >= slowWeighsDown {
+			rate /= s
+		}
+	}
 	return rate
 }
+
+// slowWeighsDown is how much slower than its usual a channel must be for
+// policy weighted to send it less.
+const slowWeighsDown = 2

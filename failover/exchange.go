@@ -12,6 +12,7 @@ import (
 	"github.com/llmfailover/caddy-llm-failover/chain"
 	"github.com/llmfailover/caddy-llm-failover/history"
 	"github.com/llmfailover/caddy-llm-failover/provider"
+	"github.com/llmfailover/caddy-llm-failover/wallet"
 )
 
 // reason names what became of an attempt, in logs, metrics, the
@@ -74,9 +75,9 @@ var reasons = []reason{
 	reasonStatus, reasonDial, reasonNetwork, reasonHeaderTimeout, reasonBudget, reasonFirstByte,
 	reasonErrorFrame, reasonClosedEarly, reasonGateTimeout, reasonErrorBody, reasonBadBody,
 	reasonTooLarge, reasonLineTooLarge, reasonRedirect, reasonContentType, reasonOverloaded,
-	reasonTruncated, reasonStalled,
+	reasonTruncated, reasonStalled, reasonLearnedDeadline,
 	outcomeClientGone, outcomeRateLimited, reasonResumed, reasonPrefillRefused, reasonRestarted, reasonAffinity,
-	reasonProbeFailed, reasonNoWorkingChannel, reasonDrill,
+	reasonProbeFailed, reasonNoWorkingChannel, reasonDrill, reasonHedge, outcomeHedgeLost,
 }
 
 // failure is one failure of one attempt.
@@ -100,6 +101,12 @@ type failure struct {
 	// reason "resumed").
 	delivered int64
 	form      string
+	// cost is what a hedge's losing attempt cost upstream (outcome
+	// hedge_lost), journaled with it.
+	cost wallet.Micros
+	// learned is the learned deadline that ended the attempt
+	// (adaptive_deadlines), journaled with it; nil for other failures.
+	learned *learnedTimeout
 }
 
 // rateLimited reports whether the failure is a rate limit: a 429, or an
@@ -179,7 +186,10 @@ type exchange struct {
 	// committedAt is when the current attempt's answer was committed to
 	// the client: its time to first content.
 	committedAt time.Time
-	held        []*heldReader
+	// timing is what the current attempt took, for its channel's learned
+	// latencies (deadlines.go).
+	timing attemptTiming
+	held   []*heldReader
 	// resume follows a stream that may be continued elsewhere (resume.go).
 	resume *resumeState
 	// upstreamPath is the path the current attempt was sent to, for the
@@ -193,6 +203,11 @@ type exchange struct {
 	// idempotent request was authenticated ahead of its admission, so
 	// that admission does not look the key up again.
 	client struct{ account, keyID string }
+	// race is the hedged request's race this exchange is one attempt of
+	// (hedge.go); nil when the request is not hedged. hedge: this is the
+	// hedge's attempt, not the first candidate's.
+	race  *race
+	hedge bool
 }
 
 // newExchange starts an exchange for r, answered through w.

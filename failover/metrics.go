@@ -43,6 +43,14 @@ var (
 		Namespace: "caddy", Subsystem: "llm_failover", Name: "resumes_total",
 		Help: "Broken streams continued on another channel, by model, outcome (resumed; broken: the continuation broke too; failed: none continued) and the form the continuation was asked in (prefill, instructed; none when it failed).",
 	}, []string{"model", "outcome", "form"})
+	hedgesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "llm_failover", Name: "hedges_total",
+		Help: "Hedged requests by model and outcome: started, won_by_first, won_by_hedge, or refused_<why> (budget, wallet, parked, breaker) when a hedge was due but not sent.",
+	}, []string{"model", "outcome"})
+	hedgeCost = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "llm_failover", Name: "hedge_cost_micros_total",
+		Help: "Upstream cost of hedges' losing attempts, in millionths of a dollar at the routes' cost (estimated when the upstream reported no usage), by model and who paid (operator, client).",
+	}, []string{"model", "paid_by"})
 	inputTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "llm_failover", Name: "input_tokens_total",
 		Help: "Input tokens of the answers channels served, as the upstreams reported them, by model, channel and class (plain, cache_read, cache_write): a channel's cache-read share is its cache_read over the sum.",
@@ -105,7 +113,7 @@ func countGenAI(x *exchange, ch *Channel, route *chain.Route, res attemptResult,
 
 func registerMetrics(reg prometheus.Registerer) error {
 	return caddykit.Register(reg, requestsTotal, attemptsTotal, attemptDuration, channelSkipped,
-		walletTotal, walletCharged, resumesTotal, inputTokens, genAIDuration, genAITimeToFirstChunk, genAITokens, idempotentTotal)
+		walletTotal, walletCharged, resumesTotal, hedgesTotal, hedgeCost, inputTokens, genAIDuration, genAITimeToFirstChunk, genAITokens, idempotentTotal)
 }
 
 // countInput adds an answer's reported input, by cache class, to

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/llmfailover/caddy-llm-failover/breaker"
+	"github.com/llmfailover/caddy-llm-failover/latency"
 	"github.com/llmfailover/caddy-llm-failover/streamgate"
 )
 
@@ -64,6 +65,12 @@ type Options struct {
 	// CacheAffinity is how long a conversation stays on the channel that
 	// served its last turn (where its prompt cache is warm); 0: off.
 	CacheAffinity time.Duration
+	// Adaptive learns each channel's deadlines from its own latency
+	// (deadlines.go); nil: off, the configured timeouts hold.
+	Adaptive *latency.Config
+	// Hedge bounds hedged requests (hedge.go); models say whether they
+	// are hedged.
+	Hedge HedgeOptions
 }
 
 // IdempotencyLimits bound what idempotent requests keep and hold.
@@ -114,6 +121,9 @@ func (o Options) WithDefaults() Options {
 		o.RetryStatus = DefaultRetryStatus
 	}
 	o.Breaker = o.Breaker.WithDefaults()
+	if o.Hedge.Budget == 0 {
+		o.Hedge.Budget = DefaultHedgeBudget
+	}
 	return o
 }
 

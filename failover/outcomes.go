@@ -125,6 +125,10 @@ func (e *Engine) decided(x *exchange, channel string, f *failure, next string) {
 		Reason: string(f.reason), UpstreamStatus: f.status, Elapsed: time.Since(x.start), Remaining: time.Until(x.deadline), Next: next,
 		DeliveredTokens: f.delivered, Form: f.form,
 	}
+	d.CostMicros = int64(f.cost)
+	if f.learned != nil {
+		d.DeadlineKind, d.Deadline = f.learned.kind.String(), f.learned.deadline.Limit
+	}
 	e.app.Decided(d)
 	x.trace.decided(d)
 }

@@ -260,7 +260,7 @@ func (e *Engine) resume(x *exchange, rest []*chain.Route, broke attemptResult) a
 // event is rewritten by the Splice into the first attempt's message.
 type spliced struct {
 	w        *idleWriter
-	onCommit func()
+	onCommit func() bool
 	seam     string
 	splice   *provider.Splice
 	p        streamgate.Parser
@@ -270,7 +270,9 @@ type spliced struct {
 var _ streamgate.Downstream = (*spliced)(nil)
 
 func (s *spliced) Commit() error {
-	s.onCommit()
+	if !s.onCommit() {
+		return errHedgeLost
+	}
 	if _, err := s.w.Write([]byte(s.seam)); err != nil {
 		return err
 	}

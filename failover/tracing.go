@@ -173,10 +173,25 @@ func attemptKind(x *exchange, sameChannel bool) string {
 		return "continuation"
 	case x.mode == modeLastResort:
 		return "last_resort"
+	case x.hedge:
+		return "hedge"
 	case sameChannel:
 		return "retry_same"
 	}
 	return "chain"
+}
+
+// fork is the request's trace for one attempt of a race (hedge.go): the
+// gateway's span shared, the attempt's own, under ctx (the attempt's
+// request context, which the race cancels).
+func (t *requestTrace) fork(ctx context.Context) *requestTrace {
+	if t == nil {
+		return nil
+	}
+	f := *t
+	f.ctx = trace.ContextWithSpan(ctx, t.span)
+	f.attempt, f.attemptCtx, f.attemptAt = nil, nil, time.Time{}
+	return &f
 }
 
 // startAttempt starts an attempt's span, a client span named after the

@@ -31,7 +31,9 @@ type walkEnd struct {
 }
 
 // walk tries routes in order until one answers, or the client, the
-// deadline or the routes run out. It is the one owner of an attempt's
+// deadline or the routes run out. A hedged model's first candidate races
+// the second once hedge_after passes without content (hedge.go); each
+// attempt of the race is still run by candidate and try. It is the one owner of an attempt's
 // life, for client requests, continuations and synthetic checks alike:
 // before each candidate it checks that the client is still there and the
 // deadline not passed, then admits the channel (or spends the ticket taken
@@ -48,7 +50,9 @@ func (e *Engine) walk(x *exchange, routes []*chain.Route, taken *breaker.Ticket,
 	}()
 	x.deadline = deadline
 	var end walkEnd
-	for i, route := range routes {
+	hedgeAfter, _ := e.hedgeDelay(x, routes)
+	for i := 0; i < len(routes); i++ {
+		route := routes[i]
 		if x.r.Context().Err() != nil || !time.Now().Before(deadline) {
 			break
 		}
@@ -71,15 +75,38 @@ func (e *Engine) walk(x *exchange, routes []*chain.Route, taken *breaker.Ticket,
 		// An equal share of what is left, so that a silent channel cannot
 		// take the time its backups need.
 		budget := time.Until(deadline) / time.Duration(len(routes)-i)
+		if i == 0 && hedgeAfter > 0 {
+			race := e.race(x, routes, ticket, budget, hedgeAfter)
+			for _, rn := range race.failed {
+				end.note(rn.res.fail)
+				next := ""
+				switch other := routes[0]; {
+				case race.used == 2 && (rn.route == routes[0] || len(race.failed) == 1):
+					// The other attempt was running: the first candidate's
+					// failure left it to the hedge, a failed hedge left it
+					// to the first.
+					if rn.route == routes[0] {
+						other = routes[1]
+					}
+					next = other.Name
+				case race.used < len(routes):
+					next = routes[race.used].Name
+				}
+				e.failedOver(x, rn.route, rn.res.fail, next)
+			}
+			if race.res.done() {
+				end.answered, end.res, end.rest = true, race.res, routes[race.used:]
+				return end
+			}
+			i += race.used - 1
+			continue
+		}
 		res := e.candidate(x, route, ticket, budget)
 		if res.done() {
 			end.answered, end.res, end.rest = true, res, routes[i+1:]
 			return end
 		}
-		end.last = res.fail
-		if ra := res.fail.retryAfter; ra > 0 && (end.retryAfter == 0 || ra < end.retryAfter) {
-			end.retryAfter = ra
-		}
+		end.note(res.fail)
 		next := ""
 		if i+1 < len(routes) {
 			next = routes[i+1].Name
@@ -87,6 +114,15 @@ func (e *Engine) walk(x *exchange, routes []*chain.Route, taken *breaker.Ticket,
 		e.failedOver(x, route, res.fail, next)
 	}
 	return end
+}
+
+// note keeps a failure for the client's error, should no candidate
+// answer: the last one, and the shortest Retry-After.
+func (end *walkEnd) note(f *failure) {
+	end.last = f
+	if ra := f.retryAfter; ra > 0 && (end.retryAfter == 0 || ra < end.retryAfter) {
+		end.retryAfter = ra
+	}
 }
 
 // candidate runs one candidate: an attempt and, when retry_same asks for
@@ -131,12 +167,17 @@ func (e *Engine) candidate(x *exchange, route *chain.Route, ticket breaker.Ticke
 func (e *Engine) try(x *exchange, route *chain.Route, ticket breaker.Ticket, budget time.Duration) attemptResult {
 	defer ticket.Done()
 	x.attempts++
-	x.setVar("http.llm_failover.attempts", strconv.Itoa(x.attempts))
+	if x.race == nil {
+		// A raced attempt's count is set when the race is decided: Caddy's
+		// replacer is not safe for concurrent use. (Only the race's winner
+		// sets the channel, as it commits.)
+		x.setVar("http.llm_failover.attempts", strconv.Itoa(x.attempts))
+	}
 	if ticket.HalfOpened {
 		e.app.StateChanged(e.logger, e.channels[route.Channel].health,
 			breaker.Transition{From: breaker.Open, To: breaker.HalfOpen}, "cooldown_elapsed")
 	}
-	x.committedAt = time.Time{}
+	x.committedAt, x.timing = time.Time{}, attemptTiming{}
 	began := time.Now()
 	var res attemptResult
 	x.trace.startAttempt(x, e.channels[route.Channel], route, ticket)
@@ -161,6 +202,7 @@ func (e *Engine) try(x *exchange, route *chain.Route, ticket breaker.Ticket, bud
 			return res
 		}
 	}
+	e.observe(x, e.channels[route.Channel], res, began)
 	e.record(x, route, res, time.Since(began))
 	return res
 }
@@ -206,6 +248,8 @@ func (e *Engine) record(x *exchange, route *chain.Route, res attemptResult, took
 	cause := "" // what caused a state change, when it is not the outcome
 	var tr breaker.Transition
 	switch f := res.fail; {
+	case res.verdict == clientGone && x.race != nil && x.race.lost(x):
+		outcome = outcomeHedgeLost // beaten by the other attempt: says nothing of the channel
 	case res.verdict == clientGone:
 		outcome = outcomeClientGone // never the channel's fault
 	case f == nil:

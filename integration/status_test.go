@@ -114,6 +114,8 @@ type statusJSON struct {
 			Hourly      []failoverapp.BarView             `json:"hourly"`
 			Daily       []failoverapp.BarView             `json:"daily"`
 			Decisions   []failoverapp.DecisionView        `json:"recent_decisions"`
+			// LearnedDeadlines: with adaptive_deadlines only.
+			LearnedDeadlines []failoverapp.LearnedDeadlineView `json:"learned_deadlines"`
 		} `json:"channels"`
 	} `json:"models"`
 	Incidents []failoverapp.IncidentView `json:"incidents"`
