@@ -7,6 +7,7 @@ import (
 	"github.com/llmfailover/caddy-llm-failover/breaker"
 	"github.com/llmfailover/caddy-llm-failover/chain"
 	"github.com/llmfailover/caddy-llm-failover/failoverapp"
+	"github.com/llmfailover/caddy-llm-failover/latency"
 )
 
 // When every channel is open, the last resort must skip a channel that is
@@ -90,5 +91,43 @@ func BenchmarkPlan(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// Under adaptive_deadlines a channel much slower than its own usual is
+// weighed down under policy weighted; as slow as usual, or without
+// adaptive_deadlines, its weight is its success rate alone.
+func TestSlowChannelWeighsLess(t *testing.T) {
+	cfg := latency.Config{}.WithDefaults()
+	start := time.Now().Add(-15 * time.Minute)
+	mk := func(slowdown *latency.Config) *Channel {
+		ch := &Channel{Name: "a", health: &failoverapp.Channel{Breaker: breaker.New(breaker.Config{}), Latency: latency.NewLearner()},
+			slowdown: slowdown}
+		// Its usual: 100 ms to first content, over the last quarter hour.
+		for i := range 900 {
+			ch.health.Latency.Observe(latency.FirstContent, 0, 100*time.Millisecond, cfg.Window, start.Add(time.Duration(i)*time.Second))
+		}
+		for range 10 {
+			ch.health.Breaker.RecordSuccess(time.Now())
+		}
+		return ch
+	}
+	adaptive, fixed := mk(&cfg), mk(nil)
+	hs := health{adaptive, fixed}
+	if a, f := hs.SuccessRate(0), hs.SuccessRate(1); a != f || a != 1 {
+		t.Fatalf("as usual: weights %v and %v, want 1", a, f)
+	}
+	// Lately ten times slower than usual.
+	now := time.Now()
+	for _, ch := range hs {
+		for range 200 {
+			ch.health.Latency.Observe(latency.FirstContent, 0, time.Second, cfg.Window, now)
+		}
+	}
+	if a := hs.SuccessRate(0); a > 0.2 {
+		t.Errorf("ten times slower than usual: weight %v, want about 0.1", a)
+	}
+	if f := hs.SuccessRate(1); f != 1 {
+		t.Errorf("without adaptive_deadlines: weight %v, want its success rate, 1", f)
 	}
 }

@@ -70,6 +70,9 @@ const (
 	attrNext            = attribute.Key("llm_failover.next_channel")
 	attrUpstreamStatus  = attribute.Key("llm_failover.upstream_status")
 	attrDeliveredTokens = attribute.Key("llm_failover.delivered_tokens")
+	attrDeadlineKind    = attribute.Key("llm_failover.deadline.kind")
+	attrDeadlineMs      = attribute.Key("llm_failover.deadline_ms")
+	attrCostMicros      = attribute.Key("llm_failover.cost_micros")
 	attrPrompt          = attribute.Key("llm_failover.prompt")
 	attrPromptCut       = attribute.Key("llm_failover.prompt.truncated")
 	attrCompletion      = attribute.Key("llm_failover.completion")
@@ -313,6 +316,12 @@ func (t *requestTrace) decided(d journal.Decision) {
 	}
 	if d.Form != "" {
 		attrs = append(attrs, attrForm.String(d.Form))
+	}
+	if d.DeadlineKind != "" {
+		attrs = append(attrs, attrDeadlineKind.String(d.DeadlineKind), attrDeadlineMs.Int64(d.Deadline.Milliseconds()))
+	}
+	if d.CostMicros != 0 {
+		attrs = append(attrs, attrCostMicros.Int64(d.CostMicros))
 	}
 	t.span.AddEvent(decisionEvent, trace.WithAttributes(attrs...), trace.WithTimestamp(d.At))
 }

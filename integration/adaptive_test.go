@@ -308,3 +308,42 @@ func TestAdaptiveDeadlinesReplay(t *testing.T) {
 		}
 	}
 }
+
+// A committed stream's stall limit is learned from the channel's pauses:
+// a channel whose streams pause 20 ms between tokens is stalled after the
+// stall floor (500 ms here), not after stream_idle_timeout's 60 s, and the
+// journal says the learned limit fired.
+func TestAdaptiveStallLimitIsLearned(t *testing.T) {
+	pieces := strings.Split(strings.Repeat("tok ", 10), " ")
+	a := upstream(t, fu.OKNamed("a").WithPieces(pieces...).WithEventDelay(20*time.Millisecond))
+	gateway(t, `
+		channel a %s
+		model stall-m {
+			route a
+		}
+		adaptive_deadlines {
+			min_samples 5
+			stall_floor 500ms
+		}`, a.URL)
+	for range 8 {
+		res, body := post(t, "/v1/chat/completions", fu.ChatRequest("stall-m", true))
+		if res.StatusCode != 200 || !bytes.Contains(body, []byte("[DONE]")) {
+			t.Fatalf("learning: status %d: %s", res.StatusCode, body)
+		}
+	}
+	a.Set(fu.StallMidStream(10 * time.Second))
+	began := time.Now()
+	res, body := post(t, "/v1/chat/completions", fu.ChatRequest("stall-m", true))
+	took := time.Since(began)
+	if res.StatusCode != 200 {
+		t.Fatalf("status %d: %s", res.StatusCode, body)
+	}
+	mustContain(t, body, "stream_stalled")
+	if took > 5*time.Second {
+		t.Errorf("the stall was cut after %s, not after the learned limit", took)
+	}
+	got := decisionsOf(t, "stall-m", "stalled")
+	if len(got) != 1 || got[0].DeadlineKind != "gap" || got[0].Deadline != 500*time.Millisecond {
+		t.Errorf("stalled decisions %+v, want one naming the learned gap limit of 500ms", got)
+	}
+}
