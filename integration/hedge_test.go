@@ -371,3 +371,31 @@ func answeredBy(t *testing.T, res *http.Response, want string) {
 		t.Errorf("served by %q, want %q", got, want)
 	}
 }
+
+// hedge_after p<NN> hedges after the first channel's own quantile of time
+// to first content, once it has answered enough requests of that size: no
+// hedge before, then one as soon as the first channel is slower than its
+// usual.
+func TestHedgeAfterAQuantileOfTheChannelsOwnLatency(t *testing.T) {
+	a := upstream(t, fu.OKNamed("a"))
+	b := upstream(t, fu.OKNamed("b"))
+	gateway(t, hedgedChannels, a.URL, b.URL, "hedge-q", "p90", "hedge {\n\t\t\tbudget 100%\n\t\t}")
+	a.Set(fu.SlowFirstToken(300 * time.Millisecond).Named("a"))
+	// Too few answers of a to know its p90: not hedged, however slow.
+	res, _ := post(t, "/v1/chat/completions", fu.ChatRequest("hedge-q", true))
+	answeredBy(t, res, "a")
+	a.Set(fu.OKNamed("a"))
+	for range 60 {
+		if res, body := post(t, "/v1/chat/completions", fu.ChatRequest("hedge-q", true)); res.StatusCode != 200 {
+			t.Fatalf("status %d: %s", res.StatusCode, body)
+		}
+	}
+	hits(t, b, 0)
+	// Now a's p90 is milliseconds: a slow answer is hedged.
+	a.Set(fu.SlowFirstToken(3 * time.Second).Named("a"))
+	res, _ = post(t, "/v1/chat/completions", fu.ChatRequest("hedge-q", true))
+	answeredBy(t, res, "b")
+	if got := decisionsOf(t, "hedge-q", "hedge"); len(got) != 1 {
+		t.Errorf("hedge decisions %+v, want one", got)
+	}
+}
