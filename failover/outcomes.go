@@ -118,10 +118,16 @@ func clientClassOf(status int) history.Class {
 	return history.Client
 }
 
-// decided journals one failover decision.
+// decided journals one failover decision, of the exchange's latest
+// attempt.
 func (e *Engine) decided(x *exchange, channel string, f *failure, next string) {
+	e.decidedAt(x, x.attempts, channel, f, next)
+}
+
+// decidedAt journals one decision about attempt number attempt.
+func (e *Engine) decidedAt(x *exchange, attempt int, channel string, f *failure, next string) {
 	d := journal.Decision{
-		At: time.Now(), RequestID: requestID(x), TraceID: x.trace.traceID(), Model: x.req.Model, Channel: channel, Attempt: x.attempts,
+		At: time.Now(), RequestID: requestID(x), TraceID: x.trace.traceID(), Model: x.req.Model, Channel: channel, Attempt: attempt,
 		Reason: string(f.reason), UpstreamStatus: f.status, Elapsed: time.Since(x.start), Remaining: time.Until(x.deadline), Next: next,
 		DeliveredTokens: f.delivered, Form: f.form,
 	}

@@ -236,7 +236,11 @@ func (t *requestTrace) endAttempt(x *exchange, res attemptResult) {
 		return
 	}
 	s := t.attempt
-	s.SetAttributes(attrOutcome.String(res.verdict.String()))
+	outcome := res.verdict.String()
+	if res.verdict == clientGone && x.race != nil && x.race.lost(x) {
+		outcome = string(outcomeHedgeLost)
+	}
+	s.SetAttributes(attrOutcome.String(outcome))
 	if x.meter != nil {
 		u := x.meter.Usage()
 		if u.InputKnown {

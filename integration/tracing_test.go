@@ -427,3 +427,54 @@ func TestTracingContentOptIn(t *testing.T) {
 		}
 	}
 }
+
+// A hedged request is one trace: two overlapping attempt spans under the
+// gateway's, the hedge's of kind hedge, the loser's outcome hedge_lost,
+// and decision events for the hedge and for its loser.
+func TestTracingHedge(t *testing.T) {
+	rcv := otlptest.Start(t)
+	a := upstream(t, fu.SlowFirstToken(3*time.Second).Named("a"))
+	b := upstream(t, fu.OKNamed("b"))
+	loadTraced(t, rcv, gatewayConfig(hedgedChannels, a.URL, b.URL, "hedge-tr", "200ms", "hedge {\n\t\t\tbudget 100%\n\t\t}"))
+	res, body := post(t, "/v1/chat/completions", fu.ChatRequest("hedge-tr", true))
+	if res.StatusCode != 200 {
+		t.Fatalf("status %d: %s", res.StatusCode, body)
+	}
+	answeredBy(t, res, "b")
+	var gw otlptest.Span
+	spans, ok := rcv.WaitFor(10*time.Second, func(spans []otlptest.Span) bool {
+		for _, s := range spans {
+			if s.Scope == "github.com/llmfailover/caddy-llm-failover" && s.Attrs["gen_ai.request.model"] == "hedge-tr" && s.Kind == "internal" {
+				gw = s
+				return len(rcv.Trace(s.TraceID)) == 4
+			}
+		}
+		return false
+	})
+	if !ok {
+		t.Fatalf("no complete trace of the hedged request among %d spans: %+v", len(spans), spans)
+	}
+	var tries []otlptest.Span
+	for _, s := range rcv.Trace(gw.TraceID) {
+		if s.Kind == "client" && s.ParentID == gw.SpanID {
+			tries = append(tries, s)
+		}
+	}
+	if len(tries) != 2 {
+		t.Fatalf("%d attempt spans under the gateway's, want 2", len(tries))
+	}
+	byChannel := map[any]otlptest.Span{}
+	for _, s := range tries {
+		byChannel[s.Attrs["llm_failover.channel"]] = s
+	}
+	wantAttrs(t, "first attempt", byChannel["a"], map[string]any{"llm_failover.attempt.kind": "chain", "llm_failover.outcome": "hedge_lost"})
+	wantAttrs(t, "hedge attempt", byChannel["b"], map[string]any{"llm_failover.attempt.kind": "hedge", "llm_failover.outcome": "served"})
+	wantAttrs(t, "gateway span", gw, map[string]any{"llm_failover.served_by": "b", "llm_failover.attempts": 2})
+	var reasons []string
+	for _, ev := range gw.Events {
+		reasons = append(reasons, fmt.Sprint(ev.Attrs["llm_failover.failover.reason"]))
+	}
+	if strings.Join(reasons, ",") != "hedge,hedge_lost" {
+		t.Errorf("decision events %v, want hedge then hedge_lost", reasons)
+	}
+}
