@@ -399,3 +399,44 @@ func TestHedgeAfterAQuantileOfTheChannelsOwnLatency(t *testing.T) {
 		t.Errorf("hedge decisions %+v, want one", got)
 	}
 }
+
+// A hedge never goes to a channel of the first one's provider account
+// (its rate limits and outages are the same), nor to one that is parked.
+func TestHedgeNeverToTheSameAccountOrAParkedChannel(t *testing.T) {
+	t.Run("same account", func(t *testing.T) {
+		a := upstream(t, fu.SlowFirstToken(600*time.Millisecond).Named("a"))
+		b := upstream(t, fu.OKNamed("b"))
+		gateway(t, `
+		channel a %s {
+			header Authorization "Bearer one-account-key"
+		}
+		channel b %s {
+			header Authorization "Bearer one-account-key"
+		}
+		model hedge-acct {
+			route a cost 1 1
+			route b cost 2 2
+			hedge_after 100ms
+		}
+		hedge {
+			budget 100%%
+		}`, a.URL, b.URL)
+		res, _ := post(t, "/v1/chat/completions", fu.ChatRequest("hedge-acct", true))
+		answeredBy(t, res, "a")
+		hits(t, b, 0)
+	})
+	t.Run("parked", func(t *testing.T) {
+		a := upstream(t, fu.OKNamed("a"))
+		b := upstream(t, fu.Status(429, "").WithHeader("Retry-After", "60"))
+		gateway(t, hedgedChannels, a.URL, b.URL, "hedge-park", "100ms", "hedge {\n\t\t\tbudget 100%\n\t\t}")
+		// A slow first answer hedges to b, which parks itself for a minute.
+		a.Set(fu.SlowFirstToken(600 * time.Millisecond).Named("a"))
+		res, _ := post(t, "/v1/chat/completions", fu.ChatRequest("hedge-park", true))
+		answeredBy(t, res, "a")
+		hits(t, b, 1)
+		// b is parked: the next slow answer is not hedged to it.
+		res, _ = post(t, "/v1/chat/completions", fu.ChatRequest("hedge-park", true))
+		answeredBy(t, res, "a")
+		hits(t, b, 1)
+	})
+}
