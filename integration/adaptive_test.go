@@ -227,7 +227,7 @@ func TestAdaptiveDeadlinesReplay(t *testing.T) {
 	for range 20 {
 		reqs = append(reqs, replayRequest{model: "slowm", long: true})
 	}
-	const giveUp = 45 * time.Second
+	const giveUp = 35 * time.Second
 	handlers := []struct{ prefix, suffix string }{{"adaptive", "ad"}, {"fixed", "fx"}, {"tight", "ti"}}
 	sums := make([]replaySummary, len(handlers))
 	var wg sync.WaitGroup
