@@ -8,7 +8,9 @@
 # loopback: site A `reverse_proxy` (flush_interval -1), site B
 # `llm_failover` (one channel, defaults), site F `llm_failover` where every
 # request fails over once (its first channel answers 503, its breaker never
-# opens). Caddy is pinned to CPU 0 with GOMAXPROCS=1; the load generator
+# opens), and sites G and H where every request fails over once from a
+# connection reset and from an in-stream error frame (BENCH_TARGETS picks
+# them). Caddy is pinned to CPU 0 with GOMAXPROCS=1; the load generator
 # and the upstream share CPU 1 (this machine has two cores; peers pin the
 # generator apart, which is not possible here). For each mode (json,
 # stream) and rate, each target runs REPS times, alternating direct A B F
@@ -25,6 +27,9 @@
 #   BENCH_DURATION  measured time of one run (default 5s)
 #   BENCH_WARMUP    discarded warm-up before each run (default 1s)
 #   BENCH_CHUNKS    content chunks per stream (default 20)
+#   BENCH_TARGETS   targets to run (default "direct reverse_proxy
+#                   llm_failover llm_failover+failover_once"; also
+#                   llm_failover+reset_once, llm_failover+error_frame_once)
 #   BENCH_PORT      first port (default 18180): +1 A, +2 B, +3 F, +10 upstream, +19 admin
 #   BENCH_OUT       results directory (default bench/results)
 # Results: $BENCH_OUT/latency-<stamp>/ holds results.jsonl (one JSON line
@@ -49,8 +54,9 @@ NAME=latency
 # shellcheck source=bench/lib.sh
 . "$ROOT/bench/lib.sh"
 [ -x "$CADDY_BIN" ] || die "no Caddy binary at $CADDY_BIN (run 'make bench', or set CADDY_BIN)"
-PORT_A=$((PORT + 1)) PORT_B=$((PORT + 2)) PORT_F=$((PORT + 3)) PORT_UP=$((PORT + 10)) PORT_ADMIN=$((PORT + 19))
-for p in "$PORT_A" "$PORT_B" "$PORT_F" "$PORT_UP" "$PORT_ADMIN"; do
+PORT_A=$((PORT + 1)) PORT_B=$((PORT + 2)) PORT_F=$((PORT + 3)) PORT_G=$((PORT + 4)) PORT_H=$((PORT + 5))
+PORT_UP=$((PORT + 10)) PORT_ADMIN=$((PORT + 19))
+for p in "$PORT_A" "$PORT_B" "$PORT_F" "$PORT_G" "$PORT_H" "$PORT_UP" "$PORT_ADMIN"; do
 	if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
 		die "port $p is already in use (set BENCH_PORT)"
 	fi
@@ -105,6 +111,36 @@ http://127.0.0.1:$PORT_F {
 		}
 	}
 }
+http://127.0.0.1:$PORT_G {
+	bind 127.0.0.1
+	llm_failover {
+		channel down http://127.0.0.1:$PORT_UP/reset
+		channel backup http://127.0.0.1:$PORT_UP
+		model m {
+			route down cost 1 1
+			route backup cost 2 2
+		}
+		breaker {
+			failures 64
+			window 1ms
+		}
+	}
+}
+http://127.0.0.1:$PORT_H {
+	bind 127.0.0.1
+	llm_failover {
+		channel down http://127.0.0.1:$PORT_UP/errorframe
+		channel backup http://127.0.0.1:$PORT_UP
+		model m {
+			route down cost 1 1
+			route backup cost 2 2
+		}
+		breaker {
+			failures 64
+			window 1ms
+		}
+	}
+}
 EOF
 
 GOMAXPROCS=1 "${PIN_LOAD[@]}" "$WORK/upstream" -listen "127.0.0.1:$PORT_UP" -chunks "$CHUNKS" 2>"$WORK/upstream.log" &
@@ -112,7 +148,7 @@ PIDS+=($!)
 XDG_DATA_HOME="$WORK/data" XDG_CONFIG_HOME="$WORK/config" GOMAXPROCS=1 \
 	"${PIN_CADDY[@]}" "$CADDY_BIN" run --config "$WORK/Caddyfile" --adapter caddyfile >"$WORK/caddy.log" 2>&1 &
 PIDS+=($!)
-for p in "$PORT_A" "$PORT_B" "$PORT_F" "$PORT_UP"; do
+for p in "$PORT_A" "$PORT_B" "$PORT_F" "$PORT_G" "$PORT_H" "$PORT_UP"; do
 	wait_port "$p"
 done
 
@@ -124,8 +160,10 @@ declare -A URL=(
 	[reverse_proxy]="http://127.0.0.1:$PORT_A/v1/chat/completions"
 	[llm_failover]="http://127.0.0.1:$PORT_B/v1/chat/completions"
 	[llm_failover+failover_once]="http://127.0.0.1:$PORT_F/v1/chat/completions"
+	[llm_failover+reset_once]="http://127.0.0.1:$PORT_G/v1/chat/completions"
+	[llm_failover+error_frame_once]="http://127.0.0.1:$PORT_H/v1/chat/completions"
 )
-TARGETS="direct reverse_proxy llm_failover llm_failover+failover_once"
+TARGETS="${BENCH_TARGETS:-direct reverse_proxy llm_failover llm_failover+failover_once}"
 {
 	echo "date:    $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 	echo "machine: $(nproc --all) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"

@@ -6,7 +6,11 @@
 //
 // POST /fail/v1/chat/completions answers 503 with a small OpenAI-style
 // error, as an overloaded provider does: the channel a failover benchmark
-// fails over from.
+// fails over from. POST /reset/v1/chat/completions resets the connection
+// (TCP RST) after reading the request, and POST
+// /errorframe/v1/chat/completions answers 200 with an SSE stream whose
+// first event is an error: the other kinds of failure a failover time is
+// measured for.
 //
 // Every response is built once at start-up; a request costs one pooled
 // body read and the writes. It is meant to cost far less CPU than the
@@ -166,6 +170,33 @@ func fail(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(overloaded)
 }
 
+// errorFrame is the error-frame path's whole answer: a stream that fails
+// in its first event, as OpenAI streams report an overload mid-request.
+var errorFrame = []byte(`data: {"error":{"message":"The server had an error while processing your request.","type":"server_error","param":null,"code":null}}` + "\n\n")
+
+// failFrame answers 200 with an SSE stream whose first event is an error.
+func failFrame(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, 1<<20))
+	h := w.Header()
+	h["Content-Type"] = hdrSSE
+	h["Cache-Control"] = hdrNoCache
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(errorFrame)
+}
+
+// reset reads the request, then resets the connection: no answer at all.
+func reset(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, 1<<20))
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0) // close sends RST, not FIN
+	}
+	_ = conn.Close()
+}
+
 func main() {
 	listen := flag.String("listen", "127.0.0.1:18090", "address to listen on (loopback only)")
 	chunks := flag.Int("chunks", 20, "content chunks per SSE stream (plus a finish chunk and [DONE])")
@@ -186,6 +217,8 @@ func main() {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/chat/completions", handle)
 	mux.HandleFunc("/fail/v1/chat/completions", fail)
+	mux.HandleFunc("/reset/v1/chat/completions", reset)
+	mux.HandleFunc("/errorframe/v1/chat/completions", failFrame)
 	mux.HandleFunc("/stats", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintf(w, "%d\n", inflight.Load()) })
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
 	fmt.Fprintf(os.Stderr, "upstream: listening on %s (json %d bytes, stream %d events)\n", ln.Addr(), len(completion), len(events))
