@@ -10,7 +10,8 @@
 # request fails over once (its first channel answers 503, its breaker never
 # opens), and sites G and H where every request fails over once from a
 # connection reset and from an in-stream error frame (BENCH_TARGETS picks
-# them). Caddy is pinned to CPU 0 with GOMAXPROCS=1; the load generator
+# them), and sites W and P billing every request to a wallet (embedded
+# SQLite; PostgreSQL when BENCH_PG_DSN is set). Caddy is pinned to CPU 0 with GOMAXPROCS=1; the load generator
 # and the upstream share CPU 1 (this machine has two cores; peers pin the
 # generator apart, which is not possible here). For each mode (json,
 # stream) and rate, each target runs REPS times, alternating direct A B F
@@ -29,7 +30,9 @@
 #   BENCH_CHUNKS    content chunks per stream (default 20)
 #   BENCH_TARGETS   targets to run (default "direct reverse_proxy
 #                   llm_failover llm_failover+failover_once"; also
-#                   llm_failover+reset_once, llm_failover+error_frame_once)
+#                   llm_failover+reset_once, llm_failover+error_frame_once,
+#                   llm_failover+wallet_sqlite, llm_failover+wallet_postgres)
+#   BENCH_PG_DSN    the PostgreSQL of site P's wallet (wallet_postgres)
 #   BENCH_PORT      first port (default 18180): +1 A, +2 B, +3 F, +10 upstream, +19 admin
 #   BENCH_OUT       results directory (default bench/results)
 # Results: $BENCH_OUT/latency-<stamp>/ holds results.jsonl (one JSON line
@@ -55,8 +58,8 @@ NAME=latency
 . "$ROOT/bench/lib.sh"
 [ -x "$CADDY_BIN" ] || die "no Caddy binary at $CADDY_BIN (run 'make bench', or set CADDY_BIN)"
 PORT_A=$((PORT + 1)) PORT_B=$((PORT + 2)) PORT_F=$((PORT + 3)) PORT_G=$((PORT + 4)) PORT_H=$((PORT + 5))
-PORT_UP=$((PORT + 10)) PORT_ADMIN=$((PORT + 19))
-for p in "$PORT_A" "$PORT_B" "$PORT_F" "$PORT_G" "$PORT_H" "$PORT_UP" "$PORT_ADMIN"; do
+PORT_W=$((PORT + 6)) PORT_P=$((PORT + 7)) PORT_UP=$((PORT + 10)) PORT_ADMIN=$((PORT + 19))
+for p in "$PORT_A" "$PORT_B" "$PORT_F" "$PORT_G" "$PORT_H" "$PORT_W" "$PORT_P" "$PORT_UP" "$PORT_ADMIN"; do
 	if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
 		die "port $p is already in use (set BENCH_PORT)"
 	fi
@@ -73,6 +76,23 @@ fi
 "$GO" build -o "$WORK/load" ./bench/load
 "$GO" build -o "$WORK/latency" ./bench/latency
 
+# Site P's wallet, on PostgreSQL, only with BENCH_PG_DSN.
+PG_WALLET="" PG_SITE=""
+if [ -n "${BENCH_PG_DSN:-}" ]; then
+	PG_WALLET="	llm_wallet pg {
+		store postgres {env.BENCH_PG_DSN}
+	}"
+	PG_SITE="http://127.0.0.1:$PORT_P {
+	bind 127.0.0.1
+	llm_failover {
+		channel up http://127.0.0.1:$PORT_UP
+		model m {
+			route up cost 1 1
+		}
+		wallet pg
+	}
+}"
+fi
 cat >"$WORK/Caddyfile" <<EOF
 {
 	admin 127.0.0.1:$PORT_ADMIN
@@ -80,7 +100,22 @@ cat >"$WORK/Caddyfile" <<EOF
 	persist_config off
 	skip_install_trust
 	grace_period 1s
+	llm_wallet default {
+		store sqlite
+	}
+$PG_WALLET
 }
+http://127.0.0.1:$PORT_W {
+	bind 127.0.0.1
+	llm_failover {
+		channel up http://127.0.0.1:$PORT_UP
+		model m {
+			route up cost 1 1
+		}
+		wallet default
+	}
+}
+$PG_SITE
 http://127.0.0.1:$PORT_A {
 	bind 127.0.0.1
 	reverse_proxy 127.0.0.1:$PORT_UP {
@@ -148,9 +183,36 @@ PIDS+=($!)
 XDG_DATA_HOME="$WORK/data" XDG_CONFIG_HOME="$WORK/config" GOMAXPROCS=1 \
 	"${PIN_CADDY[@]}" "$CADDY_BIN" run --config "$WORK/Caddyfile" --adapter caddyfile >"$WORK/caddy.log" 2>&1 &
 PIDS+=($!)
-for p in "$PORT_A" "$PORT_B" "$PORT_F" "$PORT_G" "$PORT_H" "$PORT_UP"; do
+for p in "$PORT_A" "$PORT_B" "$PORT_F" "$PORT_G" "$PORT_H" "$PORT_W" "$PORT_UP"; do
 	wait_port "$p"
 done
+
+# A wallet account with ample money and its key, in each wallet, through
+# the admin API (walletapp/admin.go); the key's secret stays in $WORK.
+declare -A AUTH=()
+wallet_key() { # wallet-name target
+	local admin="http://127.0.0.1:$PORT_ADMIN/llm_wallet/$1" code
+	code="$(curl -sS -o "$WORK/account.json" -w '%{http_code}' -d '{"id":"bench"}' "$admin/accounts")"
+	case "$code" in
+	201 | 409) ;;
+	*) die "creating the $1 wallet's account: HTTP $code: $(cat "$WORK/account.json"); caddy: $(tail -n 5 "$WORK/caddy.log")" ;;
+	esac
+	curl -fsS -o /dev/null -d '{"amount":"1000000","note":"bench"}' "$admin/accounts/bench/credit" || die "crediting the $1 wallet failed"
+	curl -fsS -o "$WORK/key.json" -d '{"label":"bench"}' "$admin/accounts/bench/keys" || die "creating the $1 wallet's key failed"
+	AUTH[$2]="Authorization: Bearer $(sed -n 's/.*"key": *"\([^"]*\)".*/\1/p' "$WORK/key.json")"
+}
+command -v curl >/dev/null || die "curl is needed"
+# The listeners answer a moment before the config's apps are the admin
+# API's active ones.
+for _ in $(seq 50); do
+	curl -fsS -o /dev/null "http://127.0.0.1:$PORT_ADMIN/llm_wallet/default/status" && break
+	sleep 0.2
+done
+wallet_key default llm_failover+wallet_sqlite
+if [ -n "${BENCH_PG_DSN:-}" ]; then
+	wait_port "$PORT_P"
+	wallet_key pg llm_failover+wallet_postgres
+fi
 
 STAMP="$(date -u +%Y%m%d-%H%M%S)"
 RES="$OUT/latency-$STAMP"
@@ -162,6 +224,8 @@ declare -A URL=(
 	[llm_failover+failover_once]="http://127.0.0.1:$PORT_F/v1/chat/completions"
 	[llm_failover+reset_once]="http://127.0.0.1:$PORT_G/v1/chat/completions"
 	[llm_failover+error_frame_once]="http://127.0.0.1:$PORT_H/v1/chat/completions"
+	[llm_failover+wallet_sqlite]="http://127.0.0.1:$PORT_W/v1/chat/completions"
+	[llm_failover+wallet_postgres]="http://127.0.0.1:$PORT_P/v1/chat/completions"
 )
 TARGETS="${BENCH_TARGETS:-direct reverse_proxy llm_failover llm_failover+failover_once}"
 {
@@ -181,7 +245,11 @@ for mode in $MODES; do
 	for rate in $RATES; do
 		for rep in $(seq "$REPS"); do
 			for target in $TARGETS; do
-				"${PIN_LOAD[@]}" "$WORK/load" -url "${URL[$target]}" -body "$body" -rate "$rate" -d "$DURATION" -warmup "$WARMUP" \
+				hdr=()
+				if [ -n "${AUTH[$target]:-}" ]; then
+					hdr=(-H "${AUTH[$target]}")
+				fi
+				"${PIN_LOAD[@]}" "$WORK/load" -url "${URL[$target]}" "${hdr[@]}" -body "$body" -rate "$rate" -d "$DURATION" -warmup "$WARMUP" \
 					-json -label "$mode $target $rate" -quantiles "$RES/q/$mode-$target-$rate-$rep.txt" >>"$RES/results.jsonl"
 			done
 		done

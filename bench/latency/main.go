@@ -203,6 +203,10 @@ func chart(rows []row) string {
 		}
 		maxY = math.Max(maxY, math.Max(r.lat.P99, r.lat.P50))
 	}
+	if len(rows) == 0 {
+		// Only the direct runs: nothing was added to draw.
+		return `<svg xmlns="http://www.w3.org/2000/svg" width="400" height="40"><text x="10" y="25">no proxy measured</text></svg>` + "\n"
+	}
 	sort.Ints(rates)
 	sort.Strings(targets)
 	maxY = math.Pow(10, math.Ceil(math.Log10(maxY)))
