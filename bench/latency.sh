@@ -76,22 +76,26 @@ fi
 "$GO" build -o "$WORK/load" ./bench/load
 "$GO" build -o "$WORK/latency" ./bench/latency
 
+# site PORT BODY: a loopback site on PORT whose llm_failover block is BODY.
+site() {
+	printf 'http://127.0.0.1:%s {\n\tbind 127.0.0.1\n\tllm_failover {\n%s\n\t}\n}\n' "$1" "$2"
+}
+# billed WALLET: one channel, billed to WALLET.
+billed() {
+	printf '\t\tchannel up http://127.0.0.1:%s\n\t\tmodel m {\n\t\t\troute up cost 1 1\n\t\t}\n\t\twallet %s' "$PORT_UP" "$1"
+}
+# failing_once PATH: every request fails over once, from the upstream's
+# PATH (its breaker never opens) to the backup.
+failing_once() {
+	printf '\t\tchannel down http://127.0.0.1:%s%s\n\t\tchannel backup http://127.0.0.1:%s\n\t\tmodel m {\n\t\t\troute down cost 1 1\n\t\t\troute backup cost 2 2\n\t\t}\n\t\tbreaker {\n\t\t\tfailures 64\n\t\t\twindow 1ms\n\t\t}' "$PORT_UP" "$1" "$PORT_UP"
+}
 # Site P's wallet, on PostgreSQL, only with BENCH_PG_DSN.
 PG_WALLET="" PG_SITE=""
 if [ -n "${BENCH_PG_DSN:-}" ]; then
 	PG_WALLET="	llm_wallet pg {
 		store postgres {env.BENCH_PG_DSN}
 	}"
-	PG_SITE="http://127.0.0.1:$PORT_P {
-	bind 127.0.0.1
-	llm_failover {
-		channel up http://127.0.0.1:$PORT_UP
-		model m {
-			route up cost 1 1
-		}
-		wallet pg
-	}
-}"
+	PG_SITE="$(site "$PORT_P" "$(billed pg)")"
 fi
 cat >"$WORK/Caddyfile" <<EOF
 {
@@ -105,77 +109,21 @@ cat >"$WORK/Caddyfile" <<EOF
 	}
 $PG_WALLET
 }
-http://127.0.0.1:$PORT_W {
-	bind 127.0.0.1
-	llm_failover {
-		channel up http://127.0.0.1:$PORT_UP
-		model m {
-			route up cost 1 1
-		}
-		wallet default
-	}
-}
-$PG_SITE
 http://127.0.0.1:$PORT_A {
 	bind 127.0.0.1
 	reverse_proxy 127.0.0.1:$PORT_UP {
 		flush_interval -1
 	}
 }
-http://127.0.0.1:$PORT_B {
-	bind 127.0.0.1
-	llm_failover {
-		channel up http://127.0.0.1:$PORT_UP
+$(site "$PORT_B" "		channel up http://127.0.0.1:$PORT_UP
 		model m {
 			route up
-		}
-	}
-}
-http://127.0.0.1:$PORT_F {
-	bind 127.0.0.1
-	llm_failover {
-		channel down http://127.0.0.1:$PORT_UP/fail
-		channel backup http://127.0.0.1:$PORT_UP
-		model m {
-			route down cost 1 1
-			route backup cost 2 2
-		}
-		breaker {
-			failures 64
-			window 1ms
-		}
-	}
-}
-http://127.0.0.1:$PORT_G {
-	bind 127.0.0.1
-	llm_failover {
-		channel down http://127.0.0.1:$PORT_UP/reset
-		channel backup http://127.0.0.1:$PORT_UP
-		model m {
-			route down cost 1 1
-			route backup cost 2 2
-		}
-		breaker {
-			failures 64
-			window 1ms
-		}
-	}
-}
-http://127.0.0.1:$PORT_H {
-	bind 127.0.0.1
-	llm_failover {
-		channel down http://127.0.0.1:$PORT_UP/errorframe
-		channel backup http://127.0.0.1:$PORT_UP
-		model m {
-			route down cost 1 1
-			route backup cost 2 2
-		}
-		breaker {
-			failures 64
-			window 1ms
-		}
-	}
-}
+		}")
+$(site "$PORT_F" "$(failing_once /fail)")
+$(site "$PORT_G" "$(failing_once /reset)")
+$(site "$PORT_H" "$(failing_once /errorframe)")
+$(site "$PORT_W" "$(billed default)")
+$PG_SITE
 EOF
 
 GOMAXPROCS=1 "${PIN_LOAD[@]}" "$WORK/upstream" -listen "127.0.0.1:$PORT_UP" -chunks "$CHUNKS" 2>"$WORK/upstream.log" &
