@@ -27,8 +27,8 @@ import (
 //     silent: no response headers at all, or headers and a preamble and
 //     then nothing;
 //   - slow: healthy, but its first token takes long for long prompts:
-//     log-normal around 400 ms for short prompts, around 4 s (up to 9 s)
-//     for prompts over 128 KiB.
+//     log-normal around 400 ms for short prompts, around 5 s (up to 9 s)
+//     for prompts over 128 KiB (half of them over a fixed 5 s).
 //
 // Each model has an always-good backup. The same replay is sent at once to
 // three handlers: adaptive_deadlines (defaults but min_samples 30), the
@@ -66,7 +66,7 @@ func replaySlow(seed uint64) fu.Behavior {
 		mu.Lock()
 		d := logNormal(rng, 400*time.Millisecond, 0.4, 2*time.Second)
 		if r.ContentLength > 128<<10 {
-			d = logNormal(rng, 4*time.Second, 0.25, 9*time.Second)
+			d = logNormal(rng, 5*time.Second, 0.25, 9*time.Second)
 		}
 		mu.Unlock()
 		fu.SlowFirstToken(d).Named("slow").Serve(w, r, n)
@@ -261,7 +261,13 @@ func TestAdaptiveDeadlinesReplay(t *testing.T) {
 			}
 		}
 	}
+	// The bound each silent request was held to is its deadline when it
+	// was sent, max(3 × the p99 then, 5 s), as journaled; the p99 moves
+	// with the load while the replay runs.
 	bound := max(3*fastP99, 5*time.Second)
+	for _, d := range decisionsOf(t, "fastm-ad", "learned_deadline") {
+		bound = max(bound, d.Deadline)
+	}
 	silent := 0
 	for _, q := range reqs {
 		if q.silent != "" {
@@ -273,7 +279,7 @@ func TestAdaptiveDeadlinesReplay(t *testing.T) {
 		t.Logf("%-8s silent requests (%d): longest until served by the backup %s, unserved within %s: %d; slow-but-healthy cut: %d of %d (slowest %s)",
 			h.prefix, silent, s.silentLeftMax.Round(100*time.Millisecond), giveUp, s.silentUnserved, s.slowCut, 60, s.slowMax.Round(100*time.Millisecond))
 	}
-	t.Logf("fast channel's learned p99 to first content %s: bound max(3 × p99, 5 s) = %s; learned deadlines %+v", fastP99, bound, learned)
+	t.Logf("fast channel's learned p99 to first content %s at the end: bound max(3 × p99, 5 s), or the longest deadline journaled, %s; learned deadlines %+v", fastP99, bound, learned)
 	ad, fx, ti := sums[0], sums[1], sums[2]
 	if fastP99 == 0 {
 		t.Fatal("the fast channel's first-content quantile was not learned")

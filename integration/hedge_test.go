@@ -373,30 +373,31 @@ func answeredBy(t *testing.T, res *http.Response, want string) {
 }
 
 // hedge_after p<NN> hedges after the first channel's own quantile of time
-// to first content, once it has answered enough requests of that size: no
-// hedge before, then one as soon as the first channel is slower than its
-// usual.
+// to first content, once it has answered enough requests of that size
+// (min_samples, 50 by default): no hedge before, however slow the first
+// channel, then one as soon as it is slower than its quantile.
 func TestHedgeAfterAQuantileOfTheChannelsOwnLatency(t *testing.T) {
-	a := upstream(t, fu.OKNamed("a"))
+	a := upstream(t, fu.SlowFirstToken(300*time.Millisecond).Named("a"))
 	b := upstream(t, fu.OKNamed("b"))
-	gateway(t, hedgedChannels, a.URL, b.URL, "hedge-q", "p90", "hedge {\n\t\t\tbudget 100%\n\t\t}")
-	a.Set(fu.SlowFirstToken(300 * time.Millisecond).Named("a"))
-	// Too few answers of a to know its p90: not hedged, however slow.
+	gateway(t, hedgedChannels, a.URL, b.URL, "hedge-q", "p99", "hedge {\n\t\t\tbudget 100%\n\t\t}")
+	before := len(decisionsOf(t, "hedge-q", "hedge")) // the journal outlives a config
+	// Answers 1 to 50 of a: too few to know its p99 when each was sent,
+	// so none is hedged, the slow first one included.
 	res, _ := post(t, "/v1/chat/completions", fu.ChatRequest("hedge-q", true))
 	answeredBy(t, res, "a")
 	a.Set(fu.OKNamed("a"))
-	for range 60 {
+	for range 49 {
 		if res, body := post(t, "/v1/chat/completions", fu.ChatRequest("hedge-q", true)); res.StatusCode != 200 {
 			t.Fatalf("status %d: %s", res.StatusCode, body)
 		}
 	}
 	hits(t, b, 0)
-	// Now a's p90 is milliseconds: a slow answer is hedged.
+	// Now a's p99 is known (its slowest, 300 ms): a 3 s answer is hedged.
 	a.Set(fu.SlowFirstToken(3 * time.Second).Named("a"))
 	res, _ = post(t, "/v1/chat/completions", fu.ChatRequest("hedge-q", true))
 	answeredBy(t, res, "b")
-	if got := decisionsOf(t, "hedge-q", "hedge"); len(got) != 1 {
-		t.Errorf("hedge decisions %+v, want one", got)
+	if got := len(decisionsOf(t, "hedge-q", "hedge")) - before; got != 1 {
+		t.Errorf("%d hedge decisions, want one", got)
 	}
 }
 
