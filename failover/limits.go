@@ -34,11 +34,12 @@ func (e *Engine) overloaded() *failure {
 }
 
 // streamBase is what a stream waiting in the gate costs before it holds
-// anything: its 16 KiB read buffer, and its parser's buffers for the
-// event in progress (a few hundred bytes for a preamble; a large event is
-// counted as held). It must be at least the read buffer: the chunk that
-// crosses max_held_bytes is counted before the stream commits, and the
-// base given back at commit is what keeps that chunk within the budget.
+// anything: its read buffer (2 KiB until a read fills it, then 16 KiB),
+// and its parser's buffers for the event in progress (a few hundred bytes
+// for a preamble; a large event is counted as held). It must be at least
+// the largest read buffer: the chunk that crosses max_held_bytes is
+// counted before the stream commits, and the base given back at commit
+// is what keeps that chunk within the budget.
 // At 20 KiB the default 256 MiB lets 13,107 streams wait for their first
 // token at once (32 KiB let 8,192).
 const streamBase = 20 << 10

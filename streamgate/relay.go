@@ -55,6 +55,11 @@ const (
 	DefaultMaxEvent = 1 << 20
 
 	readBufSize = 16 << 10
+	// firstReadSize is the buffer a stream reads with until a read fills
+	// it: a stream waiting for its first token (or between tokens of a
+	// slow answer) blocks in Read holding it, and thousands may wait at
+	// once. A read that fills it moves the stream to readBufSize.
+	firstReadSize = 2 << 10
 )
 
 // Error codes of the event appended to a committed stream that failed.
@@ -63,10 +68,16 @@ const (
 	CodeStalled   = "stream_stalled"
 )
 
-var readBufPool = sync.Pool{New: func() any {
-	b := make([]byte, readBufSize)
-	return &b
-}}
+var (
+	readBufPool = sync.Pool{New: func() any {
+		b := make([]byte, readBufSize)
+		return &b
+	}}
+	firstReadPool = sync.Pool{New: func() any {
+		b := make([]byte, firstReadSize)
+		return &b
+	}}
+)
 
 // Downstream is the client side of a relayed stream.
 type Downstream interface {
@@ -370,9 +381,17 @@ func Relay(src io.Reader, cancel context.CancelCauseFunc, dst Downstream, opts O
 		r.stallLimit.Store(int64(r.opts.StallFloor))
 	}
 
-	bp := readBufPool.Get().(*[]byte)
-	defer readBufPool.Put(bp)
-	buf := *bp
+	// Small until a read fills it (firstReadSize); both go back to their
+	// pools when Relay returns.
+	small := firstReadPool.Get().(*[]byte)
+	defer firstReadPool.Put(small)
+	var big *[]byte
+	defer func() {
+		if big != nil {
+			readBufPool.Put(big)
+		}
+	}()
+	buf := *small
 
 	r.mu.Lock()
 	r.gate = time.AfterFunc(r.opts.GateTimeout, r.onGate)
@@ -404,6 +423,12 @@ func Relay(src io.Reader, cancel context.CancelCauseFunc, dst Downstream, opts O
 			}
 			if stop {
 				return r.finish(nil)
+			}
+			if n == len(buf) && big == nil {
+				// More was waiting than the small buffer holds: a stream
+				// in full flow reads in large pieces.
+				big = readBufPool.Get().(*[]byte)
+				buf = *big
 			}
 		}
 		if err != nil {
