@@ -142,13 +142,16 @@ func compileOptions(h *Handler) (failover.Options, error) {
 			return o, mistake(optionKey(s.opt), "%s must not be negative, got %d", s.opt, s.v)
 		}
 	}
+	var err error
+	if o.Hedge, err = compileHedge(h.Hedge); err != nil {
+		return o, mistake(optionKey("hedge"), "hedge: %w", err)
+	}
 	o = o.WithDefaults()
 	for _, s := range o.RetryStatus {
 		if s < 100 || s > 599 {
 			return o, mistake(optionKey("retry_status"), "retry_status: %d is not an HTTP status code", s)
 		}
 	}
-	var err error
 	if o.RetrySame, err = compileRetrySame(h.RetrySame, o.RetryStatus); err != nil {
 		return o, mistake(optionKey("retry_same"), "retry_same: %w", err)
 	}
@@ -168,9 +171,6 @@ func compileOptions(h *Handler) (failover.Options, error) {
 	}
 	if o.Adaptive, err = compileAdaptive(h.AdaptiveDeadlines); err != nil {
 		return o, mistake(optionKey("adaptive_deadlines"), "adaptive_deadlines: %w", err)
-	}
-	if o.Hedge, err = compileHedge(h.Hedge); err != nil {
-		return o, mistake(optionKey("hedge"), "hedge: %w", err)
 	}
 	if o.Breaker, err = compileBreaker(h.Breaker); err != nil {
 		return o, mistake(optionKey("breaker"), "breaker: %w", err)
@@ -553,18 +553,17 @@ func compileAdaptive(a *AdaptiveDeadlines) (*latency.Config, error) {
 	return &cfg, nil
 }
 
-// compileHedge checks the hedge block.
+// compileHedge checks the hedge block; a budget left 0 takes its default
+// (Options.WithDefaults).
 func compileHedge(h *Hedge) (failover.HedgeOptions, error) {
-	o := failover.HedgeOptions{Budget: failover.DefaultHedgeBudget}
+	var o failover.HedgeOptions
 	if h == nil {
 		return o, nil
 	}
 	if h.Budget < 0 || h.Budget > 1 {
 		return o, fmt.Errorf("budget must be a share of requests between 0 and 100%%, got %v", h.Budget)
 	}
-	if h.Budget > 0 {
-		o.Budget = h.Budget
-	}
+	o.Budget = h.Budget
 	switch h.Charge {
 	case "", "operator":
 	case "client":

@@ -105,14 +105,11 @@ func (e *Engine) firstContentCeiling(x *exchange) time.Duration {
 // learnStall sets a committed stream's stall limit from the channel's
 // longest pauses, when adaptive_deadlines is on: the learned limit, or
 // until there is one, the stall detector a resumable stream already has
-// (or stream_idle_timeout), so that the pauses are measured.
+// (or stream_idle_timeout), so that the pauses are measured. (A
+// hedge_after quantile needs only first contents: without
+// adaptive_deadlines pauses are not measured.)
 func (e *Engine) learnStall(x *exchange, ch *Channel, opts *streamgate.Options) {
 	if e.opts.Adaptive == nil {
-		if e.learning() && opts.StallFloor == 0 {
-			// Only measuring, for nothing but a quantile hedge: a limit
-			// no stream reaches before stream_idle_timeout ends it.
-			opts.StallFloor = e.opts.StreamIdleTimeout + time.Second
-		}
 		return
 	}
 	d := ch.health.Latency.Deadline(latency.Gap, x.sizeClass(), *e.opts.Adaptive, e.opts.StreamIdleTimeout, time.Now())

@@ -222,7 +222,7 @@ func (e *Engine) race(x *exchange, routes []*chain.Route, ticket breaker.Ticket,
 	case <-first.done:
 	case <-r.claimed:
 	case <-timer.C:
-		second = e.hedge(x, r, routes, first)
+		second = e.hedge(x, r, routes)
 	}
 	timer.Stop()
 	<-first.done
@@ -276,7 +276,7 @@ func (e *Engine) run(x *exchange, r *race, route *chain.Route, ticket breaker.Ti
 
 // hedge starts the second candidate, when everything that bounds hedges
 // allows it now; nil when something does not.
-func (e *Engine) hedge(x *exchange, r *race, routes []*chain.Route, first *runner) *runner {
+func (e *Engine) hedge(x *exchange, r *race, routes []*chain.Route) *runner {
 	route := routes[1]
 	ch := e.channels[route.Channel]
 	now := time.Now()
@@ -310,11 +310,11 @@ func (e *Engine) hedge(x *exchange, r *race, routes []*chain.Route, first *runne
 		return nil
 	}
 	e.logger.Info("hedging: no content yet from the first channel; sending the next one too",
-		zap.String("model", x.req.Model), zap.String("channel", first.route.Name), zap.String("hedge_channel", route.Name),
+		zap.String("model", x.req.Model), zap.String("channel", routes[0].Name), zap.String("hedge_channel", route.Name),
 		zap.Duration("elapsed", time.Since(x.start)), traceField(x))
 	// About the first attempt, number 1: the request's count is settled
 	// when the race ends.
-	e.decidedAt(x, 1, first.route.Name, &failure{reason: reasonHedge}, route.Name)
+	e.decidedAt(x, 1, routes[0].Name, &failure{reason: reasonHedge}, route.Name)
 	hedgesTotal.WithLabelValues(x.req.Model, "started").Inc()
 	return rn
 }
