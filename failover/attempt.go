@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/llmfailover/caddy-llm-failover/chain"
+	"github.com/llmfailover/caddy-llm-failover/latency"
 	"github.com/llmfailover/caddy-llm-failover/provider"
 	"github.com/llmfailover/caddy-llm-failover/streamgate"
 )
@@ -412,6 +413,13 @@ func (x *exchange) transportFailure(ctx context.Context, err error) attemptResul
 		return attemptResult{verdict: clientGone}
 	}
 	if f := causeFailure(ctx); f != nil {
+		if l := f.learned; l != nil && l.kind == latency.FirstContent {
+			// The first-content deadline passed before any headers came
+			// (it may be the shorter of the two): the wait that was
+			// silent is the headers'.
+			l.kind = latency.Header
+			f.detail = l.Error()
+		}
 		return retryWith(f)
 	}
 	var dial reverseproxy.DialError
