@@ -4,16 +4,19 @@
 # coordinated omission), against the upstream read directly and plain
 # reverse_proxy in the same run.
 #
-# Starts the fake upstream (bench/upstream) and ONE Caddy serving, on
-# loopback: site A `reverse_proxy` (flush_interval -1), site B
+# Starts ONE Caddy serving, on loopback: site A `reverse_proxy` (flush_interval -1), site B
 # `llm_failover` (one channel, defaults), site F `llm_failover` where every
 # request fails over once (its first channel answers 503, its breaker never
 # opens), and sites G and H where every request fails over once from a
 # connection reset and from an in-stream error frame (BENCH_TARGETS picks
 # them), and sites W and P billing every request to a wallet (embedded
-# SQLite; PostgreSQL when BENCH_PG_DSN is set). Caddy is pinned to CPU 0 with GOMAXPROCS=1; the load generator
-# and the upstream share CPU 1 (this machine has two cores; peers pin the
-# generator apart, which is not possible here). For each mode (json,
+# SQLite; PostgreSQL when BENCH_PG_DSN is set). Caddy is pinned to CPU 0
+# with GOMAXPROCS=1; the load generator and the fake upstream share CPU 1
+# (this machine has two cores; peers pin the generator apart, which is not
+# possible here), in ONE process: each run of bench/load serves the fake
+# provider (bench/upstream/fake) itself (-upstream), so that the two take
+# turns as goroutines of one runtime, not as processes the kernel switches
+# between every few milliseconds. For each mode (json,
 # stream) and rate, each target runs REPS times, alternating direct A B F
 # direct A B F, each run an open loop (bench/load -rate) of DURATION after
 # WARMUP at that rate. bench/latency then prints, per rate, the latency
@@ -28,12 +31,15 @@
 #   BENCH_DURATION  measured time of one run (default 5s)
 #   BENCH_WARMUP    discarded warm-up before each run (default 1s)
 #   BENCH_CHUNKS    content chunks per stream (default 20)
-#   BENCH_TARGETS   targets to run (default "direct reverse_proxy
-#                   llm_failover llm_failover+failover_once"; also
+#   BENCH_TARGETS   targets to run (default "direct go_floor reverse_proxy
+#                   llm_failover llm_failover+failover_once"; go_floor is
+#                   bench/floorproxy, the standard library's reverse proxy
+#                   and nothing else, pinned like Caddy: the least any Go
+#                   proxy adds on this machine; also
 #                   llm_failover+reset_once, llm_failover+error_frame_once,
 #                   llm_failover+wallet_sqlite, llm_failover+wallet_postgres)
 #   BENCH_PG_DSN    the PostgreSQL of site P's wallet (wallet_postgres)
-#   BENCH_PORT      first port (default 18180): +1 A, +2 B, +3 F, +10 upstream, +19 admin
+#   BENCH_PORT      first port (default 18180): +1 A, +2 B, +3 F, +8 go_floor, +10 upstream, +19 admin
 #   BENCH_OUT       results directory (default bench/results)
 # Results: $BENCH_OUT/latency-<stamp>/ holds results.jsonl (one JSON line
 # per run), q/<mode>-<target>-<rate>-<rep>.txt (each run's quantile
@@ -58,8 +64,8 @@ NAME=latency
 . "$ROOT/bench/lib.sh"
 [ -x "$CADDY_BIN" ] || die "no Caddy binary at $CADDY_BIN (run 'make bench', or set CADDY_BIN)"
 PORT_A=$((PORT + 1)) PORT_B=$((PORT + 2)) PORT_F=$((PORT + 3)) PORT_G=$((PORT + 4)) PORT_H=$((PORT + 5))
-PORT_W=$((PORT + 6)) PORT_P=$((PORT + 7)) PORT_UP=$((PORT + 10)) PORT_ADMIN=$((PORT + 19))
-for p in "$PORT_A" "$PORT_B" "$PORT_F" "$PORT_G" "$PORT_H" "$PORT_W" "$PORT_P" "$PORT_UP" "$PORT_ADMIN"; do
+PORT_W=$((PORT + 6)) PORT_P=$((PORT + 7)) PORT_FLOOR=$((PORT + 8)) PORT_UP=$((PORT + 10)) PORT_ADMIN=$((PORT + 19))
+for p in "$PORT_A" "$PORT_B" "$PORT_F" "$PORT_G" "$PORT_H" "$PORT_W" "$PORT_P" "$PORT_FLOOR" "$PORT_UP" "$PORT_ADMIN"; do
 	if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
 		die "port $p is already in use (set BENCH_PORT)"
 	fi
@@ -69,12 +75,12 @@ done
 PIN_CADDY=() PIN_LOAD=() PINNING="none (taskset missing or fewer than 2 CPUs)"
 if command -v taskset >/dev/null && [ "$(nproc --all)" -ge 2 ]; then
 	PIN_CADDY=(taskset -c 0) PIN_LOAD=(taskset -c 1)
-	PINNING="caddy on CPU 0 (GOMAXPROCS=1); load generator and upstream on CPU 1"
+	PINNING="caddy on CPU 0 (GOMAXPROCS=1); load generator and upstream on CPU 1, one process"
 fi
 
-"$GO" build -o "$WORK/upstream" ./bench/upstream
 "$GO" build -o "$WORK/load" ./bench/load
 "$GO" build -o "$WORK/latency" ./bench/latency
+"$GO" build -o "$WORK/floorproxy" ./bench/floorproxy
 
 # site PORT BODY: a loopback site on PORT whose llm_failover block is BODY.
 site() {
@@ -126,12 +132,12 @@ $(site "$PORT_W" "$(billed default)")
 $PG_SITE
 EOF
 
-GOMAXPROCS=1 "${PIN_LOAD[@]}" "$WORK/upstream" -listen "127.0.0.1:$PORT_UP" -chunks "$CHUNKS" 2>"$WORK/upstream.log" &
-PIDS+=($!)
 XDG_DATA_HOME="$WORK/data" XDG_CONFIG_HOME="$WORK/config" GOMAXPROCS=1 \
 	"${PIN_CADDY[@]}" "$CADDY_BIN" run --config "$WORK/Caddyfile" --adapter caddyfile >"$WORK/caddy.log" 2>&1 &
 PIDS+=($!)
-for p in "$PORT_A" "$PORT_B" "$PORT_F" "$PORT_G" "$PORT_H" "$PORT_W" "$PORT_UP"; do
+GOMAXPROCS=1 "${PIN_CADDY[@]}" "$WORK/floorproxy" -listen "127.0.0.1:$PORT_FLOOR" -upstream "http://127.0.0.1:$PORT_UP" 2>"$WORK/floorproxy.log" &
+PIDS+=($!)
+for p in "$PORT_A" "$PORT_B" "$PORT_F" "$PORT_G" "$PORT_H" "$PORT_W" "$PORT_FLOOR"; do
 	wait_port "$p"
 done
 
@@ -167,6 +173,7 @@ RES="$OUT/latency-$STAMP"
 mkdir -p "$RES/q"
 declare -A URL=(
 	[direct]="http://127.0.0.1:$PORT_UP/v1/chat/completions"
+	[go_floor]="http://127.0.0.1:$PORT_FLOOR/v1/chat/completions"
 	[reverse_proxy]="http://127.0.0.1:$PORT_A/v1/chat/completions"
 	[llm_failover]="http://127.0.0.1:$PORT_B/v1/chat/completions"
 	[llm_failover+failover_once]="http://127.0.0.1:$PORT_F/v1/chat/completions"
@@ -175,12 +182,12 @@ declare -A URL=(
 	[llm_failover+wallet_sqlite]="http://127.0.0.1:$PORT_W/v1/chat/completions"
 	[llm_failover+wallet_postgres]="http://127.0.0.1:$PORT_P/v1/chat/completions"
 )
-TARGETS="${BENCH_TARGETS:-direct reverse_proxy llm_failover llm_failover+failover_once}"
+TARGETS="${BENCH_TARGETS:-direct go_floor reverse_proxy llm_failover llm_failover+failover_once}"
 {
 	echo "date:    $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 	echo "machine: $(nproc --all) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
 	echo "pinning: $PINNING"
-	echo "load:    bench/load -rate (open loop, latency from each request's due time), ${DURATION} after ${WARMUP} warm-up, $REPS repetitions alternating $TARGETS"
+	echo "load:    bench/load -rate -upstream (open loop, requests sent within microseconds of when due, latency from then; GOGC=400; the fake upstream in the same process), ${DURATION} after ${WARMUP} warm-up, $REPS repetitions alternating $TARGETS"
 	echo "rates:   $RATES; modes: $MODES; stream chunks: $CHUNKS"
 	echo "caddy:   $("$CADDY_BIN" version)"
 } >"$RES/setup.txt"
@@ -197,7 +204,7 @@ for mode in $MODES; do
 				if [ -n "${AUTH[$target]:-}" ]; then
 					hdr=(-H "${AUTH[$target]}")
 				fi
-				"${PIN_LOAD[@]}" "$WORK/load" -url "${URL[$target]}" "${hdr[@]}" -body "$body" -rate "$rate" -d "$DURATION" -warmup "$WARMUP" \
+				"${PIN_LOAD[@]}" "$WORK/load" -upstream "127.0.0.1:$PORT_UP" -upstream-chunks "$CHUNKS" -url "${URL[$target]}" "${hdr[@]}" -body "$body" -rate "$rate" -d "$DURATION" -warmup "$WARMUP" \
 					-json -label "$mode $target $rate" -quantiles "$RES/q/$mode-$target-$rate-$rep.txt" >>"$RES/results.jsonl"
 			done
 		done

@@ -21,6 +21,10 @@
 #   SCALE_STREAMS open streams per run (default "1000 9000": this machine's
 #                 20,000 open files per process caps Caddy, which holds two
 #                 sockets per stream, below 10,000)
+#   SCALE_CLIENTS h1 (default: each stream on a connection of its own) or
+#                 h2c (HTTP/2 without TLS, up to 250 streams a connection:
+#                 Caddy then holds about one socket per stream, so 10,000
+#                 fit)
 #   BENCH_PORT    first port (default 18280)
 #   BENCH_OUT     results directory (default bench/results)
 set -euo pipefail
@@ -73,6 +77,7 @@ global() { # GLOBAL_EXTRA: more global options
 	skip_install_trust
 	grace_period 1s
 	${GLOBAL_EXTRA:-}
+	${SERVERS_EXTRA:-}
 }
 EOF
 }
@@ -88,6 +93,17 @@ wait_port "$PORT_UP"
 	echo "|---|---|---|---|---|---|---|---|---|"
 } >>"$REPORT"
 BODY='{"model":"m","stream":true,"messages":[{"role":"user","content":"Say hello."}]}'
+CLIENTS="${SCALE_CLIENTS:-h1}" HOLD_FLAGS=() SERVERS_EXTRA="" LABEL=""
+case "$CLIENTS" in
+h1) ;;
+h2c)
+	HOLD_FLAGS=(-h2c) LABEL=" (h2c clients)"
+	SERVERS_EXTRA="servers {
+		protocols h1 h2c
+	}"
+	;;
+*) die "SCALE_CLIENTS is h1 or h2c, not $CLIENTS" ;;
+esac
 # llm_failover+512MiB: the same with a memory budget (max_held_bytes) of
 # 512 MiB: the default 256 MiB counts 32 KiB for each stream waiting in
 # the gate, so it refuses (503 gateway_overloaded) the streams past 8,192.
@@ -116,7 +132,7 @@ for target in ${SCALE_TARGETS:-reverse_proxy llm_failover llm_failover+512MiB}; 
 		caddy_start "$WORK/Caddyfile.streams"
 		sleep 1
 		before=$(rss_kb "$CADDY")
-		"$WORK/load" -url "http://127.0.0.1:$PORT_SITE/v1/chat/completions" -body "$BODY" -hold "$n" -d 60s >"$WORK/hold.json" &
+		"$WORK/load" -url "http://127.0.0.1:$PORT_SITE/v1/chat/completions" -body "$BODY" -hold "$n" "${HOLD_FLAGS[@]}" -d 60s >"$WORK/hold.json" &
 		HOLD=$!
 		# Until every stream is open at the upstream, or 30 s: the most
 		# that were open at once, and Caddy's RSS then.
@@ -138,7 +154,7 @@ for target in ${SCALE_TARGETS:-reverse_proxy llm_failover llm_failover+512MiB}; 
 		failed=$(sed -n 's/.*"failed":\([0-9]*\).*/\1/p' "$WORK/hold.json")
 		caddy_stop
 		per=$(awk -v a="$before" -v b="$with" -v n="$open" 'BEGIN { printf "%.1f", (b - a) / n }')
-		printf '| %s | %s | %s | %.1f | %.1f | %s | %s | %s | %s |\n' "$target" "$n" "$open" \
+		printf '| %s | %s | %s | %.1f | %.1f | %s | %s | %s | %s |\n' "$target$LABEL" "$n" "$open" \
 			"$(echo "$before / 1024" | bc -l)" "$(echo "$with / 1024" | bc -l)" "$per" "$answered" "$refused" "$failed" >>"$REPORT"
 		for _ in $(seq 100); do [ "$(curl -s "http://127.0.0.1:$PORT_UP/stats")" = 0 ] && break; sleep 0.1; done
 	done

@@ -20,7 +20,18 @@ import (
 // from when the generator got round to sending it, so a generator or a
 // target that falls behind shows as latency. At most -max-inflight
 // requests are open at once; a request due while that many are open is
-// counted as dropped (an error), never delayed.
+// counted as dropped (an error), never delayed. The requests are sent
+// within microseconds of when they are due (clock, dispatch_linux.go).
+
+// readBuffer is what reading one answer needs. They are pooled: at
+// thousands of requests a second, a fresh 32 KiB each would be most of the
+// generator's garbage, and its collections show in every target's tail.
+type readBuffer struct {
+	buf  [32 << 10]byte
+	tail [64]byte
+}
+
+var readBuffers = sync.Pool{New: func() any { return new(readBuffer) }}
 
 // openLoop runs the open-loop load and returns the samples of requests due
 // in [measureFrom, end).
@@ -33,14 +44,14 @@ func openLoop(client *http.Client, method, url string, body []byte, headers head
 		inflight = make(chan struct{}, maxInflight)
 	)
 	interval := time.Duration(float64(time.Second) / rate)
+	clk := newClock()
+	defer clk.release()
 	for i := 0; ; i++ {
 		due := start.Add(time.Duration(i) * interval)
 		if !due.Before(end) {
 			break
 		}
-		if d := time.Until(due); d > 0 {
-			time.Sleep(d)
-		}
+		clk.sleepUntil(due)
 		measured := !due.Before(measureFrom)
 		select {
 		case inflight <- struct{}{}:
@@ -67,8 +78,9 @@ func openLoop(client *http.Client, method, url string, body []byte, headers head
 				k, v, _ := strings.Cut(h, ":")
 				req.Header.Set(strings.TrimSpace(k), strings.TrimSpace(v))
 			}
-			buf := make([]byte, 32<<10)
-			tail := make([]byte, 0, 64)
+			b := readBuffers.Get().(*readBuffer)
+			defer readBuffers.Put(b)
+			buf, tail := b.buf[:], b.tail[:0]
 			sent := time.Now()
 			s, n, isStream, errMsg := do(client, req, buf, &tail)
 			if !measured {

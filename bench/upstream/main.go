@@ -1,226 +1,36 @@
-// Command upstream is a tiny, fast fake LLM provider for the load
-// benchmarks in bench/: POST /v1/chat/completions answers a fixed
-// chat.completion JSON (about 600 bytes), or, when the request body asks
-// for "stream": true, a fixed OpenAI-style SSE stream of -chunks content
-// chunks, a finish chunk and "data: [DONE]", flushed event by event.
-//
-// POST /fail/v1/chat/completions answers 503 with a small OpenAI-style
-// error, as an overloaded provider does: the channel a failover benchmark
-// fails over from. POST /reset/v1/chat/completions resets the connection
-// (TCP RST) after reading the request, and POST
-// /errorframe/v1/chat/completions answers 200 with an SSE stream whose
-// first event is an error: the other kinds of failure a failover time is
-// measured for.
-//
-// Every response is built once at start-up; a request costs one pooled
-// body read and the writes. It is meant to cost far less CPU than the
-// proxy under test.
+// Command upstream serves the benchmarks' fake LLM provider
+// (bench/upstream/fake) on its own: what its paths answer is described
+// there.
 //
 //	go run ./bench/upstream -listen 127.0.0.1:18090 -chunks 20 -event-delay 0
 package main
 
 import (
-	"bytes"
 	"flag"
 	"fmt"
-	"io"
 	"log"
 	"net"
-	"net/http"
 	"os"
-	"strconv"
-	"sync"
-	"sync/atomic"
-	"time"
+
+	"github.com/llmfailover/caddy-llm-failover/bench/upstream/fake"
 )
-
-const (
-	created = "1767225600"
-	model   = "m-2026-01-01"
-)
-
-// completionJSON is the non-streaming answer (padded to about 600 bytes
-// with a realistic usage block and system fingerprint).
-const completionJSON = `{"id":"chatcmpl-bench0000000000000000000000001","object":"chat.completion","created":` + created +
-	`,"model":"` + model + `","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! This is a fixed answer from the benchmark upstream, as long as a short reply.","refusal":null},"logprobs":null,"finish_reason":"stop"}],` +
-	`"usage":{"prompt_tokens":12,"completion_tokens":38,"total_tokens":50,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}},` +
-	`"system_fingerprint":"fp_bench0001"}` + "\n"
-
-var (
-	completion    = []byte(completionJSON)
-	completionLen = strconv.Itoa(len(completion))
-	events        [][]byte // the SSE stream, one element per event
-	eventDelay    time.Duration
-	// firstTokenDelay holds a stream before its first event; inflight
-	// counts the requests being answered (GET /stats).
-	firstTokenDelay time.Duration
-	inflight        atomic.Int64
-	streamKey       = []byte(`"stream"`)
-	bodyPool        = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
-	hdrJSON         = []string{"application/json"}
-	hdrSSE          = []string{"text/event-stream; charset=utf-8"}
-	hdrNoCache      = []string{"no-cache"}
-	hdrLen          []string
-)
-
-func buildEvents(n int, roleChunk bool) [][]byte {
-	prefix := `data: {"id":"chatcmpl-bench0000000000000000000000001","object":"chat.completion.chunk","created":` + created +
-		`,"model":"` + model + `","system_fingerprint":"fp_bench0001","choices":[{"index":0,`
-	var out [][]byte
-	if roleChunk {
-		// What real providers send first: a role-only chunk, which the
-		// stream gate holds (it is not yet decisive).
-		out = append(out, []byte(prefix+`"delta":{"role":"assistant","content":"","refusal":null},"logprobs":null,"finish_reason":null}]}`+"\n\n"))
-	}
-	for i := 0; i < n; i++ {
-		delta := fmt.Sprintf(`"delta":{"content":" token%d"}`, i)
-		if i == 0 && !roleChunk {
-			delta = `"delta":{"role":"assistant","content":"Hello"}`
-		}
-		out = append(out, []byte(prefix+delta+`,"logprobs":null,"finish_reason":null}]}`+"\n\n"))
-	}
-	out = append(out, []byte(prefix+`"delta":{},"logprobs":null,"finish_reason":"stop"}]}`+"\n\n"))
-	out = append(out, []byte("data: [DONE]\n\n"))
-	return out
-}
-
-// wantsStream reports whether a JSON body sets "stream" to true. It looks
-// for the key and then, past blanks and the colon, for the literal true;
-// good enough for the bodies the benchmark sends.
-func wantsStream(body []byte) bool {
-	for {
-		i := bytes.Index(body, streamKey)
-		if i < 0 {
-			return false
-		}
-		body = body[i+len(streamKey):]
-		j := 0
-		for j < len(body) && (body[j] == ' ' || body[j] == '\t' || body[j] == '\r' || body[j] == '\n' || body[j] == ':') {
-			j++
-		}
-		if bytes.HasPrefix(body[j:], []byte("true")) {
-			return true
-		}
-	}
-}
-
-func handle(w http.ResponseWriter, r *http.Request) {
-	inflight.Add(1)
-	defer inflight.Add(-1)
-	if r.Method != http.MethodPost {
-		w.Header()["Allow"] = []string{"POST"}
-		w.WriteHeader(http.StatusMethodNotAllowed)
-		return
-	}
-	bp := bodyPool.Get().(*[]byte)
-	buf := bytes.NewBuffer((*bp)[:0])
-	_, err := buf.ReadFrom(io.LimitReader(r.Body, 1<<20))
-	stream := err == nil && wantsStream(buf.Bytes())
-	*bp = buf.Bytes()[:0]
-	bodyPool.Put(bp)
-	if err != nil {
-		w.WriteHeader(http.StatusBadRequest)
-		return
-	}
-	h := w.Header()
-	if !stream {
-		h["Content-Type"] = hdrJSON
-		h["Content-Length"] = hdrLen
-		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write(completion)
-		return
-	}
-	h["Content-Type"] = hdrSSE
-	h["Cache-Control"] = hdrNoCache
-	w.WriteHeader(http.StatusOK)
-	f, _ := w.(http.Flusher)
-	if firstTokenDelay > 0 {
-		if f != nil {
-			f.Flush()
-		}
-		select {
-		case <-time.After(firstTokenDelay):
-		case <-r.Context().Done():
-			return
-		}
-	}
-	for _, ev := range events {
-		if eventDelay > 0 {
-			time.Sleep(eventDelay)
-		}
-		if _, err := w.Write(ev); err != nil {
-			return
-		}
-		if f != nil {
-			f.Flush()
-		}
-	}
-}
-
-// overloaded is the failing path's answer.
-var overloaded = []byte(`{"error":{"message":"The server is overloaded, please try again later.","type":"server_error","param":null,"code":null}}` + "\n")
-
-// fail answers 503, after reading the body as a real upstream would.
-func fail(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, 1<<20))
-	h := w.Header()
-	h["Content-Type"] = hdrJSON
-	h["Content-Length"] = []string{strconv.Itoa(len(overloaded))}
-	w.WriteHeader(http.StatusServiceUnavailable)
-	_, _ = w.Write(overloaded)
-}
-
-// errorFrame is the error-frame path's whole answer: a stream that fails
-// in its first event, as OpenAI streams report an overload mid-request.
-var errorFrame = []byte(`data: {"error":{"message":"The server had an error while processing your request.","type":"server_error","param":null,"code":null}}` + "\n\n")
-
-// failFrame answers 200 with an SSE stream whose first event is an error.
-func failFrame(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, 1<<20))
-	h := w.Header()
-	h["Content-Type"] = hdrSSE
-	h["Cache-Control"] = hdrNoCache
-	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(errorFrame)
-}
-
-// reset reads the request, then resets the connection: no answer at all.
-func reset(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, 1<<20))
-	conn, _, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		return
-	}
-	if tc, ok := conn.(*net.TCPConn); ok {
-		_ = tc.SetLinger(0) // close sends RST, not FIN
-	}
-	_ = conn.Close()
-}
 
 func main() {
+	var cfg fake.Config
 	listen := flag.String("listen", "127.0.0.1:18090", "address to listen on (loopback only)")
-	chunks := flag.Int("chunks", 20, "content chunks per SSE stream (plus a finish chunk and [DONE])")
-	roleChunk := flag.Bool("role-chunk", false, "send a role-only chunk before the first content chunk, as real providers do (the stream gate holds it until content arrives)")
-	flag.DurationVar(&eventDelay, "event-delay", 0, "sleep before each SSE event (0: none)")
-	flag.DurationVar(&firstTokenDelay, "first-token-delay", 0, "send a stream's headers at once, then wait this long before its first event: streams waiting for their first token (bench/scale.sh)")
+	flag.IntVar(&cfg.Chunks, "chunks", 20, "content chunks per SSE stream (plus a finish chunk and [DONE])")
+	flag.BoolVar(&cfg.RoleChunk, "role-chunk", false, "send a role-only chunk before the first content chunk, as real providers do (the stream gate holds it until content arrives)")
+	flag.DurationVar(&cfg.EventDelay, "event-delay", 0, "sleep before each SSE event (0: none)")
+	flag.DurationVar(&cfg.FirstTokenDelay, "first-token-delay", 0, "send a stream's headers at once, then wait this long before its first event: streams waiting for their first token (bench/scale.sh)")
 	flag.Parse()
-	if *chunks < 1 {
-		log.Fatal("-chunks must be at least 1")
+	u, err := fake.New(cfg)
+	if err != nil {
+		log.Fatal(err)
 	}
-	hdrLen = []string{completionLen}
-	events = buildEvents(*chunks, *roleChunk)
-
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		log.Fatal(err)
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/v1/chat/completions", handle)
-	mux.HandleFunc("/fail/v1/chat/completions", fail)
-	mux.HandleFunc("/reset/v1/chat/completions", reset)
-	mux.HandleFunc("/errorframe/v1/chat/completions", failFrame)
-	mux.HandleFunc("/stats", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintf(w, "%d\n", inflight.Load()) })
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
-	fmt.Fprintf(os.Stderr, "upstream: listening on %s (json %d bytes, stream %d events)\n", ln.Addr(), len(completion), len(events))
-	log.Fatal(srv.Serve(ln))
+	fmt.Fprintf(os.Stderr, "upstream: listening on %s (json %d bytes, stream %d events)\n", ln.Addr(), u.CompletionLen(), u.Events())
+	log.Fatal(u.Serve(ln))
 }

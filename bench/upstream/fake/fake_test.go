@@ -1,0 +1,53 @@
+package fake
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// Each path answers what the benchmarks count on: the JSON answer with
+// its length, a stream of the configured chunks ending in [DONE], a 503,
+// a stream failing in its first event, and a reset.
+func TestPaths(t *testing.T) {
+	if _, err := New(Config{}); err == nil {
+		t.Fatal("no chunks accepted")
+	}
+	u, err := New(Config{Chunks: 3, RoleChunk: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(u)
+	defer srv.Close()
+	post := func(path, body string) (*http.Response, string, error) {
+		res, err := http.Post(srv.URL+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			return nil, "", err
+		}
+		defer res.Body.Close()
+		b, err := io.ReadAll(res.Body)
+		return res, string(b), err
+	}
+	res, body, err := post("/v1/chat/completions", `{"model":"m","stream": false}`)
+	if err != nil || res.StatusCode != 200 || len(body) != u.CompletionLen() || !strings.Contains(body, `"chat.completion"`) {
+		t.Fatalf("json: %v %v %q", err, res, body)
+	}
+	res, body, err = post("/v1/chat/completions", `{"model":"m","stream" : true}`)
+	if err != nil || res.StatusCode != 200 || strings.Count(body, "data: ") != u.Events() || u.Events() != 1+3+1+1 ||
+		!strings.HasSuffix(body, "data: [DONE]\n\n") || !strings.HasPrefix(res.Header.Get("Content-Type"), "text/event-stream") {
+		t.Fatalf("stream: %v %v %q", err, res, body)
+	}
+	res, body, err = post("/fail/v1/chat/completions", `{}`)
+	if err != nil || res.StatusCode != 503 || !strings.Contains(body, "overloaded") {
+		t.Fatalf("fail: %v %v %q", err, res, body)
+	}
+	res, body, err = post("/errorframe/v1/chat/completions", `{"stream":true}`)
+	if err != nil || res.StatusCode != 200 || !strings.HasPrefix(body, `data: {"error"`) {
+		t.Fatalf("error frame: %v %v %q", err, res, body)
+	}
+	if _, _, err = post("/reset/v1/chat/completions", `{}`); err == nil {
+		t.Fatal("reset: an answer")
+	}
+}
