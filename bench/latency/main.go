@@ -18,6 +18,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -103,6 +104,9 @@ type row struct {
 	rps               float64
 	errors            int
 	lat, ttfb, direct pcts // added latency, added ttfb; direct's own latency
+	// p99Lo and p99Hi are the least and the most p99 added in one
+	// repetition: how far one run's tail can be trusted on this machine.
+	p99Lo, p99Hi float64
 }
 
 func added(runs map[key][]run) []row {
@@ -137,6 +141,7 @@ func added(runs map[key][]run) []row {
 		r.ttfb = pcts{median(ttfb[0]), median(ttfb[1]), median(ttfb[2]), median(ttfb[3])}
 		r.direct = pcts{median(own[0]), median(own[1]), median(own[2]), median(own[3])}
 		r.rps = median(rps)
+		r.p99Lo, r.p99Hi = slices.Min(lat[2]), slices.Max(lat[2])
 		rows = append(rows, r)
 	}
 	sort.Slice(rows, func(i, j int) bool {
@@ -165,14 +170,14 @@ func median(v []float64) float64 {
 }
 
 func printTable(w io.Writer, rows []row) {
-	fmt.Fprintln(w, "| mode | rate/s | target | added p50 | p90 | p99 | p99.9 | added TTFB p50 | p99 | direct p50 / p99 | served/s | errors | runs |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| mode | rate/s | target | added p50 | p90 | p99 | p99 over runs | p99.9 | added TTFB p50 | p99 | direct p50 / p99 | served/s | errors | runs |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rows {
-		fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %.2f / %.2f | %.0f | %d | %d |\n",
-			r.mode, r.rate, r.target, msf(r.lat.P50), msf(r.lat.P90), msf(r.lat.P99), msf(r.lat.P999),
+		fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s to %s | %s | %s | %s | %.2f / %.2f | %.0f | %d | %d |\n",
+			r.mode, r.rate, r.target, msf(r.lat.P50), msf(r.lat.P90), msf(r.lat.P99), msf(r.p99Lo), msf(r.p99Hi), msf(r.lat.P999),
 			msf(r.ttfb.P50), msf(r.ttfb.P99), r.direct.P50, r.direct.P99, r.rps, r.errors, r.reps)
 	}
-	fmt.Fprintln(w, "\nAdded latencies in ms: the target's percentile minus the direct run's, per repetition, median over repetitions.")
+	fmt.Fprintln(w, "\nAdded latencies in ms: the target's percentile minus the direct run's, per repetition, median over repetitions; \"p99 over runs\" is the least and the most of one repetition.")
 }
 
 func msf(v float64) string { return strconv.FormatFloat(v, 'f', 3, 64) }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"sync"
@@ -15,8 +16,10 @@ import (
 // own, and keeps them open for -d without reading past what arrives: N
 // streams waiting for their first token, for measuring what a proxy holds
 // per open stream (bench/scale.sh). It prints how many were answered 200
-// (headers received), how many with another status (refused), and how
-// many failed without an answer before the end.
+// (headers received), how many of those ended whole ("data: [DONE]" and
+// the end of the body before -d: completed), how many were answered with
+// another status (refused), and how many failed without an answer before
+// the end.
 //
 // With h2c the requests are HTTP/2 streams without TLS (prior knowledge),
 // as many on a connection as the server allows (Go's default is 250): the
@@ -32,7 +35,7 @@ func hold(url string, body []byte, n int, d time.Duration, h2c bool) {
 	client := &http.Client{Transport: tr}
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
-	var answered, refused, failed atomic.Int64
+	var answered, refused, failed, completed atomic.Int64
 	var wg sync.WaitGroup
 	for range n {
 		wg.Add(1)
@@ -58,13 +61,21 @@ func hold(url string, body []byte, n int, d time.Duration, h2c bool) {
 			}
 			defer res.Body.Close()
 			buf := make([]byte, 4096)
+			var tail []byte
 			for {
-				if _, err := res.Body.Read(buf); err != nil {
+				m, err := res.Body.Read(buf)
+				tail = appendTail(tail, buf[:m], 32)
+				if err != nil {
+					if err == io.EOF && res.StatusCode == http.StatusOK && bytes.Contains(tail, doneMarker) {
+						completed.Add(1)
+					}
 					return
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	_ = json.NewEncoder(os.Stdout).Encode(map[string]int64{"held": int64(n), "answered": answered.Load(), "refused": refused.Load(), "failed": failed.Load()})
+	_ = json.NewEncoder(os.Stdout).Encode(map[string]int64{
+		"held": int64(n), "answered": answered.Load(), "completed": completed.Load(), "refused": refused.Load(), "failed": failed.Load(),
+	})
 }
