@@ -128,15 +128,27 @@ type replayResult struct {
 	ok       bool // a complete answer
 }
 
-// replay sends reqs at once to the handler under prefix and waits for
-// every answer, giving up on one after giveUp.
+// replayInFlight is the most requests one handler's replay has open at
+// once. Sending all of them at once (480 over the three handlers, 60 of
+// each handler's with 140 KiB prompts) made a race-instrumented Caddy on a
+// busy CI machine queue them for seconds, so the "fast" channel's learned
+// times measured the test's own burst (median 2.7 s to its headers where
+// the fake answers in 120 ms), not the channel.
+const replayInFlight = 24
+
+// replay sends reqs in order to the handler under prefix, at most
+// replayInFlight at once, and waits for every answer, giving up on one
+// after giveUp.
 func replay(t *testing.T, prefix, suffix string, reqs []replayRequest, giveUp time.Duration) []replayResult {
 	out := make([]replayResult, len(reqs))
 	var wg sync.WaitGroup
+	slots := make(chan struct{}, replayInFlight)
 	for i, q := range reqs {
 		wg.Add(1)
+		slots <- struct{}{}
 		go func() {
 			defer wg.Done()
+			defer func() { <-slots }()
 			ctx, cancel := context.WithTimeout(context.Background(), giveUp)
 			defer cancel()
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, gatewayURL+"/"+prefix+"/v1/chat/completions", bytes.NewReader(q.body(suffix)))
