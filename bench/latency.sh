@@ -134,9 +134,11 @@ EOF
 
 XDG_DATA_HOME="$WORK/data" XDG_CONFIG_HOME="$WORK/config" GOMAXPROCS=1 \
 	"${PIN_CADDY[@]}" "$CADDY_BIN" run --config "$WORK/Caddyfile" --adapter caddyfile >"$WORK/caddy.log" 2>&1 &
-PIDS+=($!)
+CADDY_PID=$!
+PIDS+=("$CADDY_PID")
 GOMAXPROCS=1 "${PIN_CADDY[@]}" "$WORK/floorproxy" -listen "127.0.0.1:$PORT_FLOOR" -upstream "http://127.0.0.1:$PORT_UP" 2>"$WORK/floorproxy.log" &
-PIDS+=($!)
+FLOOR_PID=$!
+PIDS+=("$FLOOR_PID")
 for p in "$PORT_A" "$PORT_B" "$PORT_F" "$PORT_G" "$PORT_H" "$PORT_W" "$PORT_FLOOR"; do
 	wait_port "$p"
 done
@@ -200,11 +202,17 @@ for mode in $MODES; do
 	for rate in $RATES; do
 		for rep in $(seq "$REPS"); do
 			for target in $TARGETS; do
-				hdr=()
+				extra=()
 				if [ -n "${AUTH[$target]:-}" ]; then
-					hdr=(-H "${AUTH[$target]}")
+					extra=(-H "${AUTH[$target]}")
 				fi
-				"${PIN_LOAD[@]}" "$WORK/load" -upstream "127.0.0.1:$PORT_UP" -upstream-chunks "$CHUNKS" -url "${URL[$target]}" "${hdr[@]}" -body "$body" -rate "$rate" -d "$DURATION" -warmup "$WARMUP" \
+				# The proxy's CPU over the measured window.
+				case "$target" in
+				direct) ;;
+				go_floor) extra+=(-cpu-pid "$FLOOR_PID") ;;
+				*) extra+=(-cpu-pid "$CADDY_PID") ;;
+				esac
+				"${PIN_LOAD[@]}" "$WORK/load" -upstream "127.0.0.1:$PORT_UP" -upstream-chunks "$CHUNKS" -url "${URL[$target]}" "${extra[@]}" -body "$body" -rate "$rate" -d "$DURATION" -warmup "$WARMUP" \
 					-json -label "$mode $target $rate" -quantiles "$RES/q/$mode-$target-$rate-$rep.txt" >>"$RES/results.jsonl"
 			done
 		done

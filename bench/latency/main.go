@@ -38,6 +38,10 @@ type run struct {
 	RPS      float64 `json:"rps"`
 	Latency  pcts    `json:"latency_ms"`
 	TTFB     pcts    `json:"ttfb_ms"`
+	// The proxy's CPU over the measured window (bench/load -cpu-pid):
+	// whether a knee is the core running out or something else.
+	CPUPerRequestUS float64 `json:"server_cpu_us_per_request"`
+	CPUCoreShare    float64 `json:"server_cpu_core_share"`
 }
 
 // key is one cell of the table.
@@ -107,6 +111,9 @@ type row struct {
 	// p99Lo and p99Hi are the least and the most p99 added in one
 	// repetition: how far one run's tail can be trusted on this machine.
 	p99Lo, p99Hi float64
+	// cpuUS and cpuShare are the proxy's CPU a request and share of its
+	// core, medians; 0 when not measured.
+	cpuUS, cpuShare float64
 }
 
 func added(runs map[key][]run) []row {
@@ -122,7 +129,7 @@ func added(runs map[key][]run) []row {
 		}
 		r := row{key: k, reps: n}
 		var lat, ttfb, own [4][]float64
-		var rps []float64
+		var rps, cpuUS, cpuShare []float64
 		for i := 0; i < n; i++ {
 			t, d := rs[i], base[i]
 			for j, pair := range [4][2]float64{{t.Latency.P50, d.Latency.P50}, {t.Latency.P90, d.Latency.P90}, {t.Latency.P99, d.Latency.P99}, {t.Latency.P999, d.Latency.P999}} {
@@ -135,6 +142,7 @@ func added(runs map[key][]run) []row {
 				own[j] = append(own[j], v)
 			}
 			rps = append(rps, t.RPS)
+			cpuUS, cpuShare = append(cpuUS, t.CPUPerRequestUS), append(cpuShare, t.CPUCoreShare)
 			r.errors += t.Errors
 		}
 		r.lat = pcts{median(lat[0]), median(lat[1]), median(lat[2]), median(lat[3])}
@@ -142,6 +150,7 @@ func added(runs map[key][]run) []row {
 		r.direct = pcts{median(own[0]), median(own[1]), median(own[2]), median(own[3])}
 		r.rps = median(rps)
 		r.p99Lo, r.p99Hi = slices.Min(lat[2]), slices.Max(lat[2])
+		r.cpuUS, r.cpuShare = median(cpuUS), median(cpuShare)
 		rows = append(rows, r)
 	}
 	sort.Slice(rows, func(i, j int) bool {
@@ -170,12 +179,16 @@ func median(v []float64) float64 {
 }
 
 func printTable(w io.Writer, rows []row) {
-	fmt.Fprintln(w, "| mode | rate/s | target | added p50 | p90 | p99 | p99 over runs | p99.9 | added TTFB p50 | p99 | direct p50 / p99 | served/s | errors | runs |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| mode | rate/s | target | added p50 | p90 | p99 | p99 over runs | p99.9 | added TTFB p50 | p99 | direct p50 / p99 | proxy CPU µs/request (core) | served/s | errors | runs |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rows {
-		fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s to %s | %s | %s | %s | %.2f / %.2f | %.0f | %d | %d |\n",
+		cpu := "–"
+		if r.cpuUS > 0 {
+			cpu = fmt.Sprintf("%.0f (%.0f %%)", r.cpuUS, r.cpuShare*100)
+		}
+		fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s to %s | %s | %s | %s | %.2f / %.2f | %s | %.0f | %d | %d |\n",
 			r.mode, r.rate, r.target, msf(r.lat.P50), msf(r.lat.P90), msf(r.lat.P99), msf(r.p99Lo), msf(r.p99Hi), msf(r.lat.P999),
-			msf(r.ttfb.P50), msf(r.ttfb.P99), r.direct.P50, r.direct.P99, r.rps, r.errors, r.reps)
+			msf(r.ttfb.P50), msf(r.ttfb.P99), r.direct.P50, r.direct.P99, cpu, r.rps, r.errors, r.reps)
 	}
 	fmt.Fprintln(w, "\nAdded latencies in ms: the target's percentile minus the direct run's, per repetition, median over repetitions; \"p99 over runs\" is the least and the most of one repetition.")
 }
