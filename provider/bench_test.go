@@ -99,15 +99,25 @@ func BenchmarkClassify(b *testing.B) {
 	}
 }
 
-// BenchmarkMeterBody is the usage read of every billed chat answer.
+// BenchmarkMeterBody is the usage read of every billed chat answer: a
+// usage object of counts only, and OpenAI's of today, with its
+// prompt_tokens_details and completion_tokens_details on every answer.
 func BenchmarkMeterBody(b *testing.B) {
-	body := []byte(`{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"` + strings.Repeat("Hello there. ", 30) + `"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21}}`)
-	b.ReportAllocs()
-	for b.Loop() {
-		m := OpenAIChat.NewMeter()
-		m.Body(body)
-		if !m.Usage().OutputKnown {
-			b.Fatal("no usage")
-		}
+	answer := `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"` + strings.Repeat("Hello there. ", 30) + `"},"finish_reason":"stop"}],"usage":`
+	for _, bc := range []struct{ name, usage string }{
+		{"counts", `{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21}`},
+		{"details", `{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}}`},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			body := []byte(answer + bc.usage + "}")
+			b.ReportAllocs()
+			for b.Loop() {
+				m := OpenAIChat.NewMeter()
+				m.Body(body)
+				if !m.Usage().OutputKnown {
+					b.Fatal("no usage")
+				}
+			}
+		})
 	}
 }

@@ -241,6 +241,13 @@ func FuzzOpenAIUsage(f *testing.F) {
 		`{"usage":{"prompt_tokens":9223372036854775808}}`, `{"usage":{"prompt_tokens":-0,"completion_tokens":1e2}}`,
 		`{"usage":{"prompt_toKens":5}}`, `{"usage":{"prompt_tokens":"5"}}`, `{"usage":{"prompt_tokens":01}}`,
 		`{"usage":{"completion_tokens":2,"completion_tokens":null}}`, `{"usage":{"prompt_tokens":1,}}`,
+		// prompt_tokens_details, as OpenAI sends it on every answer.
+		`{"usage":{"prompt_tokens":12,"completion_tokens":38,"total_tokens":50,"prompt_tokens_details":{"cached_tokens":8,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0}}}`,
+		`{"usage":{"prompt_tokens":12,"prompt_tokens_details":{"cached_tokens":8},"prompt_tokens_details":{"audio_tokens":1}}}`,
+		`{"usage":{"prompt_tokens":12,"prompt_tokens_details":{"cached_tokens":8},"prompt_tokens_details":null}}`,
+		`{"usage":{"prompt_tokens":12,"prompt_tokens_details":{"Cached_Tokens":8,"cached_tokens":null}}}`,
+		`{"usage":{"prompt_tokens":12,"prompt_tokens_details":{"cached_tokens":8.0}}}`,
+		`{"usage":{"prompt_tokens":12,"prompt_tokens_details":[8]}}`, `{"usage":{"prompt_tokens_details":{"cached_tokens":3}}}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -265,6 +272,9 @@ func FuzzOpenAIUsage(f *testing.F) {
 		}
 		if json.Unmarshal(data, &c) == nil && c.Usage != nil {
 			want.set(c.Usage.PromptTokens, c.Usage.CompletionTokens)
+			if c.Usage.PromptTokens != nil {
+				want.CacheRead = c.Usage.cached()
+			}
 		}
 		if got != want {
 			t.Fatalf("walk %+v, unmarshal %+v for %q", got, want, data)

@@ -123,13 +123,16 @@ func (u *Usage) set(input, output *int64) {
 // OpenAI chat, completions and embeddings.
 
 type openAIUsage struct {
-	PromptTokens        *int64 `json:"prompt_tokens"`
-	CompletionTokens    *int64 `json:"completion_tokens"`
-	PromptTokensDetails *struct {
-		// CachedTokens is the part of prompt_tokens read from the
-		// prompt cache (OpenAI, Azure, Gemini's compatible endpoint).
-		CachedTokens int64 `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
+	PromptTokens        *int64        `json:"prompt_tokens"`
+	CompletionTokens    *int64        `json:"completion_tokens"`
+	PromptTokensDetails *cacheDetails `json:"prompt_tokens_details"`
+}
+
+// cacheDetails is OpenAI's prompt_tokens_details.
+type cacheDetails struct {
+	// CachedTokens is the part of prompt_tokens read from the prompt
+	// cache (OpenAI, Azure, Gemini's compatible endpoint).
+	CachedTokens int64 `json:"cached_tokens"`
 }
 
 // cached is the cache-read part of the prompt, 0 when not reported.
@@ -191,19 +194,26 @@ func openAIUsageBody(u *Usage, data []byte) {
 }
 
 // decode is json.Unmarshal(v, c) for the usage objects upstreams send:
-// ASCII keys without escapes, the two counts integers or null, every
-// other member skipped. It reports false, having changed nothing, for
-// anything else (escaped or non-ASCII keys, which json matches by Unicode
-// case folding; a count that is a float, a string or out of range, which
-// json refuses), so that the caller can leave it to json.Unmarshal. v is
-// a value the caller's walk delimited; as there, members it skips are
-// checked for structure only.
+// ASCII keys without escapes, the counts integers or null, the
+// prompt_tokens_details object (OpenAI sends it on every answer) read for
+// its cached_tokens, every other member skipped. It reports false, having
+// changed nothing, for anything else (escaped or non-ASCII keys, which
+// json matches by Unicode case folding; a count that is a float, a string
+// or out of range, which json refuses), so that the caller can leave it
+// to json.Unmarshal. v is a value the caller's walk delimited; as there,
+// members it skips are checked for structure only.
 func (c *openAIUsage) decode(v []byte) bool {
 	it, ok := jsonscan.Object(v)
 	if !ok {
 		return false
 	}
-	in, out := c.PromptTokens, c.CompletionTokens
+	in, out, details := c.PromptTokens, c.CompletionTokens, c.PromptTokensDetails
+	if details != nil {
+		// json decodes a repeated object into the struct it already
+		// has: a copy, so that a false return changes nothing.
+		d := *details
+		details = &d
+	}
 	for key, ok := it.Next(); ok; key, ok = it.Next() {
 		var dst **int64
 		switch {
@@ -214,9 +224,18 @@ func (c *openAIUsage) decode(v []byte) bool {
 		case asciiEqualFold(key, "completion_tokens"):
 			dst = &out
 		case asciiEqualFold(key, "prompt_tokens_details"):
-			// Nested: left to json.Unmarshal (a report with cached
-			// tokens is the rare, cached, case).
-			return false
+			dv := it.Value()
+			if jsonscan.IsNull(dv) {
+				details = nil
+				continue
+			}
+			if details == nil {
+				details = new(cacheDetails)
+			}
+			if !details.decode(dv) {
+				return false
+			}
+			continue
 		default:
 			continue // Next skips the value
 		}
@@ -233,7 +252,37 @@ func (c *openAIUsage) decode(v []byte) bool {
 	if !it.Finished() {
 		return false
 	}
-	c.PromptTokens, c.CompletionTokens = in, out
+	c.PromptTokens, c.CompletionTokens, c.PromptTokensDetails = in, out, details
+	return true
+}
+
+// decode is json.Unmarshal(v, d) under decode's rules: cached_tokens an
+// integer (null leaves it as it was, as json does for a number), every
+// other member skipped; false for anything else.
+func (d *cacheDetails) decode(v []byte) bool {
+	it, ok := jsonscan.Object(v)
+	if !ok {
+		return false
+	}
+	cached := d.CachedTokens
+	for key, ok := it.Next(); ok; key, ok = it.Next() {
+		switch {
+		case !plainKey(key):
+			return false
+		case asciiEqualFold(key, "cached_tokens"):
+			n, null, ok := jsonInt64(it.Value())
+			if !ok {
+				return false
+			}
+			if !null {
+				cached = n
+			}
+		}
+	}
+	if !it.Finished() {
+		return false
+	}
+	d.CachedTokens = cached
 	return true
 }
 

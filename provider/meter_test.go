@@ -294,3 +294,25 @@ func TestMeterCacheClasses(t *testing.T) {
 		t.Errorf("PlainInput of an inconsistent report = %d", p)
 	}
 }
+
+// OpenAI's usage object, details and all, is read by the one-walk decode,
+// not handed to json.Unmarshal: the answer every OpenAI request gets
+// (FuzzOpenAIUsage holds the two to the same result).
+func TestOpenAIUsageFastPath(t *testing.T) {
+	var c openAIUsage
+	v := []byte(`{"prompt_tokens":12,"completion_tokens":38,"total_tokens":50,"prompt_tokens_details":{"cached_tokens":8,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0}}`)
+	if !c.decode(v) {
+		t.Fatal("the fast decode refused OpenAI's usage object")
+	}
+	if c.PromptTokens == nil || *c.PromptTokens != 12 || c.CompletionTokens == nil || *c.CompletionTokens != 38 || c.cached() != 8 {
+		t.Fatalf("decoded %+v", c)
+	}
+	// A refusal changes nothing, details included.
+	before := *c.PromptTokensDetails
+	if c.decode([]byte(`{"prompt_tokens_details":{"cached_tokens":9},"prompt_tokens":"x"}`)) {
+		t.Fatal("a string count accepted")
+	}
+	if *c.PromptTokensDetails != before || *c.PromptTokens != 12 {
+		t.Fatalf("a refused decode changed %+v", c)
+	}
+}
