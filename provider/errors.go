@@ -72,7 +72,7 @@ var (
 // otherwise. Only the top level is walked, so large bodies cost one
 // validation pass and one skim.
 func (API) CheckBody(body []byte) error {
-	if !json.Valid(body) {
+	if !jsonscan.Valid(body) {
 		return fmt.Errorf("%w (%d bytes)", ErrMalformedBody, len(body))
 	}
 	t := scanTop(body)

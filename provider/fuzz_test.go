@@ -281,3 +281,41 @@ func FuzzOpenAIUsage(f *testing.F) {
 		}
 	})
 }
+
+// FuzzServerTools: the walk over a tools array decides as unmarshalling it
+// does, for every valid tools value.
+func FuzzServerTools(f *testing.F) {
+	for _, s := range []string{
+		`null`, `[]`, `[null]`, `[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]`,
+		`[{"type":"custom"},{"type":"web_search"}]`, `[{"TYPE":"web_search"}]`, `[{"type":"web_search","type":null}]`,
+		`[{"type":null,"Type":"function"}]`, `[{"type":7}]`, `[7]`, `["function"]`, `{"type":"function"}`, `"x"`,
+		`[{"typ\u0065":"web_search"}]`, `[{"type":"functio\u006e"}]`, `[{"type":"Function"}]`, `[{"\u00e9":1,"type":"custom"}]`,
+		`[{"type":"function"},{}]`, `[[]]`, `[{"name":"no type"}]`, " null ", "\n[ {\"type\" : \"x\"} ]\t",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, val []byte) {
+		if !json.Valid(val) {
+			return // the request's body is validated before its tools are read
+		}
+		if got, want := serverTools(val), serverToolsJSON(val); got != want {
+			t.Fatalf("serverTools(%q) = %v, json %v", val, got, want)
+		}
+	})
+}
+
+// FuzzCountImages: one pass counts what the three bytes.Count did.
+func FuzzCountImages(f *testing.F) {
+	for _, s := range []string{
+		`{"type":"image_url","image_url":{"url":"x"}}`, `{"type":"input_image"}`, `{"type":"image","source":{}}`,
+		`"image""image"`, `"input_image_url"`, `image"`, `"imageimage"`, `""image"`, `"input_"image"`, `"image_url"image"`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		want := bytes.Count(body, []byte(`"image_url"`)) + bytes.Count(body, []byte(`"input_image"`)) + bytes.Count(body, []byte(`"image"`))
+		if got := countImages(body); got != want {
+			t.Fatalf("countImages(%q) = %d, want %d", body, got, want)
+		}
+	})
+}

@@ -26,7 +26,7 @@ type chatIdentity struct {
 // event's bytes are reused after the call). jsonscan checks structure
 // only: a value the Splice will write must be valid JSON.
 func keepFirst(have, v []byte) []byte {
-	if have != nil || v == nil || jsonscan.IsNull(v) || !json.Valid(v) {
+	if have != nil || v == nil || jsonscan.IsNull(v) || !jsonscan.Valid(v) {
 		return have
 	}
 	return append([]byte(nil), v...)

@@ -4,7 +4,8 @@
 // (which needs the top-level fields of a body and their byte spans).
 // Decoding into maps or structs would allocate per event. The walker checks
 // structure (balanced brackets, terminated strings, key/colon syntax) but
-// not the full grammar: callers use json.Valid where strictness matters.
+// not the full grammar: callers use Valid (valid.go) where strictness
+// matters.
 package jsonscan
 
 import "bytes"
