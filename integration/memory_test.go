@@ -187,7 +187,21 @@ func TestTwoThousandStreamsWaitingForTheirFirstToken(t *testing.T) {
 		}
 		_, _ = io.WriteString(w, "data: "+shapes.ChatContent+"\n\ndata: [DONE]\n\n")
 	}))
-	gateway(t, oneChannel, up.URL, "stream_gate 1m")
+	// 2,000 dials at once to one test server on a busy CI machine can
+	// overflow its accept queue; a dropped SYN is sent again after 1 s
+	// and 3 s, so the default 3 s dial timeout once failed a stream with
+	// 502. Dialling is not what this test is about.
+	gateway(t, `
+		channel a %s {
+			transport http {
+				dial_timeout 15s
+			}
+		}
+		model m {
+			route a
+		}
+		auth off
+		%s`, up.URL, "stream_gate 1m")
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: streams}}
 	defer client.CloseIdleConnections()
 	var wg sync.WaitGroup
