@@ -154,13 +154,13 @@ func countImages(body []byte) int {
 		p := i + j // body[p:] starts with image
 		rest := body[p+len(`image`):]
 		quoted := p > 0 && body[p-1] == '"'
+		input := p - len(`"input_`) // where "input_image" would start
 		switch {
 		case quoted && p-1 >= endURL && bytes.HasPrefix(rest, []byte(`_url"`)):
 			n, endURL = n+1, p+len(`image_url"`)
 		case quoted && p-1 >= endImage && bytes.HasPrefix(rest, []byte(`"`)):
 			n, endImage = n+1, p+len(`image"`)
-		}
-		if start := p - len(`"input_`); start >= endInput && start >= 0 && string(body[start:p]) == `"input_` && bytes.HasPrefix(rest, []byte(`"`)) {
+		case input >= endInput && input >= 0 && string(body[input:p]) == `"input_` && bytes.HasPrefix(rest, []byte(`"`)):
 			n, endInput = n+1, p+len(`image"`)
 		}
 		i = p + len(`image`)

@@ -3,10 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,7 +13,7 @@ import (
 // hold (-hold N) opens N requests at once, each on a connection of its
 // own, and keeps them open for -d without reading past what arrives: N
 // streams waiting for their first token, for measuring what a proxy holds
-// per open stream (bench/scale.sh). It prints how many were answered 200
+// per open stream (bench/scale.sh). It counts how many were answered 200
 // (headers received), how many of those ended whole ("data: [DONE]" and
 // the end of the body before -d: completed), how many were answered with
 // another status (refused), and how many failed without an answer before
@@ -25,7 +23,7 @@ import (
 // as many on a connection as the server allows (Go's default is 250): the
 // proxy then holds about one socket per stream (its upstream's) instead
 // of two, so 10,000 streams fit in a process's 20,000 open files.
-func hold(url string, body []byte, n int, d time.Duration, h2c bool) {
+func hold(url string, body []byte, n int, d time.Duration, h2c bool) holdResult {
 	tr := &http.Transport{MaxConnsPerHost: n, MaxIdleConnsPerHost: n, DisableCompression: true}
 	if h2c {
 		var p http.Protocols
@@ -75,7 +73,14 @@ func hold(url string, body []byte, n int, d time.Duration, h2c bool) {
 		}()
 	}
 	wg.Wait()
-	_ = json.NewEncoder(os.Stdout).Encode(map[string]int64{
-		"held": int64(n), "answered": answered.Load(), "completed": completed.Load(), "refused": refused.Load(), "failed": failed.Load(),
-	})
+	return holdResult{Held: n, Answered: answered.Load(), Completed: completed.Load(), Refused: refused.Load(), Failed: failed.Load()}
+}
+
+// holdResult is what -hold prints, as one JSON object.
+type holdResult struct {
+	Held      int   `json:"held"`
+	Answered  int64 `json:"answered"`
+	Completed int64 `json:"completed"`
+	Refused   int64 `json:"refused"`
+	Failed    int64 `json:"failed"`
 }

@@ -133,7 +133,7 @@ func main() {
 		os.Exit(2)
 	}
 	if *holdN > 0 {
-		hold(*url, body, *holdN, *dur, *h2c)
+		_ = json.NewEncoder(os.Stdout).Encode(hold(*url, body, *holdN, *dur, *h2c))
 		return
 	}
 
