@@ -17,7 +17,10 @@
 #   CADDY_BIN     Caddy with llm_failover (default ./caddy)
 #   SCALE_TARGETS the idle-stream targets (default "reverse_proxy llm_failover
 #                 llm_failover+512MiB"; also llm_failover+1KiB_buffers: the
-#                 channel transport's buffers at 1 KiB)
+#                 channel transport's buffers at 1 KiB; and
+#                 reverse_proxy+h2c_upstream, llm_failover+h2c_upstream: the
+#                 upstream reached over HTTP/2 without TLS, as hosted
+#                 providers are over TLS)
 #   SCALE_STREAMS open streams per run (default "1000 9000": this machine's
 #                 20,000 open files per process caps Caddy, which holds two
 #                 sockets per stream, below 10,000)
@@ -122,15 +125,28 @@ if part streams; then
 				GLOBAL_EXTRA=""
 				echo "http://127.0.0.1:$PORT_SITE {"
 				echo "	bind 127.0.0.1"
-				if [ "$target" = reverse_proxy ]; then
-					printf '\treverse_proxy 127.0.0.1:%s {\n\t\tflush_interval -1\n\t}\n' "$PORT_UP"
-				elif [ "$target" = llm_failover+1KiB_buffers ]; then
-					# The channel transport's read and write buffers at 1 KiB
-					# instead of net/http's 4 KiB each.
-					printf '\tllm_failover {\n\t\tchannel up http://127.0.0.1:%s {\n\t\t\ttransport http {\n\t\t\t\tread_buffer 1KiB\n\t\t\t\twrite_buffer 1KiB\n\t\t\t}\n\t\t}\n\t\tmodel m {\n\t\t\troute up\n\t\t}\n\t\tauth off\n\t}\n' "$PORT_UP"
-				else
-					printf '\tllm_failover {\n\t\tchannel up http://127.0.0.1:%s\n\t\tmodel m {\n\t\t\troute up\n\t\t}\n\t\tauth off\n\t}\n' "$PORT_UP"
-				fi
+				# The transport to the upstream: net/http's defaults (HTTP/1.1
+				# here, one connection a stream), buffers of 1 KiB instead of
+				# 4 KiB each, or HTTP/2 without TLS, many streams a connection,
+				# as a channel to a hosted provider over TLS speaks.
+				transport=""
+				case "$target" in
+				*+1KiB_buffers) transport="transport http {
+				read_buffer 1KiB
+				write_buffer 1KiB
+			}" ;;
+				*+h2c_upstream) transport="transport http {
+				versions h2c
+			}" ;;
+				esac
+				case "$target" in
+				reverse_proxy*)
+					printf '\treverse_proxy 127.0.0.1:%s {\n\t\tflush_interval -1\n\t\t%s\n\t}\n' "$PORT_UP" "$transport"
+					;;
+				*)
+					printf '\tllm_failover {\n\t\tchannel up http://127.0.0.1:%s {\n\t\t\t%s\n\t\t}\n\t\tmodel m {\n\t\t\troute up\n\t\t}\n\t\tauth off\n\t}\n' "$PORT_UP" "$transport"
+					;;
+				esac
 				echo "}"
 			} >"$WORK/Caddyfile.streams"
 			caddy_start "$WORK/Caddyfile.streams"

@@ -2,6 +2,7 @@ package fake
 
 import (
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -49,5 +50,38 @@ func TestPaths(t *testing.T) {
 	}
 	if _, _, err = post("/reset/v1/chat/completions", `{}`); err == nil {
 		t.Fatal("reset: an answer")
+	}
+}
+
+// Serve answers HTTP/1.1 and HTTP/2 without TLS on one listener: bench/scale.sh
+// measures channels that reach their upstream over h2c.
+func TestServeSpeaksH1AndH2C(t *testing.T) {
+	u, err := New(Config{Chunks: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = u.Serve(ln) }()
+	defer ln.Close()
+	for _, h2c := range []bool{false, true} {
+		tr := &http.Transport{}
+		if h2c {
+			var p http.Protocols
+			p.SetUnencryptedHTTP2(true)
+			tr.Protocols = &p
+		}
+		res, err := (&http.Client{Transport: tr}).Post("http://"+ln.Addr().String()+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`))
+		if err != nil {
+			t.Fatalf("h2c %v: %v", h2c, err)
+		}
+		b, err := io.ReadAll(res.Body)
+		res.Body.Close()
+		if want := map[bool]int{false: 1, true: 2}[h2c]; err != nil || res.ProtoMajor != want || !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
+			t.Fatalf("h2c %v: %v %s %q", h2c, err, res.Proto, b)
+		}
+		tr.CloseIdleConnections()
 	}
 }
