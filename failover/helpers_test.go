@@ -46,9 +46,20 @@ func testPlan(t testing.TB, opts Options, model func(*Model), channels ...testCh
 			Transport: http.DefaultTransport, Extras: &provider.Extras{}})
 		routes = append(routes, chain.Route{Channel: i, Name: c.name, InputCost: int64(i), OutputCost: int64(i)})
 	}
-	m := &Model{Name: "m", MaxOutput: DefaultMaxOutputTokens, Resume: ResumeOff}
+	m := addTestModel(t, &p, "m", routes)
+	if model != nil {
+		model(m)
+	}
+	return p
+}
+
+// addTestModel adds to p a model name routed to routes (cost order),
+// with a chain per API its channels serve.
+func addTestModel(t testing.TB, p *Plan, name string, routes []chain.Route) *Model {
+	t.Helper()
+	m := &Model{Name: name, MaxOutput: DefaultMaxOutputTokens, Resume: ResumeOff}
 	var err error
-	if m.Chain, err = chain.New("m", chain.Cost, p.Options.MaxHops, routes); err != nil {
+	if m.Chain, err = chain.New(name, chain.Cost, p.Options.MaxHops, routes); err != nil {
 		t.Fatal(err)
 	}
 	for api := range m.ByAPI {
@@ -59,14 +70,11 @@ func testPlan(t testing.TB, opts Options, model func(*Model), channels ...testCh
 			}
 		}
 		if len(serving) > 0 {
-			m.ByAPI[api], _ = chain.New("m", chain.Cost, p.Options.MaxHops, serving)
+			m.ByAPI[api], _ = chain.New(name, chain.Cost, p.Options.MaxHops, serving)
 		}
 	}
-	if model != nil {
-		model(m)
-	}
-	p.Models = []*Model{m}
-	return p
+	p.Models = append(p.Models, m)
+	return m
 }
 
 // testEngine readies p's engine outside a running Caddy.
