@@ -341,7 +341,10 @@ type Idempotency struct {
 	// MaxAnswer is the largest answer kept; a duplicate of a call whose
 	// answer was larger gets 409. Default 1 MiB.
 	MaxAnswer int64 `json:"max_answer,omitempty"`
-	// MaxStored bounds the bytes of all kept answers. Default 64 MiB.
+	// MaxStored bounds this instance's memory for kept calls: their
+	// answers' bytes and about 256 bytes each. Past it the calls kept
+	// longest are forgotten here first; the idempotency store still
+	// answers their duplicates. Default 64 MiB.
 	MaxStored int64 `json:"max_stored,omitempty"`
 	// Grace is how long a call whose client went away keeps running, so
 	// that the client's retry finds it. Default 60s.

@@ -11,6 +11,7 @@
 package idempotency
 
 import (
+	"container/heap"
 	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
@@ -90,17 +91,27 @@ type Flight struct {
 // stored is a completed call's answer, or its tombstone when the answer
 // was too large to keep.
 type stored struct {
-	fingerprint string
-	answer      *Answer // nil: unstored (too large)
-	expires     time.Time
-	size        int64
+	id, fingerprint string
+	answer          *Answer // nil: unstored (too large)
+	expires         time.Time
+	size            int64  // counted against MaxStored: the body and keptOverhead
+	seq             uint64 // kept order: of two that expire together, the older goes first
+	index           int    // in Table.expiry
 }
+
+// keptOverhead is what a kept call holds besides its answer's body: its
+// map entry, its two hex digests and this record. MaxStored counts it,
+// so that calls kept without a body (tombstones) are bounded too: a
+// client sending unique keys at a high rate cannot grow the table past
+// MaxStored within the retention window.
+const keptOverhead = 256
 
 // Limits bound a Table.
 type Limits struct {
 	// Retention is how long a completed call's answer is kept.
 	Retention time.Duration
-	// MaxStored bounds the bytes of every answer kept together.
+	// MaxStored bounds the memory of every call kept together: their
+	// answers' bytes and keptOverhead each.
 	MaxStored int64
 }
 
@@ -109,7 +120,12 @@ type Table struct {
 	mu      sync.Mutex
 	flights map[string]*Flight
 	answers map[string]*stored
-	bytes   int64
+	// expiry is the kept calls, soonest to expire first: a sweep takes
+	// the expired off its front, and a full table forgets from it,
+	// without reading every kept call under mu.
+	expiry expiryQueue
+	kept   uint64 // calls kept so far, for stored.seq
+	bytes  int64
 }
 
 // NewTable returns an empty table.
@@ -131,7 +147,7 @@ func (t *Table) Begin(id, fingerprint string, now time.Time) (Verdict, *Flight, 
 	if s, ok := t.answers[id]; ok {
 		switch {
 		case !now.Before(s.expires):
-			t.drop(id, s)
+			t.drop(s)
 		case s.fingerprint != fingerprint:
 			return Mismatch, nil, nil
 		case s.answer == nil:
@@ -145,28 +161,41 @@ func (t *Table) Begin(id, fingerprint string, now time.Time) (Verdict, *Flight, 
 	return Run, f, nil
 }
 
+// keepLocked keeps a completed call for the retention window. When it
+// does not fit in MaxStored once the expired are swept, the calls that
+// expire soonest are forgotten here until it does: the newest call's
+// duplicates are the likeliest to come, and the idempotency store (which
+// every table has behind it, see package failoverapp) still answers an
+// older one's, once, from its own copy.
 func (t *Table) keepLocked(id, fingerprint string, a *Answer, lim Limits, now time.Time) {
 	if old, ok := t.answers[id]; ok {
-		t.drop(id, old)
+		t.drop(old)
 	}
-	s := &stored{fingerprint: fingerprint, answer: a, expires: now.Add(lim.Retention)}
+	t.kept++
+	s := &stored{id: id, fingerprint: fingerprint, answer: a, expires: now.Add(lim.Retention), size: keptOverhead, seq: t.kept}
 	if a != nil {
-		s.size = int64(len(a.Body))
-		if t.bytes+s.size > lim.MaxStored {
-			t.sweepLocked(now)
-		}
-		if t.bytes+s.size > lim.MaxStored {
-			// No room: kept as a tombstone, so a duplicate is refused
-			// (409) rather than run twice.
-			s.answer, s.size = nil, 0
-		}
+		s.size += int64(len(a.Body))
+	}
+	if t.bytes+s.size > lim.MaxStored {
+		t.sweepLocked(now)
+	}
+	if s.size > lim.MaxStored && a != nil {
+		// Larger than the whole table (an answer near max_answer when
+		// max_answer is near max_stored): kept as a tombstone, so a
+		// duplicate is refused (409), never run twice.
+		s.answer, s.size = nil, keptOverhead
+	}
+	for t.bytes+s.size > lim.MaxStored && len(t.expiry) > 0 {
+		t.drop(t.expiry[0])
 	}
 	t.answers[id] = s
+	heap.Push(&t.expiry, s)
 	t.bytes += s.size
 }
 
-func (t *Table) drop(id string, s *stored) {
-	delete(t.answers, id)
+func (t *Table) drop(s *stored) {
+	delete(t.answers, s.id)
+	heap.Remove(&t.expiry, s.index)
 	t.bytes -= s.size
 }
 
@@ -179,13 +208,38 @@ func (t *Table) Sweep(now time.Time) int {
 
 func (t *Table) sweepLocked(now time.Time) int {
 	n := 0
-	for id, s := range t.answers {
-		if !now.Before(s.expires) {
-			t.drop(id, s)
-			n++
-		}
+	for len(t.expiry) > 0 && !now.Before(t.expiry[0].expires) {
+		t.drop(t.expiry[0])
+		n++
 	}
 	return n
+}
+
+// expiryQueue is a heap of kept calls by expiry (container/heap).
+type expiryQueue []*stored
+
+func (q expiryQueue) Len() int { return len(q) }
+func (q expiryQueue) Less(i, j int) bool {
+	if !q[i].expires.Equal(q[j].expires) {
+		return q[i].expires.Before(q[j].expires)
+	}
+	return q[i].seq < q[j].seq
+}
+func (q expiryQueue) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].index, q[j].index = i, j
+}
+func (q *expiryQueue) Push(x any) {
+	s := x.(*stored)
+	s.index = len(*q)
+	*q = append(*q, s)
+}
+func (q *expiryQueue) Pop() any {
+	old := *q
+	s := old[len(old)-1]
+	old[len(old)-1] = nil
+	*q = old[:len(old)-1]
+	return s
 }
 
 // Finish ends f. With keep, its answer is kept for the retention window

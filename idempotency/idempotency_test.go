@@ -2,6 +2,8 @@ package idempotency
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -11,7 +13,8 @@ import (
 // maxAnswer is the recorders' bound in these tests.
 const maxAnswer = 64
 
-var lim = Limits{Retention: time.Minute, MaxStored: 100}
+// lim keeps three calls of no body, or two of 40 bytes and one of none.
+var lim = Limits{Retention: time.Minute, MaxStored: 3*keptOverhead + 100}
 
 // record runs f's first run: status, a Content-Type, then body.
 func record(t *testing.T, f *Flight, status int, body string) *httptest.ResponseRecorder {
@@ -57,8 +60,10 @@ func TestTableLifecycle(t *testing.T) {
 	}
 }
 
-// A failure is forgotten; an answer over the recorder's bound, or one there is no
-// room for, leaves a tombstone (its duplicates get 409, never a rerun).
+// A failure is forgotten; an answer over the recorder's bound leaves a
+// tombstone (its duplicates get 409, never a rerun); a call there is no
+// room for pushes out the calls kept longest (the store behind the table
+// still answers their duplicates once).
 func TestTableFailuresAndTombstones(t *testing.T) {
 	tb := NewTable()
 	now := time.Unix(1_800_000_000, 0)
@@ -76,23 +81,26 @@ func TestTableFailuresAndTombstones(t *testing.T) {
 		t.Fatalf("a large answer's duplicate: %v", v)
 	}
 
-	for i, id := range []string{"k1", "k2", "k3"} {
+	for _, id := range []string{"k1", "k2", "k3"} {
 		_, f, _ := tb.Begin(id, "fp", now)
 		record(t, f, 200, string(make([]byte, 40)))
 		tb.Finish(f, true, lim, now)
-		want := Replay
-		if i == 2 {
-			want = Unstored // 120 bytes > MaxStored 100
-		}
-		if v, _, _ := tb.Begin(id, "fp", now); v != want {
-			t.Errorf("answer %d: %v, want %v", i, v, want)
+		if v, _, a := tb.Begin(id, "fp", now); v != Replay || len(a.Body) != 40 {
+			t.Errorf("answer %s: %v, want a replay", id, v)
 		}
 	}
-	if kept, bytes := len(tb.answers), tb.bytes; kept != 4 || bytes != 80 {
+	// k3 did not fit beside the tombstone, k1 and k2: the two kept
+	// longest went, though they expire at the same time as the rest.
+	for id, want := range map[string]Verdict{"large": Run, "k1": Run, "k2": Replay, "k3": Replay} {
+		if v, _, _ := tb.Begin(id, "fp", now); v != want {
+			t.Errorf("after k3: %s %v, want %v", id, v, want)
+		}
+	}
+	if kept, bytes := len(tb.answers), tb.bytes; kept != 2 || bytes != 2*(keptOverhead+40) {
 		t.Errorf("kept %d answers of %d bytes", kept, bytes)
 	}
-	if n := tb.Sweep(now.Add(lim.Retention)); n != 4 {
-		t.Errorf("swept %d", n)
+	if n := tb.Sweep(now.Add(lim.Retention)); n != 2 || tb.bytes != 0 || len(tb.expiry) != 0 {
+		t.Errorf("swept %d, %d bytes and %d left", n, tb.bytes, len(tb.expiry))
 	}
 }
 
@@ -150,3 +158,43 @@ func TestRecorderOutlivesItsClient(t *testing.T) {
 type failingWriter struct{ *httptest.ResponseRecorder }
 
 func (failingWriter) Write([]byte) (int, error) { return 0, http.ErrHandlerTimeout }
+
+// Whatever is kept, replaced and swept, the table never holds more than
+// MaxStored, counts exactly what it holds, and forgets only what expired
+// or what was kept longest.
+func TestTableStaysWithinItsBound(t *testing.T) {
+	tb := NewTable()
+	rng := rand.New(rand.NewPCG(1, 2))
+	lim := Limits{Retention: time.Minute, MaxStored: 20 * keptOverhead}
+	now := time.Unix(1_800_000_000, 0)
+	for i := range 5000 {
+		now = now.Add(time.Duration(rng.IntN(int(time.Second))))
+		id := fmt.Sprint("k", rng.IntN(400))
+		switch v, f, _ := tb.Begin(id, "fp", now); {
+		case v == Run && rng.IntN(10) > 0:
+			f.status, f.body = 200, make([]byte, rng.IntN(3*keptOverhead))
+			tb.Finish(f, true, Limits{Retention: time.Duration(rng.IntN(120)) * time.Second, MaxStored: lim.MaxStored}, now)
+		case v == Run:
+			tb.Finish(f, false, lim, now)
+		}
+		if rng.IntN(50) == 0 {
+			tb.Sweep(now)
+		}
+		var sum int64
+		for id, s := range tb.answers {
+			if s.id != id || tb.expiry[s.index] != s {
+				t.Fatalf("step %d: %s is not where the queue says", i, id)
+			}
+			sum += s.size
+		}
+		if sum != tb.bytes || len(tb.expiry) != len(tb.answers) || tb.bytes > lim.MaxStored {
+			t.Fatalf("step %d: %d calls in the queue, %d kept of %d bytes (counted %d), bound %d",
+				i, len(tb.expiry), len(tb.answers), sum, tb.bytes, lim.MaxStored)
+		}
+		for j := 1; j < len(tb.expiry); j++ {
+			if tb.expiry.Less(j, (j-1)/2) {
+				t.Fatalf("step %d: the queue is out of order at %d", i, j)
+			}
+		}
+	}
+}
