@@ -160,8 +160,8 @@ type failingWriter struct{ *httptest.ResponseRecorder }
 func (failingWriter) Write([]byte) (int, error) { return 0, http.ErrHandlerTimeout }
 
 // Whatever is kept, replaced and swept, the table never holds more than
-// MaxStored, counts exactly what it holds, and forgets only what expired
-// or what was kept longest.
+// MaxStored, counts exactly what it holds, and keeps its expiry queue in
+// order (what a sweep and a full table forget first).
 func TestTableStaysWithinItsBound(t *testing.T) {
 	tb := NewTable()
 	rng := rand.New(rand.NewPCG(1, 2))
