@@ -140,10 +140,14 @@ func TestIdempotentReplayAfterCompletion(t *testing.T) {
 }
 
 // A duplicate that arrives mid-stream gets the whole stream: what was
-// delivered so far, then the rest as it comes.
+// delivered so far, then the rest as it comes. The upstream holds the
+// stream after its first piece until the duplicate has read that piece,
+// so the duplicate certainly joined a stream under way (a replay of a
+// finished one could not have read anything yet).
 func TestIdempotentDuplicateMidStream(t *testing.T) {
 	pieces := []string{"alpha", " beta", " gamma", " delta", " epsilon"}
-	a := upstream(t, fu.OKNamed("a").WithPieces(pieces...).WithEventDelay(60*time.Millisecond).WithUsage(10, 5))
+	resume := make(chan struct{})
+	a := upstream(t, fu.OKNamed("a").WithPieces(pieces...).WithPauseAfter(1, resume).WithUsage(10, 5))
 	b := upstream(t, fu.OK())
 	secret := idempotentGateway(t, a, b, "")
 	body := fu.ChatRequest("m", true)
@@ -152,13 +156,32 @@ func TestIdempotentDuplicateMidStream(t *testing.T) {
 		_, _, got := do(t, keyed(t, secret, "mid", body))
 		firstDone <- got
 	}()
-	// Once the first stream is under way (its first content was sent).
 	eventually(t, 5*time.Second, "the first stream under way", func() bool { return a.Hits() == 1 })
-	time.Sleep(150 * time.Millisecond)
-	status, h, second := do(t, keyed(t, secret, "mid", body))
+	res, err := http.DefaultClient.Do(keyed(t, secret, "mid", body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	// The duplicate reads up to the first piece while the upstream waits,
+	// then the rest comes.
+	var second []byte
+	buf := make([]byte, 512)
+	for !bytes.Contains(second, []byte("alpha")) {
+		n, err := res.Body.Read(buf)
+		second = append(second, buf[:n]...)
+		if err != nil {
+			t.Fatalf("the duplicate ended before the first piece: %v\n%s", err, second)
+		}
+	}
+	close(resume)
+	rest, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second = append(second, rest...)
 	first := <-firstDone
-	if status != 200 || h.Get("Idempotent-Replayed") != "true" || !bytes.Equal(first, second) {
-		t.Fatalf("duplicate: %d %v\n%s\nfirst:\n%s", status, h, second, first)
+	if res.StatusCode != 200 || res.Header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(first, second) {
+		t.Fatalf("duplicate: %d %v\n%s\nfirst:\n%s", res.StatusCode, res.Header, second, first)
 	}
 	if got := fu.StreamText(mustSSE(t, second)); got != strings.Join(pieces, "") {
 		t.Errorf("duplicate's text %q", got)

@@ -125,6 +125,8 @@ type Answer struct {
 	cutAfter     int
 	stallAfter   int
 	stallFor     time.Duration
+	pauseAfter   int
+	resume       <-chan struct{}
 	noTerminal   bool
 	malformedAt1 bool
 }
@@ -181,6 +183,14 @@ func (a Answer) WithModels(ids ...string) Answer {
 // byte versus total-time tests.
 func (a Answer) WithEventDelay(d time.Duration) Answer {
 	a.eventDelay = d
+	return a
+}
+
+// WithPauseAfter holds a stream after its n-th content event until resume
+// is closed (or the request ends): a test can act while a stream is
+// certainly under way, without sleeping.
+func (a Answer) WithPauseAfter(n int, resume <-chan struct{}) Answer {
+	a.pauseAfter, a.resume = n, resume
 	return a
 }
 
@@ -467,6 +477,13 @@ func (a Answer) stream(w http.ResponseWriter, r *http.Request, p protocol, req r
 		}
 		if content == a.stallAfter && !sleep(ctx, a.stallFor) {
 			return
+		}
+		if content == a.pauseAfter && a.resume != nil {
+			select {
+			case <-a.resume:
+			case <-ctx.Done():
+				return
+			}
 		}
 	}
 }

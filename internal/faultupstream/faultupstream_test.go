@@ -616,6 +616,32 @@ func TestEventDelay(t *testing.T) {
 	}
 }
 
+// A paused stream sends its first piece, then nothing until resumed.
+func TestPauseAfter(t *testing.T) {
+	resume := make(chan struct{})
+	s, c := start(t, OK().WithPauseAfter(1, resume))
+	body := mustPost(t, c, s.URL+"/v1/chat/completions", ChatRequest("m", true)).Body
+	var got []byte
+	buf := make([]byte, 512)
+	for !bytes.Contains(got, []byte(`"Hello"`)) {
+		n, err := body.Read(buf)
+		if got = append(got, buf[:n]...); err != nil {
+			t.Fatalf("%q %v", got, err)
+		}
+	}
+	read := make(chan []byte)
+	go func() { rest, _ := io.ReadAll(body); read <- rest }()
+	select {
+	case rest := <-read:
+		t.Fatalf("the stream went on before it was resumed: %q", rest)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(resume)
+	if rest := <-read; !bytes.Contains(rest, []byte(" from")) || !bytes.HasSuffix(rest, []byte("data: [DONE]\n\n")) {
+		t.Fatalf("after resuming: %q", rest)
+	}
+}
+
 func TestKeepalive(t *testing.T) {
 	s, c := start(t, Keepalive(2))
 	raw, err := io.ReadAll(mustPost(t, c, s.URL+"/v1/chat/completions", ChatRequest("m", true)).Body)
