@@ -16,6 +16,7 @@ import (
 
 	"github.com/llmfailover/caddy-llm-failover/idempotency"
 	"github.com/llmfailover/caddy-llm-failover/idempotency/store"
+	"github.com/llmfailover/caddy-llm-failover/internal/backoff"
 	"github.com/llmfailover/caddy-llm-failover/provider"
 )
 
@@ -173,7 +174,7 @@ func (e *Engine) claim(x *exchange, run *idempotentRun) bool {
 			return true
 		}
 		// Another instance runs it: wait for its answer.
-		if now.After(until) || !sleepCtx(x.r.Context(), idempotencyPoll) {
+		if now.After(until) || !backoff.Sleep(x.r.Context(), idempotencyPoll) {
 			_ = e.refuse(x, provider.Error{Status: http.StatusConflict, Code: "idempotency_request_in_progress",
 				Message: "the request with this Idempotency-Key is still running on another instance; retry later with the same key"})
 			return true

@@ -1,7 +1,6 @@
 package failover
 
 import (
-	"context"
 	"net/http"
 	"slices"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 	"github.com/llmfailover/caddy-llm-failover/breaker"
 	"github.com/llmfailover/caddy-llm-failover/chain"
 	"github.com/llmfailover/caddy-llm-failover/failoverapp"
+	"github.com/llmfailover/caddy-llm-failover/internal/backoff"
 )
 
 // walkEnd is how a walk over the candidates ended.
@@ -153,7 +153,7 @@ func (e *Engine) candidate(x *exchange, route *chain.Route, ticket breaker.Ticke
 		zap.Int("attempt", x.attempts), zap.String("reason", string(res.fail.reason)),
 		zap.Int("upstream_status", res.fail.status), zap.Duration("wait", wait))
 	e.decided(x, route.Name, res.fail, route.Name)
-	if !sleepCtx(x.r.Context(), wait) {
+	if !backoff.Sleep(x.r.Context(), wait) {
 		return res
 	}
 	if ticket, ok = e.channels[route.Channel].health.Breaker.Admit(time.Now()); !ok {
@@ -339,22 +339,6 @@ func (r *RetrySame) wait(f *failure) (time.Duration, bool) {
 		return f.retryAfter, f.retryAfter > 0 && f.retryAfter <= r.MaxWait
 	}
 	return 0, true
-}
-
-// sleepCtx waits d, or less when ctx ends first; it reports whether the
-// whole wait passed.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return true
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 // detailField is a failover line's detail (what went wrong locally: a

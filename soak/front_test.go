@@ -5,7 +5,6 @@ package soak
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws/protocol/eventstream"
 
+	"github.com/llmfailover/caddy-llm-failover/internal/backoff"
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 )
 
@@ -192,7 +192,7 @@ func (f *front) serve(w http.ResponseWriter, r *http.Request) {
 	for {
 		frame, err := readFrame(br, es)
 		if len(frame) > 0 {
-			if f.pace > 0 && !sleep(r.Context(), f.pace) {
+			if f.pace > 0 && !backoff.Sleep(r.Context(), f.pace) {
 				return
 			}
 			if _, werr := w.Write(frame); werr != nil || rc.Flush() != nil {
@@ -205,7 +205,7 @@ func (f *front) serve(w http.ResponseWriter, r *http.Request) {
 					hangUp(w, false)
 					return
 				case faultStall:
-					if sleep(r.Context(), f.stallFor) {
+					if backoff.Sleep(r.Context(), f.stallFor) {
 						hangUp(w, false)
 					}
 					return
@@ -239,7 +239,7 @@ func (f *front) relayWhole(w http.ResponseWriter, r *http.Request, res *http.Res
 		w.WriteHeader(res.StatusCode)
 		_, _ = w.Write(b[:len(b)/2])
 		_ = http.NewResponseController(w).Flush()
-		if m == faultStall && !sleep(r.Context(), f.stallFor) {
+		if m == faultStall && !backoff.Sleep(r.Context(), f.stallFor) {
 			return
 		}
 		hangUp(w, false)
@@ -413,19 +413,4 @@ func hangUp(w http.ResponseWriter, reset bool) {
 		_ = tc.SetLinger(0)
 	}
 	_ = conn.Close()
-}
-
-// sleep waits d unless ctx ends first; it reports whether d elapsed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

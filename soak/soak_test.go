@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/backoff"
 )
 
 // TestSoak runs the soak (see the package doc): LLMF_SOAK=60s by default
@@ -368,7 +370,7 @@ func faultSchedule(ctx context.Context, u *upstreams, step time.Duration, tl *ti
 			u.fronts[b].set(fault(1 + (j+3)%nk))
 			j++
 		}
-		if !sleep(ctx, step) {
+		if !backoff.Sleep(ctx, step) {
 			return
 		}
 	}
@@ -378,7 +380,7 @@ func faultSchedule(ctx context.Context, u *upstreams, step time.Duration, tl *ti
 // each time flipping the instance between config variants A and B.
 func reloader(ctx context.Context, gws []*gateway, u *upstreams, l *load, every time.Duration, tl *timeline) {
 	for i := 0; ; i++ {
-		if !sleep(ctx, every/2) {
+		if !backoff.Sleep(ctx, every/2) {
 			return
 		}
 		g := gws[i%len(gws)]

@@ -1,9 +1,13 @@
-// Package backoff retries an attempt at growing intervals: how a store
-// that could not be reached is tried again in the background, so that a
-// database outage heals without a restart or a reload.
+// Package backoff waits between tries: Until retries an attempt at
+// growing intervals (how a store that could not be reached is tried again
+// in the background, so that a database outage heals without a restart or
+// a reload), and Sleep waits as long as a context lives.
 package backoff
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // Bounds of the interval between two attempts.
 const (
@@ -50,5 +54,23 @@ func Connect(stop <-chan struct{}, wait time.Duration, try func() (done bool)) {
 	select {
 	case <-first:
 	case <-t.C:
+	}
+}
+
+// Sleep waits d unless ctx ends first, and reports whether all of d
+// passed with ctx alive (for d <= 0: whether ctx is alive). Every wait
+// that a request, a test server's Close or a departing client may cut
+// short goes through it, rather than a bare time.Sleep.
+func Sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }

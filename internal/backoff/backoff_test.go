@@ -1,6 +1,7 @@
 package backoff
 
 import (
+	"context"
 	"testing"
 	"time"
 )
@@ -65,5 +66,20 @@ func TestConnectWaitsAtMostWait(t *testing.T) {
 	case <-tries:
 	case <-time.After(First + time.Second):
 		t.Error("no attempt after the first interval")
+	}
+}
+
+func TestSleep(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	if !Sleep(ctx, time.Millisecond) || !Sleep(ctx, 0) {
+		t.Fatal("a wait with the context alive was cut short")
+	}
+	go func() { time.Sleep(20 * time.Millisecond); cancel() }()
+	start := time.Now()
+	if Sleep(ctx, time.Hour) || time.Since(start) > time.Minute {
+		t.Fatal("an ended context did not end the wait")
+	}
+	if Sleep(ctx, 0) || Sleep(ctx, time.Hour) {
+		t.Fatal("a wait on an ended context passed")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmfailover/caddy-llm-failover/internal/backoff"
 	"github.com/llmfailover/caddy-llm-failover/provider"
 )
 
@@ -321,7 +322,7 @@ func (a Answer) Serve(w http.ResponseWriter, r *http.Request, n int64) {
 			return
 		}
 		body := a.jsonBody(req, p, n)
-		if !sleep(r.Context(), a.firstToken) {
+		if !backoff.Sleep(r.Context(), a.firstToken) {
 			return
 		}
 		a.serveBody(w, r, body)
@@ -381,7 +382,7 @@ func (a Answer) serveBody(w http.ResponseWriter, r *http.Request, body any) {
 		half := len(b) / 2
 		_, _ = w.Write(b[:half])
 		_ = http.NewResponseController(w).Flush()
-		if !sleep(r.Context(), a.stallFor) {
+		if !backoff.Sleep(r.Context(), a.stallFor) {
 			return
 		}
 		_, _ = w.Write(b[half:])
@@ -440,7 +441,7 @@ func (a Answer) stream(w http.ResponseWriter, r *http.Request, p protocol, req r
 		return rc.Flush() == nil
 	}
 	for i := 0; i < a.keepalives; i++ {
-		if !send([]byte(": ping\n\n")) || !sleep(ctx, a.eventDelay) {
+		if !send([]byte(": ping\n\n")) || !backoff.Sleep(ctx, a.eventDelay) {
 			return
 		}
 	}
@@ -453,10 +454,10 @@ func (a Answer) stream(w http.ResponseWriter, r *http.Request, p protocol, req r
 		if a.noTerminal && ev.kind == kindTerminal {
 			continue
 		}
-		if ev.kind == kindContent && content == 0 && !sleep(ctx, a.firstToken) {
+		if ev.kind == kindContent && content == 0 && !backoff.Sleep(ctx, a.firstToken) {
 			return
 		}
-		if i > 0 && !sleep(ctx, a.eventDelay) {
+		if i > 0 && !backoff.Sleep(ctx, a.eventDelay) {
 			return
 		}
 		if !send(ev.bytes()) {
@@ -475,7 +476,7 @@ func (a Answer) stream(w http.ResponseWriter, r *http.Request, p protocol, req r
 			hangUp(w, false)
 			return
 		}
-		if content == a.stallAfter && !sleep(ctx, a.stallFor) {
+		if content == a.stallAfter && !backoff.Sleep(ctx, a.stallFor) {
 			return
 		}
 		if content == a.pauseAfter && a.resume != nil {

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/backoff"
 )
 
 // OpenAIErrorBody is an error body in OpenAI's shape:
@@ -67,7 +69,7 @@ func (s StatusAnswer) WithHeader(key, value string) StatusAnswer {
 
 // Serve implements Behavior.
 func (s StatusAnswer) Serve(w http.ResponseWriter, r *http.Request, _ int64) {
-	if !sleep(r.Context(), s.delay) {
+	if !backoff.Sleep(r.Context(), s.delay) {
 		return
 	}
 	for k, vs := range s.header {
@@ -147,7 +149,7 @@ func NoHeaders() Behavior {
 // leaves first, nothing is sent.
 func SlowHeaders(d time.Duration, then Behavior) Behavior {
 	return BehaviorFunc(func(w http.ResponseWriter, r *http.Request, n int64) {
-		if sleep(r.Context(), d) {
+		if backoff.Sleep(r.Context(), d) {
 			then.Serve(w, r, n)
 		}
 	})

@@ -198,20 +198,3 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		panic(http.ErrAbortHandler)
 	}
 }
-
-// sleep waits for d unless ctx ends first, reporting whether the full d
-// elapsed. Every delay goes through it so Close and client departures are
-// never held up by a timer.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
