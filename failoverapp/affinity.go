@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/llmfailover/caddy-llm-failover/history/store"
+	"github.com/llmfailover/caddy-llm-failover/internal/expiry"
 )
 
 // A provider's prompt cache lives on the channel that wrote it, so the
@@ -30,7 +31,7 @@ type Pin struct {
 	Cached, Output int64
 }
 
-// maxAffinityEntries bounds the table: about 180 bytes an entry, 18 MB.
+// maxAffinityEntries bounds the table: about 230 bytes an entry, 23 MB.
 const maxAffinityEntries = 100_000
 
 type affinityEntry struct {
@@ -45,7 +46,26 @@ type affinityEntry struct {
 var affinity = struct {
 	sync.Mutex
 	m map[string]affinityEntry
+	// expiry orders m's keys by their entries' expiry: a full table
+	// forgets its first, in O(log n) under the lock every request with
+	// affinity takes.
+	expiry expiry.Queue[string]
 }{m: make(map[string]affinityEntry)}
+
+// putAffinityLocked sets k's entry. A full table first forgets the entry
+// that expires soonest (an expired one, if any): a forgotten conversation
+// is only routed as any request.
+func putAffinityLocked(k string, e affinityEntry) {
+	if _, known := affinity.m[k]; !known {
+		for len(affinity.m) >= maxAffinityEntries {
+			first, _, _ := affinity.expiry.First()
+			delete(affinity.m, first)
+			affinity.expiry.Remove(first)
+		}
+	}
+	affinity.m[k] = e
+	affinity.expiry.Set(k, e.expires)
+}
 
 // Affinity is the pin of conversation key of model, unless none was made
 // within its lifetime. With a fleet's table, the later of the fleet's pin
@@ -61,7 +81,7 @@ func (a *App) Affinity(ctx context.Context, model, key string, now time.Time) (P
 		if p, found := h.pinOf(ctx, model, key, now); found && (!ok || p.Expires.After(local.expires)) {
 			local = affinityEntry{Pin: Pin{Channel: p.Channel, Cached: p.Cached, Output: p.Output}, expires: p.Expires, shared: p.Expires}
 			affinity.Lock()
-			affinity.m[k] = local
+			putAffinityLocked(k, local)
 			affinity.Unlock()
 			return local.Pin, true
 		}
@@ -72,35 +92,20 @@ func (a *App) Affinity(ctx context.Context, model, key string, now time.Time) (P
 	return local.Pin, true
 }
 
-// RememberAffinity pins conversation key of model to p for ttl. A full
-// table first drops its expired entries, then, if none had, an arbitrary
-// hundredth of the rest: a forgotten conversation is only routed as any
-// request.
+// RememberAffinity pins conversation key of model to p for ttl (see
+// putAffinityLocked for a full table).
 func (a *App) RememberAffinity(model, key string, p Pin, ttl time.Duration, now time.Time) {
 	k := model + "\x00" + key
 	e := affinityEntry{Pin: p, expires: now.Add(ttl)}
 	affinity.Lock()
 	old, known := affinity.m[k]
-	if !known && len(affinity.m) >= maxAffinityEntries {
-		for other, o := range affinity.m {
-			if now.After(o.expires) {
-				delete(affinity.m, other)
-			}
-		}
-		for other := range affinity.m {
-			if len(affinity.m) < maxAffinityEntries-maxAffinityEntries/100 {
-				break
-			}
-			delete(affinity.m, other)
-		}
-	}
 	share := !known || old.Channel != p.Channel || now.After(old.shared.Add(-ttl/2))
 	if !share {
 		e.shared = old.shared
 	} else {
 		e.shared = e.expires
 	}
-	affinity.m[k] = e
+	putAffinityLocked(k, e)
 	affinity.Unlock()
 	if share {
 		if h := a.fleetAffinity(); h != nil {

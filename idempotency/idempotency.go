@@ -11,12 +11,13 @@
 package idempotency
 
 import (
-	"container/heap"
 	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/expiry"
 )
 
 // ReplayedHeader marks an answer served from a duplicate's first run, as
@@ -94,9 +95,7 @@ type stored struct {
 	id, fingerprint string
 	answer          *Answer // nil: unstored (too large)
 	expires         time.Time
-	size            int64  // counted against MaxStored: the body and keptOverhead
-	seq             uint64 // kept order: of two that expire together, the older goes first
-	index           int    // in Table.expiry
+	size            int64 // counted against MaxStored: the body and keptOverhead
 }
 
 // keptOverhead is what a kept call holds besides its answer's body: its
@@ -123,8 +122,7 @@ type Table struct {
 	// expiry is the kept calls, soonest to expire first: a sweep takes
 	// the expired off its front, and a full table forgets from it,
 	// without reading every kept call under mu.
-	expiry expiryQueue
-	kept   uint64 // calls kept so far, for stored.seq
+	expiry expiry.Queue[string]
 	bytes  int64
 }
 
@@ -171,8 +169,7 @@ func (t *Table) keepLocked(id, fingerprint string, a *Answer, lim Limits, now ti
 	if old, ok := t.answers[id]; ok {
 		t.drop(old)
 	}
-	t.kept++
-	s := &stored{id: id, fingerprint: fingerprint, answer: a, expires: now.Add(lim.Retention), size: keptOverhead, seq: t.kept}
+	s := &stored{id: id, fingerprint: fingerprint, answer: a, expires: now.Add(lim.Retention), size: keptOverhead}
 	if a != nil {
 		s.size += int64(len(a.Body))
 	}
@@ -185,17 +182,18 @@ func (t *Table) keepLocked(id, fingerprint string, a *Answer, lim Limits, now ti
 		// duplicate is refused (409), never run twice.
 		s.answer, s.size = nil, keptOverhead
 	}
-	for t.bytes+s.size > lim.MaxStored && len(t.expiry) > 0 {
-		t.drop(t.expiry[0])
+	for t.bytes+s.size > lim.MaxStored && t.expiry.Len() > 0 {
+		first, _, _ := t.expiry.First()
+		t.drop(t.answers[first])
 	}
 	t.answers[id] = s
-	heap.Push(&t.expiry, s)
+	t.expiry.Set(id, s.expires)
 	t.bytes += s.size
 }
 
 func (t *Table) drop(s *stored) {
 	delete(t.answers, s.id)
-	heap.Remove(&t.expiry, s.index)
+	t.expiry.Remove(s.id)
 	t.bytes -= s.size
 }
 
@@ -208,38 +206,11 @@ func (t *Table) Sweep(now time.Time) int {
 
 func (t *Table) sweepLocked(now time.Time) int {
 	n := 0
-	for len(t.expiry) > 0 && !now.Before(t.expiry[0].expires) {
-		t.drop(t.expiry[0])
+	for first, at, ok := t.expiry.First(); ok && !now.Before(at); first, at, ok = t.expiry.First() {
+		t.drop(t.answers[first])
 		n++
 	}
 	return n
-}
-
-// expiryQueue is a heap of kept calls by expiry (container/heap).
-type expiryQueue []*stored
-
-func (q expiryQueue) Len() int { return len(q) }
-func (q expiryQueue) Less(i, j int) bool {
-	if !q[i].expires.Equal(q[j].expires) {
-		return q[i].expires.Before(q[j].expires)
-	}
-	return q[i].seq < q[j].seq
-}
-func (q expiryQueue) Swap(i, j int) {
-	q[i], q[j] = q[j], q[i]
-	q[i].index, q[j].index = i, j
-}
-func (q *expiryQueue) Push(x any) {
-	s := x.(*stored)
-	s.index = len(*q)
-	*q = append(*q, s)
-}
-func (q *expiryQueue) Pop() any {
-	old := *q
-	s := old[len(old)-1]
-	old[len(old)-1] = nil
-	*q = old[:len(old)-1]
-	return s
 }
 
 // Finish ends f. With keep, its answer is kept for the retention window
