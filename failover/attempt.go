@@ -193,7 +193,9 @@ func (e *Engine) relayError(ctx context.Context, x *exchange, ch *Channel, res *
 func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc, x *exchange, ch *Channel, res *http.Response, src io.Reader, commit func() bool) attemptResult {
 	client := &idleWriter{w: x.w, rc: http.NewResponseController(x.w), idle: e.opts.StreamIdleTimeout}
 	defer client.done()
-	opts := x.api.GateOptions()
+	// The attempt's meter observes and classifies the events, one walk
+	// of each serving both where the API allows.
+	opts := x.meter.GateOptions()
 	// The stream's own buffers are reserved now; what the gate holds back
 	// while it waits for the first token is counted as it grows (Hold):
 	// max_held_bytes bounds memory, not the streams waiting at once.
@@ -220,9 +222,7 @@ func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc
 	opts.IdleTimeout = e.opts.StreamIdleTimeout
 	opts.Hold = e.gateHold
 	if x.bill != nil {
-		x.bill.streamOptions(&opts)
-	} else {
-		opts.Observe = x.meter.Event
+		opts.Drop = x.bill.hideUsage
 	}
 	d = e.watchForResume(x, &opts, d)
 	e.learnStall(x, ch, &opts)

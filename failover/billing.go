@@ -246,11 +246,6 @@ func (b *bill) prepare(body []byte) []byte {
 	return body
 }
 
-func (b *bill) streamOptions(o *streamgate.Options) {
-	o.Observe = b.meter.Event
-	o.Drop = b.hideUsage
-}
-
 func (b *bill) servedBy(channel, upstreamModel string) {
 	b.channel, b.upstreamModel = channel, upstreamModel
 }

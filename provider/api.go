@@ -53,13 +53,17 @@ type wire struct {
 	inStreamError func(code, message string) []byte
 	// usage reads token usage from the API's events and bodies.
 	usage usageFormat
+	// metered, when set, classifies a plain event's data as stream.data
+	// does while feeding its content as usage.content does, in one walk
+	// (the Meter's Classify takes the kind from it).
+	metered func(e *TokenEstimator, data []byte) streamgate.Kind
 }
 
 var apis = [NumAPIs]wire{
 	Unknown:              {name: "unknown", stream: genericDialect, endsAtEOF: true, inStreamError: openAIErrorEvent, usage: openAIUsageFormat},
-	OpenAIChat:           {name: "openai_chat", stream: chatDialect, inStreamError: openAIErrorEvent, usage: openAIUsageFormat},
+	OpenAIChat:           {name: "openai_chat", stream: chatDialect, inStreamError: openAIErrorEvent, usage: openAIUsageFormat, metered: chatEvent},
 	OpenAIResponses:      {name: "openai_responses", stream: responsesDialect, inStreamError: responsesErrorEvent, usage: responsesUsageFormat},
-	OpenAICompletions:    {name: "openai_completions", stream: chatDialect, inStreamError: openAIErrorEvent, usage: openAIUsageFormat},
+	OpenAICompletions:    {name: "openai_completions", stream: chatDialect, inStreamError: openAIErrorEvent, usage: openAIUsageFormat, metered: chatEvent},
 	OpenAIEmbeddings:     {name: "openai_embeddings", stream: chatDialect, inStreamError: openAIErrorEvent, usage: embeddingsUsageFormat},
 	OpenAIModels:         {name: "openai_models", stream: chatDialect, inStreamError: openAIErrorEvent, usage: openAIUsageFormat},
 	AnthropicMessages:    {name: "anthropic_messages", anthropic: true, stream: anthropicDialect, inStreamError: anthropicErrorEvent, usage: anthropicUsageFormat},
@@ -115,9 +119,3 @@ func (a API) EndsAtEOF() bool { return a.wire().endsAtEOF }
 // uses for in-stream errors so that client SDKs raise it as an API error.
 // An empty code renders as null.
 func (a API) ErrorEvent(code, message string) []byte { return a.wire().inStreamError(code, message) }
-
-// GateOptions returns stream gate options set up for the API: its
-// classifier, its error event and its end-of-stream rule.
-func (a API) GateOptions() streamgate.Options {
-	return streamgate.Options{Classify: a.Classify, ErrorEvent: a.ErrorEvent, EndsAtEOF: a.EndsAtEOF()}
-}

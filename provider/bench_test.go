@@ -121,3 +121,26 @@ func BenchmarkMeterBody(b *testing.B) {
 		})
 	}
 }
+
+// What the meter and the gate's classifier cost a chat chunk, as the gate
+// calls them (Observe, then Classify): one walk of the chunk since the
+// meter keeps the kind for Classify (before, 2026-12-06: Meter.Event then
+// API.Classify, two walks; see bench/README.md).
+//
+//	go test -run '^$' -bench ChunkMeterAndClassify -count 6 ./provider/
+func BenchmarkChunkMeterAndClassify(b *testing.B) {
+	for _, chunk := range []struct{ name, data string }{
+		{"content", shapes.ChatContent}, {"tool_call", shapes.ChatToolCall}, {"finish", shapes.ChatFinish},
+	} {
+		ev := streamgate.Event{Data: []byte(chunk.data)}
+		b.Run(chunk.name, func(b *testing.B) {
+			m := OpenAIChat.NewMeter()
+			b.ReportAllocs()
+			b.SetBytes(int64(len(ev.Data)))
+			for b.Loop() {
+				m.Event(ev)
+				m.Classify(ev)
+			}
+		})
+	}
+}

@@ -25,7 +25,7 @@ func (f contentFormat) feed(e *TokenEstimator, data []byte) {
 		return
 	}
 	if it, ok := jsonscan.Object(data); ok {
-		f.walk(e, it, 0)
+		_, _ = f.walk(e, it, 0)
 	}
 }
 
@@ -36,27 +36,42 @@ const maxContentDepth = 8
 // passes iterators by value, as a pointer would make every level's escape
 // to the heap, and descends into a value in place (Enter/Leave) rather
 // than scanning it once to skip and again to read.
-func (f contentFormat) walk(e *TokenEstimator, it jsonscan.Iter, depth int) jsonscan.Iter {
+func (f contentFormat) walk(e *TokenEstimator, it jsonscan.Iter, depth int) (_ jsonscan.Iter, members int) {
 	for key, ok := it.Next(); ok; key, ok = it.Next() {
-		v := it.Peek()
-		switch {
-		case v == '"':
-			if s := it.Value(); f.text(key) {
-				e.writeJSONString(jsonscan.StringValue(s))
-			}
-		case (v == '{' || v == '[') && depth < maxContentDepth && !f.skip(key):
-			closer := byte('}')
-			if v == '[' {
-				closer = ']'
-			}
-			child, _ := it.Enter(v, closer)
-			child = f.walk(e, child, depth+1)
-			it.Leave(&child)
-		default:
-			it.Value()
-		}
+		f.value(e, &it, key, depth)
+		members++
 	}
-	return it
+	return it, members
+}
+
+// value reads the value it is at, under key (empty in an array), at
+// depth, as walk does, and says what a classifier asks of it: whether it
+// is empty (jsonscan.IsEmpty) and whether it is null. chatEvent walks the
+// members it classifies through it, so that its content is walk's.
+func (f contentFormat) value(e *TokenEstimator, it *jsonscan.Iter, key []byte, depth int) (empty, null bool) {
+	v := it.Peek()
+	switch {
+	case v == '"':
+		s := it.Value()
+		if f.text(key) {
+			e.writeJSONString(jsonscan.StringValue(s))
+		}
+		return len(s) == 2, false
+	case (v == '{' || v == '[') && depth < maxContentDepth && !f.skip(key):
+		closer := byte('}')
+		if v == '[' {
+			closer = ']'
+		}
+		child, _ := it.Enter(v, closer)
+		child, n := f.walk(e, child, depth+1)
+		it.Leave(&child)
+		// A malformed value stops the whole walk, which its caller
+		// notices: only a well-formed one's emptiness matters.
+		return n == 0, false
+	default:
+		raw := it.Value()
+		return jsonscan.IsEmpty(raw), jsonscan.IsNull(raw)
+	}
 }
 
 // oneOf reports whether key is one of names. The conversion in the

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"math/big"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/llmfailover/caddy-llm-failover/internal/shapes"
 	"github.com/llmfailover/caddy-llm-failover/streamgate"
 )
 
@@ -222,6 +224,60 @@ func FuzzDeliveredContent(f *testing.F) {
 		}
 		if e.Tokens() != whole {
 			t.Fatalf("byte by byte %d, whole %d", e.Tokens(), whole)
+		}
+	})
+}
+
+// FuzzChatEvent: the one walk of a chat chunk feeds the estimate exactly
+// what the content walk does and classifies it exactly as classifyChat,
+// whatever the bytes; and a meter fed an event classifies it as the API
+// does, whether Classify follows its Event or not.
+func FuzzChatEvent(f *testing.F) {
+	for _, s := range []string{
+		shapes.ChatRole, shapes.ChatRoleNull, shapes.ChatEmpty, shapes.ChatContent, shapes.ChatEscaped,
+		shapes.ChatToolCall, shapes.ChatReasoning, shapes.ChatRefusal, shapes.ChatFinish, shapes.ChatUsage,
+		shapes.ChatError, shapes.ChatORError, shapes.ChatErrorNull,
+		`{"choices":[{"text":"completion","index":0,"finish_reason":null}]}`,
+		`{"choices":[{"finish_reason":"stop"},5,{"delta":{"content":"late"}}]}`,
+		`{"choices":"not a list","error":{"message":"m"}}`,
+		`{"x":{"a" 1},"error":{"message":"lax skip, strict walk"}}`,
+		`{"choices":[{"delta":{"content":"x"}}],"error":null} trailing`,
+		`{"choices":[{"delta":{"tool_calls":[ ]}}]}`,
+		`{"choices":[{"message":{"content":"whole"},"finish_reason":"length"}]}`,
+		`{"choices":[{"delta":[{"content":"in a list"}]}]}`,
+	} {
+		f.Add([]byte(s), "")
+	}
+	f.Add([]byte(shapes.ChatContent), "message")
+	f.Add([]byte(shapes.ChatError), "error")
+	f.Fuzz(func(t *testing.T, data []byte, name string) {
+		if d := trimWS(data); len(d) > 0 && string(d) != "[DONE]" {
+			var one, two TokenEstimator
+			k := chatEvent(&one, d)
+			openAIContent.feed(&two, d)
+			if want := classifyChat(d); k != want || one != two {
+				t.Fatalf("%q: kind %v, want %v; estimate %+v, want %+v", d, k, want, one, two)
+			}
+		}
+		ev := streamgate.Event{Name: name, Data: data}
+		for _, api := range []API{OpenAIChat, OpenAICompletions, AnthropicMessages, Unknown} {
+			m := api.NewMeter()
+			m.Event(ev)
+			if k, want := m.Classify(ev), api.Classify(ev); k != want {
+				t.Fatalf("%s %q: the meter says %v, the API %v", api, data, k, want)
+			}
+			if k, want := m.Classify(ev), api.Classify(ev); k != want {
+				t.Fatalf("%s %q classified again: %v, want %v", api, data, k, want)
+			}
+			// The next event's bytes in the same buffer (as the gate's
+			// parser reuses it), classified without an Event: never the
+			// remembered kind of the bytes that were there.
+			buf := append([]byte(nil), data...)
+			m.Event(streamgate.Event{Name: name, Data: buf})
+			slices.Reverse(buf)
+			if k, want := m.Classify(streamgate.Event{Name: name, Data: buf}), api.Classify(streamgate.Event{Name: name, Data: buf}); k != want {
+				t.Fatalf("%s %q, then %q in its place: %v, want %v", api, data, buf, k, want)
+			}
 		}
 	})
 }

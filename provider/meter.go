@@ -33,7 +33,13 @@ func (u Usage) PlainInput() int64 {
 // or not. It keeps only counters, never the payloads, so it can watch a
 // stream of any length. It is not safe for concurrent use.
 type Meter struct {
+	api    API
 	format usageFormat
+	// While lastSet, last is a copy of the data of the event Event last
+	// walked for its kind too, and lastKind that kind (see Classify).
+	last     []byte
+	lastKind streamgate.Kind
+	lastSet  bool
 	u      Usage
 	// content estimates the tokens of the content delivered so far.
 	content TokenEstimator
@@ -43,7 +49,39 @@ type Meter struct {
 }
 
 // NewMeter returns a Meter for answers of the API.
-func (a API) NewMeter() *Meter { return &Meter{format: a.wire().usage} }
+func (a API) NewMeter() *Meter { return &Meter{api: a, format: a.wire().usage} }
+
+// GateOptions returns the stream gate options for the attempt the meter
+// watches: the meter observes every event and classifies it, from one
+// walk of the event where the API allows (see Classify), with the API's
+// error event and end-of-stream rule.
+func (m *Meter) GateOptions() streamgate.Options {
+	return streamgate.Options{Observe: m.Event, Classify: m.Classify, ErrorEvent: m.api.ErrorEvent, EndsAtEOF: m.api.EndsAtEOF()}
+}
+
+// maxRemembered bounds the event data Event keeps for Classify: a larger
+// event is classified afresh (its walk is the least of its cost).
+const maxRemembered = 4 << 10
+
+// Classify is the API's Classify. The gate calls it right after Observe
+// (Event) with the same event; when Event walked that event for its kind
+// too, the kind is taken from there. The event is recognised by its bytes,
+// compared with a copy Event kept, never by where they are: the gate's
+// parser reuses its buffer, so a pointer would not tell one event from the
+// next. Any other event is classified afresh.
+func (m *Meter) Classify(ev streamgate.Event) streamgate.Kind {
+	if m.lastSet && plainEvent(ev) && bytes.Equal(m.last, ev.Data) {
+		m.lastSet = false
+		return m.lastKind
+	}
+	return m.api.Classify(ev)
+}
+
+// plainEvent is an event classify judges by its data alone (see classify):
+// unnamed (or "message") and whole.
+func plainEvent(ev streamgate.Event) bool {
+	return (ev.Name == "" || ev.Name == "message") && !ev.Overflow
+}
 
 // usageFormat is where an API reports usage.
 type usageFormat struct {
@@ -66,16 +104,34 @@ var (
 
 // Event feeds one server-sent event; streamgate.Options.Observe takes it.
 func (m *Meter) Event(ev streamgate.Event) {
+	m.lastSet = false
 	if len(ev.Data) == 0 || bytes.Equal(bytes.TrimSpace(ev.Data), doneEvent) {
 		return
 	}
-	m.format.content.feed(&m.content, ev.Data)
+	m.feed(ev)
 	// Only a chunk that mentions usage can carry it.
 	if bytes.Contains(ev.Data, usageKey) {
 		m.format.event(&m.u, ev.Name, ev.Data)
 	}
 	if m.describing {
 		m.describe(ev.Data)
+	}
+}
+
+// feed adds ev's content text to the delivered estimate. Where the API
+// has one walk for content and kind (wire.metered) and classify would
+// judge ev by its data, that walk does it, and its kind is kept for
+// Classify.
+func (m *Meter) feed(ev streamgate.Event) {
+	walk := m.api.wire().metered
+	data := trimWS(ev.Data)
+	if walk == nil || !plainEvent(ev) || len(data) == 0 || string(data) == "[DONE]" {
+		m.format.content.feed(&m.content, ev.Data)
+		return
+	}
+	m.lastKind = walk(&m.content, data)
+	if len(ev.Data) <= maxRemembered {
+		m.last, m.lastSet = append(m.last[:0], ev.Data...), true
 	}
 }
 

@@ -153,6 +153,103 @@ func chatDelta(parent *jsonscan.Iter) streamgate.Kind {
 	return kind
 }
 
+// chatEvent reads one chat or completions chunk for the meter and the
+// stream gate in one walk: it feeds the chunk's content text to e exactly
+// as openAIContent.feed does, and returns the kind classifyChat returns
+// (FuzzChatEvent holds both). data is trimmed, non-empty and not [DONE].
+// Walking each chunk once instead of twice is most of what the meter and
+// the classifier cost a stream.
+//
+// The walk descends into every value, where classifyChat skips most, and
+// skipping is laxer about malformed input than descending: a chunk the
+// walk finds malformed is classified by classifyChat itself. Upstreams
+// send well-formed chunks; the second walk is for the odd one.
+func chatEvent(e *TokenEstimator, data []byte) streamgate.Kind {
+	it, ok := jsonscan.Object(data)
+	if !ok {
+		return streamgate.Content
+	}
+	f := openAIContent
+	kind := streamgate.Preamble
+	decided := false // classifyChat would have returned kind by now
+	for key, more := it.Next(); more; key, more = it.Next() {
+		switch {
+		case decided:
+			f.value(e, &it, key, 0)
+		case string(key) == "error":
+			if _, null := f.value(e, &it, key, 0); !null {
+				kind, decided = streamgate.ErrorFrame, true
+			}
+		case string(key) == "choices" && it.Peek() == '[':
+			arr, _ := it.Enter('[', ']')
+			arr, k := chatChoicesFed(e, arr)
+			it.Leave(&arr)
+			kind = max(kind, k)
+		case string(key) == "choices":
+			f.value(e, &it, key, 0)
+			kind, decided = streamgate.Content, true
+		default:
+			f.value(e, &it, key, 0)
+		}
+	}
+	if !decided && !it.Finished() {
+		return classifyChat(data)
+	}
+	return kind
+}
+
+// chatChoicesFed is chatChoices over the choices array arr (at depth 1 of
+// the chunk), feeding the content of every element as it goes.
+func chatChoicesFed(e *TokenEstimator, arr jsonscan.Iter) (jsonscan.Iter, streamgate.Kind) {
+	f := openAIContent
+	kind := streamgate.Preamble
+	classifying := true
+	for key, more := arr.Next(); more; key, more = arr.Next() {
+		if !classifying || arr.Peek() != '{' {
+			if classifying {
+				// chatChoices stops at an element that is no object.
+				kind, classifying = streamgate.Content, false
+			}
+			f.value(e, &arr, key, 1)
+			continue
+		}
+		obj, _ := arr.Enter('{', '}')
+		for k, more := obj.Next(); more; k, more = obj.Next() {
+			switch string(k) {
+			case "finish_reason":
+				if _, null := f.value(e, &obj, k, 2); !null {
+					kind = streamgate.Terminal
+				}
+			case "delta", "message":
+				if obj.Peek() != '{' {
+					f.value(e, &obj, k, 2)
+					continue
+				}
+				d, _ := obj.Enter('{', '}')
+				for dk, more := d.Next(); more; dk, more = d.Next() {
+					empty, _ := f.value(e, &d, dk, 3)
+					switch string(dk) {
+					case "content", "reasoning_content", "reasoning", "reasoning_details",
+						"refusal", "tool_calls", "function_call", "audio":
+						if !empty {
+							kind = max(kind, streamgate.Content)
+						}
+					}
+				}
+				obj.Leave(&d)
+			case "text":
+				if empty, _ := f.value(e, &obj, k, 2); !empty {
+					kind = max(kind, streamgate.Content)
+				}
+			default:
+				f.value(e, &obj, k, 2)
+			}
+		}
+		arr.Leave(&obj)
+	}
+	return arr, kind
+}
+
 // openAIError is OpenAI's error object, as an HTTP body and as the data of
 // an in-stream error event of chat and completions streams.
 type openAIError struct {

@@ -542,8 +542,11 @@ func TestRelayObserveSeesPreambleAndContent(t *testing.T) {
 
 // gate sets opts up for api's stream format, the way the handler does.
 func gate(api provider.API, opts Options) Options {
-	g := api.GateOptions()
+	g := api.NewMeter().GateOptions()
 	opts.Classify, opts.ErrorEvent, opts.EndsAtEOF = g.Classify, g.ErrorEvent, g.EndsAtEOF
+	if opts.Observe == nil {
+		opts.Observe = g.Observe // the meter's, whose walk Classify reuses
+	}
 	return opts
 }
 
