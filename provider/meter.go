@@ -40,7 +40,7 @@ type Meter struct {
 	last     []byte
 	lastKind streamgate.Kind
 	lastSet  bool
-	u      Usage
+	u        Usage
 	// content estimates the tokens of the content delivered so far.
 	content TokenEstimator
 	// describing: read what the answer says of itself (telemetry.go).
