@@ -3,6 +3,8 @@ package wallet
 import (
 	"sync"
 	"time"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/expiry"
 )
 
 // Authenticate cache defaults.
@@ -11,8 +13,8 @@ const (
 	// from memory, and so how long another gateway instance sharing the
 	// database may keep accepting a key after it was revoked there.
 	DefaultAuthCacheTTL = 5 * time.Second
-	// authCacheMax bounds the cache; when it is full an arbitrary entry
-	// makes room.
+	// authCacheMax bounds the cache; when it is full the entry that
+	// expires soonest makes room.
 	authCacheMax = 10_000
 	// KnownKeyTTL is how long a key the database verified stays known to
 	// this Store when the database cannot be asked (see Store.KnownKey).
@@ -28,6 +30,9 @@ type authCache struct {
 
 	mu sync.RWMutex
 	m  map[keyHash]authEntry
+	// expiry orders m's keys by expiry: a full cache forgets its first
+	// in O(log n), not by reading every entry under mu.
+	expiry expiry.Queue[keyHash]
 	// gen changes on every invalidation, so that a lookup that read the
 	// database before a revocation committed cannot store its stale answer
 	// after the revocation cleared the cache.
@@ -64,20 +69,16 @@ func (c *authCache) put(hash keyHash, k Key, now time.Time, gen uint64) {
 	if gen != c.gen {
 		return // invalidated since the caller's lookup began
 	}
-	if _, ok := c.m[hash]; !ok && len(c.m) >= c.max {
-		for h, e := range c.m {
-			if !now.Before(e.expires) {
-				delete(c.m, h)
-			}
-		}
-		for h := range c.m {
-			if len(c.m) < c.max {
-				break
-			}
-			delete(c.m, h)
+	if _, ok := c.m[hash]; !ok {
+		for len(c.m) >= c.max {
+			first, _, _ := c.expiry.First()
+			delete(c.m, first)
+			c.expiry.Remove(first)
 		}
 	}
-	c.m[hash] = authEntry{k: k, expires: now.Add(c.ttl)}
+	e := authEntry{k: k, expires: now.Add(c.ttl)}
+	c.m[hash] = e
+	c.expiry.Set(hash, e.expires)
 }
 
 // forget forgets hash's entry.
@@ -86,6 +87,7 @@ func (c *authCache) forget(hash keyHash) {
 	defer c.mu.Unlock()
 	c.gen++
 	delete(c.m, hash)
+	c.expiry.Remove(hash)
 }
 
 // invalidate forgets every entry. Revocations are rare, so clearing
@@ -95,4 +97,5 @@ func (c *authCache) invalidate() {
 	defer c.mu.Unlock()
 	c.gen++
 	clear(c.m)
+	c.expiry = expiry.Queue[keyHash]{}
 }

@@ -531,22 +531,31 @@ func TestAuthCache(t *testing.T) {
 
 func TestAuthCacheBounded(t *testing.T) {
 	c := newAuthCache(time.Second, 3)
-	now := time.Now()
+	start := time.Now()
+	now := start
 	for i := 0; i < 10; i++ {
+		now = start.Add(time.Duration(i) * time.Millisecond)
 		_, _, gen := c.get(hashKey(fmt.Sprint(i)), now)
 		c.put(hashKey(fmt.Sprint(i)), Key{ID: fmt.Sprint(i)}, now, gen)
-		if len(c.m) > 3 {
-			t.Fatalf("%d entries, max 3", len(c.m))
+		if len(c.m) > 3 || c.expiry.Len() != len(c.m) {
+			t.Fatalf("%d entries (%d in the expiry queue), max 3", len(c.m), c.expiry.Len())
 		}
 	}
-	if k, ok, _ := c.get(hashKey("9"), now); !ok || k.ID != "9" {
-		t.Errorf("newest entry missing: %+v %v", k, ok)
+	// The full cache made room by forgetting the entries expiring soonest.
+	for i, want := range []bool{6: false, 7: true, 8: true, 9: true} {
+		if k, ok, _ := c.get(hashKey(fmt.Sprint(i)), now); i >= 6 && (ok != want || ok && k.ID != fmt.Sprint(i)) {
+			t.Errorf("entry %d: %+v %v, want kept %v", i, k, ok, want)
+		}
+	}
+	c.forget(hashKey("8"))
+	if c.expiry.Len() != 2 {
+		t.Errorf("%d in the expiry queue after a forget, want 2", c.expiry.Len())
 	}
 	// A lookup that began before an invalidation must not store its answer.
 	_, _, gen := c.get(hashKey("x"), now)
 	c.invalidate()
 	c.put(hashKey("x"), Key{ID: "x"}, now, gen)
-	if _, ok, _ := c.get(hashKey("x"), now); ok || len(c.m) != 0 {
+	if _, ok, _ := c.get(hashKey("x"), now); ok || len(c.m) != 0 || c.expiry.Len() != 0 {
 		t.Error("stale lookup stored after invalidation")
 	}
 	// Expired entries are misses.
