@@ -141,16 +141,23 @@ func chatDelta(parent *jsonscan.Iter) streamgate.Kind {
 	}
 	kind := streamgate.Preamble
 	for k, more := obj.Next(); more; k, more = obj.Next() {
-		switch string(k) {
-		case "content", "reasoning_content", "reasoning", "reasoning_details",
-			"refusal", "tool_calls", "function_call", "audio":
-			if !jsonscan.IsEmpty(obj.Value()) {
-				kind = streamgate.Content
-			}
+		if chatContentKey(k) && !jsonscan.IsEmpty(obj.Value()) {
+			kind = streamgate.Content
 		}
 	}
 	parent.Leave(&obj)
 	return kind
+}
+
+// chatContentKey reports whether a delta's (or message's) member k is
+// content when not empty: text, reasoning, a refusal, a tool call, audio.
+func chatContentKey(k []byte) bool {
+	switch string(k) {
+	case "content", "reasoning_content", "reasoning", "reasoning_details",
+		"refusal", "tool_calls", "function_call", "audio":
+		return true
+	}
+	return false
 }
 
 // chatEvent reads one chat or completions chunk for the meter and the
@@ -227,13 +234,8 @@ func chatChoicesFed(e *TokenEstimator, arr jsonscan.Iter) (jsonscan.Iter, stream
 				}
 				d, _ := obj.Enter('{', '}')
 				for dk, more := d.Next(); more; dk, more = d.Next() {
-					empty, _ := f.value(e, &d, dk, 3)
-					switch string(dk) {
-					case "content", "reasoning_content", "reasoning", "reasoning_details",
-						"refusal", "tool_calls", "function_call", "audio":
-						if !empty {
-							kind = max(kind, streamgate.Content)
-						}
+					if empty, _ := f.value(e, &d, dk, 3); !empty && chatContentKey(dk) {
+						kind = max(kind, streamgate.Content)
 					}
 				}
 				obj.Leave(&d)
