@@ -483,7 +483,7 @@ func (d *downstream) Commit() error {
 	}
 	d.copyHeader(d.w.w.Header(), d.res.Header)
 	d.w.w.WriteHeader(d.res.StatusCode)
-	return d.w.Flush()
+	return nil
 }
 
 func (d *downstream) Write(p []byte) (int, error) { return d.w.Write(p) }

@@ -273,10 +273,8 @@ func (s *spliced) Commit() error {
 	if !s.onCommit() {
 		return errHedgeLost
 	}
-	if _, err := s.w.Write([]byte(s.seam)); err != nil {
-		return err
-	}
-	return s.w.Flush()
+	_, err := s.w.Write([]byte(s.seam))
+	return err
 }
 
 func (s *spliced) Write(p []byte) (int, error) {

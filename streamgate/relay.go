@@ -82,7 +82,10 @@ var (
 // Downstream is the client side of a relayed stream.
 type Downstream interface {
 	// Commit writes the status line and headers. Relay calls it at most
-	// once, before any Write.
+	// once, before any Write, and flushes after writing what it held: a
+	// Commit need not flush, and should not, so that the headers and the
+	// first event reach the client in one write (one wake-up of its
+	// reader, not two).
 	Commit() error
 	Write(p []byte) (int, error)
 	Flush() error
