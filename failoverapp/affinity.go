@@ -57,7 +57,7 @@ var affinity = struct {
 // is only routed as any request.
 func putAffinityLocked(k string, e affinityEntry) {
 	if _, known := affinity.m[k]; !known {
-		for len(affinity.m) >= maxAffinityEntries {
+		for len(affinity.m) >= maxAffinityEntries && affinity.expiry.Len() > 0 {
 			first, _, _ := affinity.expiry.First()
 			delete(affinity.m, first)
 			affinity.expiry.Remove(first)

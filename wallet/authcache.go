@@ -70,7 +70,7 @@ func (c *authCache) put(hash keyHash, k Key, now time.Time, gen uint64) {
 		return // invalidated since the caller's lookup began
 	}
 	if _, ok := c.m[hash]; !ok {
-		for len(c.m) >= c.max {
+		for len(c.m) >= c.max && c.expiry.Len() > 0 {
 			first, _, _ := c.expiry.First()
 			delete(c.m, first)
 			c.expiry.Remove(first)
