@@ -31,6 +31,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/binarytest"
 )
 
 // ports of one caddy instance.
@@ -54,23 +56,12 @@ var (
 	portsSigtermLoad = ports{19095, 19034}
 )
 
-// prerequisite skips the test when something it needs is missing, except in
-// CI, where a silent skip would make a broken setup look green.
-func prerequisite(t *testing.T, format string, args ...any) {
-	t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("CI=true and a prerequisite is missing: %s", msg)
-	}
-	t.Skipf("skipping: %s", msg)
-}
-
 // caddyBin is the binary under test.
 func caddyBin(t *testing.T) string {
 	t.Helper()
 	bin := os.Getenv("LLMF_CADDY_BIN")
 	if bin == "" {
-		prerequisite(t, "LLMF_CADDY_BIN is not set; run `make build` and set it to the built ./caddy (scripts/test.sh does)")
+		binarytest.Prerequisite(t, "LLMF_CADDY_BIN is not set; run `make build` and set it to the built ./caddy (scripts/test.sh does)")
 	}
 	if !filepath.IsAbs(bin) {
 		abs, err := filepath.Abs(bin)
@@ -90,7 +81,7 @@ func postgresDSN(t *testing.T) string {
 	t.Helper()
 	dsn := os.Getenv("LLMF_TEST_POSTGRES_DSN")
 	if dsn == "" {
-		prerequisite(t, `LLMF_TEST_POSTGRES_DSN is not set; run eval "$(bash scripts/pg-test-server.sh start)"`)
+		binarytest.Prerequisite(t, `LLMF_TEST_POSTGRES_DSN is not set; run eval "$(bash scripts/pg-test-server.sh start)"`)
 	}
 	return dsn
 }
@@ -210,7 +201,7 @@ func (in *instance) start() {
 			in.dumpLog()
 			t.Fatalf("%s: caddy exited during start-up: %v", in.name, in.waitErr)
 		}
-		if in.ready() {
+		if binarytest.Ready(in.adminURL(), in.ports.HTTP) {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -219,25 +210,6 @@ func (in *instance) start() {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-func (in *instance) ready() bool {
-	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get(in.adminURL() + "/config/")
-	if err != nil {
-		return false
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return false
-	}
-	conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", in.ports.HTTP), time.Second)
-	if err != nil {
-		return false
-	}
-	conn.Close()
-	return true
 }
 
 func (in *instance) hasExited() bool {

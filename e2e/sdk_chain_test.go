@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmfailover/caddy-llm-failover/internal/binarytest"
 	"github.com/llmfailover/caddy-llm-failover/internal/fakeproviders"
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 )
@@ -56,7 +57,7 @@ func sdkPrerequisites(t *testing.T) (node, sdkDir string) {
 	t.Helper()
 	node, err := exec.LookPath("node")
 	if err != nil {
-		prerequisite(t, "node is not on PATH; the official-SDK tests need Node >= 20")
+		binarytest.Prerequisite(t, "node is not on PATH; the official-SDK tests need Node >= 20")
 	}
 	sdkDir, err = filepath.Abs("../sdktest")
 	if err != nil {
@@ -64,7 +65,7 @@ func sdkPrerequisites(t *testing.T) (node, sdkDir string) {
 	}
 	for _, pkg := range []string{"openai", "@anthropic-ai/sdk"} {
 		if _, err := os.Stat(filepath.Join(sdkDir, "node_modules", pkg, "package.json")); err != nil {
-			prerequisite(t, "sdktest/node_modules/%s is missing; run `make sdk-deps` (npm ci in sdktest/)", pkg)
+			binarytest.Prerequisite(t, "sdktest/node_modules/%s is missing; run `make sdk-deps` (npm ci in sdktest/)", pkg)
 		}
 	}
 	return node, sdkDir

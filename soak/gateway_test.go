@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/binarytest"
 )
 
 // ports of one gateway instance.
@@ -126,7 +128,7 @@ func (g *gateway) start() error {
 			return fmt.Errorf("%s: caddy exited during start-up: %v", g.name, g.waitErr)
 		default:
 		}
-		if g.ready() {
+		if binarytest.Ready(g.adminURL(), g.ports.HTTP) {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -144,25 +146,6 @@ func exitString(ps *os.ProcessState, err error) string {
 		return "signal " + ws.Signal().String()
 	}
 	return "exit " + strconv.Itoa(ps.ExitCode())
-}
-
-func (g *gateway) ready() bool {
-	c := http.Client{Timeout: time.Second}
-	res, err := c.Get(g.adminURL() + "/config/")
-	if err != nil {
-		return false
-	}
-	_, _ = io.Copy(io.Discard, res.Body)
-	res.Body.Close()
-	if res.StatusCode != http.StatusOK {
-		return false
-	}
-	conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", g.ports.HTTP), time.Second)
-	if err != nil {
-		return false
-	}
-	conn.Close()
-	return true
 }
 
 func (g *gateway) hasExitedLocked() bool {

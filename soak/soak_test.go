@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/llmfailover/caddy-llm-failover/internal/backoff"
+	"github.com/llmfailover/caddy-llm-failover/internal/binarytest"
 )
 
 // TestSoak runs the soak (see the package doc): LLMF_SOAK=60s by default
@@ -153,7 +154,7 @@ func caddyBinary(t *testing.T) string {
 		bin = os.Getenv("LLMF_CADDY_BIN")
 	}
 	if bin == "" {
-		prerequisite(t, "neither LLMF_SOAK_CADDY_BIN nor LLMF_CADDY_BIN is set; `make test` builds ./caddy-race and sets it")
+		binarytest.Prerequisite(t, "neither LLMF_SOAK_CADDY_BIN nor LLMF_CADDY_BIN is set; `make test` builds ./caddy-race and sets it")
 	}
 	abs, err := filepath.Abs(bin)
 	if err != nil {
@@ -205,17 +206,6 @@ func waitFor(d time.Duration, cond func() bool) bool {
 }
 
 func clamp(d, lo, hi time.Duration) time.Duration { return min(max(d, lo), hi) }
-
-// prerequisite skips the test when something it needs is missing, except
-// in CI, where a silent skip would make a broken setup look green.
-func prerequisite(t *testing.T, format string, args ...any) {
-	t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("CI=true and a prerequisite is missing: %s", msg)
-	}
-	t.Skipf("skipping: %s", msg)
-}
 
 var (
 	outOnce sync.Once
