@@ -85,28 +85,43 @@ func (hr *heldReader) Read(p []byte) (int, error) {
 
 func (hr *heldReader) release() { hr.memory.Release(hr.held) }
 
-// idleWriter is the client side of a committed answer: each write must
-// finish within the idle timeout, so that a client that stops reading,
-// TCP open, does not hold the upstream, the goroutine and the reservation.
+// idleWriter is the client side of a committed answer: the writes up to
+// and including each flush must finish within the idle timeout, so that a
+// client that stops reading, TCP open, does not hold the upstream, the
+// goroutine and the reservation.
 type idleWriter struct {
 	w    http.ResponseWriter
 	rc   *http.ResponseController
 	idle time.Duration
+	// armed: the deadline is set for the writes since the last flush. A
+	// stream writes and flushes each piece it reads, so one deadline a
+	// piece, not one a call: setting it is a runtime timer update, a few
+	// hundred nanoseconds each.
+	armed bool
+}
+
+func (iw *idleWriter) arm() {
+	if !iw.armed {
+		_ = iw.rc.SetWriteDeadline(time.Now().Add(iw.idle))
+		iw.armed = true
+	}
 }
 
 func (iw *idleWriter) Write(p []byte) (int, error) {
-	_ = iw.rc.SetWriteDeadline(time.Now().Add(iw.idle))
+	iw.arm()
 	return iw.w.Write(p)
 }
 
 func (iw *idleWriter) Flush() error {
-	_ = iw.rc.SetWriteDeadline(time.Now().Add(iw.idle))
-	return iw.rc.Flush()
+	iw.arm()
+	err := iw.rc.Flush()
+	iw.armed = false
+	return err
 }
 
 // done clears the deadline, which would otherwise outlive this answer on
 // a kept-alive connection.
-func (iw *idleWriter) done() { _ = iw.rc.SetWriteDeadline(time.Time{}) }
+func (iw *idleWriter) done() { _ = iw.rc.SetWriteDeadline(time.Time{}); iw.armed = false }
 
 // idleReader cancels the attempt when the upstream sends nothing for the
 // idle timeout, for committed answers the stream gate does not watch.
