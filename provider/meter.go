@@ -120,12 +120,12 @@ func (m *Meter) Event(ev streamgate.Event) {
 
 // feed adds ev's content text to the delivered estimate. Where the API
 // has one walk for content and kind (wire.metered) and classify would
-// judge ev by its data, that walk does it, and its kind is kept for
-// Classify.
+// judge ev by its data (plain, not blank; Event has already left out
+// [DONE]), that walk does it, and its kind is kept for Classify.
 func (m *Meter) feed(ev streamgate.Event) {
 	walk := m.api.wire().metered
 	data := trimWS(ev.Data)
-	if walk == nil || !plainEvent(ev) || len(data) == 0 || string(data) == "[DONE]" {
+	if walk == nil || !plainEvent(ev) || len(data) == 0 {
 		m.format.content.feed(&m.content, ev.Data)
 		return
 	}
