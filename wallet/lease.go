@@ -381,28 +381,38 @@ func (s *sqlStore) reserve(ctx context.Context, r Reservation, booked *uint64) e
 // row holds a grant memory does not count, which is the safe way round
 // (memory is the lower bound: nothing is served from money the row does
 // not hold), and unsure says so, so that resync gives it back.
+// growRaces bounds the runs of a one-statement grow that each found the
+// account row changed under it (see pgGrow); each run waits for the
+// transaction it raced, so a second run nearly always succeeds.
+const growRaces = 8
+
 func (s *sqlStore) grow(ctx context.Context, what, account string, need, amount Micros, kmax int64) (grant Micros, unsure bool, _ error) {
 	now := s.now()
 	opts := opOptions{single: s.d.growOne != "", retry: retryAlways}
 	if s.d.growOne != "" {
 		err := s.w.do(ctx, what, account, func(t *stx) error {
 			unsure = unsure || t.unsure
-			var (
-				granted sql.NullInt64
-				exists  bool
-			)
-			if err := t.queryRowText(s.d.growOne, account, int64(amount), int64(max(1, leaseGiveBackFactor*amount)), kmax, int64(need),
-				s.leases.id, toDB(now.Add(s.leases.ttl)), toDB(now)).Scan(&granted, &exists); err != nil {
-				return err
+			for range growRaces {
+				var (
+					granted, sized sql.NullInt64
+					exists         bool
+				)
+				if err := t.queryRowText(s.d.growOne, account, int64(amount), int64(max(1, leaseGiveBackFactor*amount)), kmax, int64(need),
+					s.leases.id, toDB(now.Add(s.leases.ttl)), toDB(now)).Scan(&granted, &exists, &sized); err != nil {
+					return err
+				}
+				switch {
+				case granted.Valid:
+					grant = Micros(granted.Int64)
+					return nil
+				case sized.Valid:
+					continue // the row changed under the statement (see pgGrow): nothing written, again
+				case exists:
+					return ErrInsufficientFunds
+				}
+				return ErrUnknownAccount
 			}
-			switch {
-			case granted.Valid:
-				grant = Micros(granted.Int64)
-				return nil
-			case exists:
-				return ErrInsufficientFunds
-			}
-			return ErrUnknownAccount
+			return fmt.Errorf("the account changed under each of %d tries", growRaces)
 		}, opts)
 		return grant, unsure || errors.Is(err, errOutcomeUnknown), err
 	}

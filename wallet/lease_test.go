@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/llmfailover/caddy-llm-failover/internal/pgtest"
 )
 
@@ -207,6 +209,75 @@ func TestLeaseOfDeadInstanceSwept(t *testing.T) {
 		}
 		wantCleanAudit(t, b)
 	})
+}
+
+// A grow that waits for its account row's lock while another transaction
+// gives money back to the account (a settlement, a shrink, a Sweep of
+// another instance's lease) still grants: PostgreSQL's one-statement grow
+// then sized its grant from the newer row but tested it against the older
+// one, and without running again it refused a Reserve the balance covered
+// (a false 402, seen in TestReserveWaitsForPendingSettlements under load).
+func TestGrowWhileMoneyComesBack(t *testing.T) {
+	dsn := pgtest.FreshDSN(t)
+	s := openPG(t, dsn)
+	mustAccount(t, s, "acme", 1000)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	other, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(context.Background())
+	// Another instance holds 300 of the 1000.
+	if _, err := other.Exec(ctx, `INSERT INTO leases (id, account_id, amount, expires_at, created_at) VALUES ('lease_other', 'acme', 300, $1, $2)`,
+		toDB(time.Now().Add(time.Hour)), toDB(time.Now())); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Exec(ctx, `UPDATE accounts SET reserved = reserved + 300 WHERE id = 'acme'`); err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	if err := other.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	// It gives them back, in a transaction that commits only once the
+	// Reserve below waits for the account row.
+	tx, err := other.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, `DELETE FROM leases WHERE id = 'lease_other'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE accounts SET reserved = reserved - 300 WHERE id = 'acme'`); err != nil {
+		t.Fatal(err)
+	}
+	reserved := make(chan error, 1)
+	go func() { reserved <- s.Reserve(ctx, Reservation{ID: "r1", Account: "acme", Amount: 800}) }()
+	for waiting := 0; waiting == 0; {
+		if err := other.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND $1 = ANY (pg_blocking_pids(pid))`, pid).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-reserved:
+			t.Fatalf("the Reserve did not wait for the account row: %v", err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-reserved; err != nil {
+		t.Fatalf("Reserve of 800 of the 1000 given back meanwhile: %v", err)
+	}
+	if got := getAccount(t, s, "acme"); got.Reserved < 800 || got.Balance != 1000 {
+		t.Fatalf("account after the grow: %+v, want 800 or more of 1000 reserved", got)
+	}
+	if _, err := s.Settle(ctx, "r1", Entry{Cost: 5}); err != nil {
+		t.Fatal(err)
+	}
+	wantCleanAudit(t, s)
 }
 
 func TestLeaseGrant(t *testing.T) {

@@ -89,9 +89,22 @@ var postgresSchema = []string{
 // the account row is locked and read, the grant sized as leaseGrant does
 // (amount $2, 4 × amount $3, kmax $4, need $5), and added to reserved by
 // the conditional UPDATE that is the no-overdraft rule; the lease row is
-// upserted with expiry $7 (created $8). It answers the grant (NULL when none) and
-// whether the account exists; a refusal writes nothing and fails no
-// statement, as writer.go needs.
+// upserted with expiry $7 (created $8). It answers the grant (NULL when
+// none), whether the account exists, and the grant it sized (NULL when
+// the balance could not cover need); a refusal writes nothing and fails
+// no statement, as writer.go needs.
+//
+// A grant sized but not made means the row changed under the statement.
+// The UPDATE tests its condition first on the row as the statement's
+// snapshot saw it, and only a row passing it is re-read at its newest
+// version and tested again; FOR UPDATE reads the newest at once. So when
+// another transaction gave money back to the account (a settlement, a
+// shrink, a Sweep) after the snapshot was taken and committed while this
+// statement waited for the row's lock, the grant is sized from the newer,
+// larger available balance, fails the older one, and nothing is written.
+// grow runs the statement again, with a fresh snapshot. (A change the
+// other way round needs nothing: the older row passes, the newest is
+// tested again, and a grant that no longer fits is a true refusal.)
 const pgGrow = `WITH a AS (
 	SELECT id, balance - reserved AS avail FROM accounts WHERE id = $1 FOR UPDATE
 ), g AS (
@@ -106,7 +119,7 @@ const pgGrow = `WITH a AS (
 	ON CONFLICT (id, account_id) DO UPDATE SET amount = leases.amount + excluded.amount, expires_at = excluded.expires_at
 	RETURNING 1
 )
-SELECT (SELECT granted FROM u), EXISTS (SELECT 1 FROM a)`
+SELECT (SELECT granted FROM u), EXISTS (SELECT 1 FROM a), (SELECT granted FROM g)`
 
 // pgShrink gives back spare lease money in one statement: this
 // instance's leases ($1) of the accounts $2 shrink by $3 each, and the
