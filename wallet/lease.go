@@ -53,7 +53,11 @@ import (
 //     its leases expire, Sweep on any other instance releases them:
 //     reserved goes down by the lease's amount, the row is deleted, and a
 //     KindExpired ledger row names the lease. The dead instance's requests
-//     are thus released uncharged, as before.
+//     are thus released uncharged, as before. A live instance that could
+//     not reach the database for longer than the TTL may find its own
+//     leases swept: Renew extends in memory only the rows it found, and
+//     the grow that re-creates a row takes memory down to what the row
+//     holds (lease.land), so nothing is served from money gone back.
 //
 // balance ≥ reserved still holds by construction: reserved is the sum of
 // the leases and of any reservation rows left by an older version (swept
@@ -112,11 +116,35 @@ type lease struct {
 	// unsure counts the writes of this lease whose outcome was unknown (a
 	// grow that may have landed twice, a shrink or settlement that may
 	// have landed although it failed): the row may hold more than amount
-	// until resync gives the difference back.
+	// until resync gives the difference back. It also counts what found
+	// the row swept or re-created (a settlement that found it missing, a
+	// grant that re-created it, see land): then the row may hold less,
+	// and resync takes memory down to it.
 	unsure int
 }
 
 func (l *lease) spare() Micros { return l.amount - l.held }
+
+// land books a grant into the lease; row is what its row holds after it.
+// expired says the row's expiry may have passed before the grant landed:
+// then another instance may have swept the row (during a database outage
+// that kept Renew from extending it), and the grant re-created it holding
+// the grant alone, so the amount memory counted before is gone. The lease
+// then holds no more than the row: memory never counts money the row
+// does not hold, or the Reserves it served would settle against nothing
+// and go unbilled. Settlements in flight may since have charged the row
+// without being booked yet (booking them would count their charge
+// twice): resync then makes memory agree with the row once they end.
+func (l *lease) land(grant, row Micros, expired bool) {
+	if !expired || l.amount+grant <= row {
+		l.amount += grant
+		return
+	}
+	l.amount = row
+	if l.settling.n > 0 {
+		l.unsure++
+	}
+}
 
 // inFlight counts work in flight that others may wait for; the lease
 // book's lock guards it.
@@ -342,7 +370,7 @@ func (s *sqlStore) reserve(ctx context.Context, r Reservation, booked *uint64) e
 		// takes stays in the lease, whence Renew returns it when idle.
 		go func() {
 			defer b.inflight.Done()
-			grant, unsure, err := s.grow(ctx, reserving(r.Amount, r.Account), r.Account, need, r.Amount, kmax)
+			grant, row, unsure, err := s.grow(ctx, reserving(r.Amount, r.Account), r.Account, need, r.Amount, kmax)
 			b.mu.Lock()
 			defer b.mu.Unlock()
 			l.grow = nil
@@ -351,7 +379,7 @@ func (s *sqlStore) reserve(ctx context.Context, r Reservation, booked *uint64) e
 				l.unsure++
 			}
 			if err == nil {
-				l.amount += grant
+				l.land(grant, row, s.now().Sub(l.extended) >= b.ttl)
 				l.extended = now
 				l.grantedAt = now
 			}
@@ -386,7 +414,7 @@ func (s *sqlStore) reserve(ctx context.Context, r Reservation, booked *uint64) e
 // transaction it raced, so a second run nearly always succeeds.
 const growRaces = 8
 
-func (s *sqlStore) grow(ctx context.Context, what, account string, need, amount Micros, kmax int64) (grant Micros, unsure bool, _ error) {
+func (s *sqlStore) grow(ctx context.Context, what, account string, need, amount Micros, kmax int64) (grant, row Micros, unsure bool, _ error) {
 	now := s.now()
 	opts := opOptions{single: s.d.growOne != "", retry: retryAlways}
 	if s.d.growOne != "" {
@@ -394,16 +422,16 @@ func (s *sqlStore) grow(ctx context.Context, what, account string, need, amount 
 			unsure = unsure || t.unsure
 			for range growRaces {
 				var (
-					granted, sized sql.NullInt64
-					exists         bool
+					granted, sized, held sql.NullInt64
+					exists               bool
 				)
 				if err := t.queryRowText(s.d.growOne, account, int64(amount), int64(max(1, leaseGiveBackFactor*amount)), kmax, int64(need),
-					s.leases.id, toDB(now.Add(s.leases.ttl)), toDB(now)).Scan(&granted, &exists, &sized); err != nil {
+					s.leases.id, toDB(now.Add(s.leases.ttl)), toDB(now)).Scan(&granted, &exists, &sized, &held); err != nil {
 					return err
 				}
 				switch {
 				case granted.Valid:
-					grant = Micros(granted.Int64)
+					grant, row = Micros(granted.Int64), Micros(held.Int64)
 					return nil
 				case sized.Valid:
 					continue // the row changed under the statement (see pgGrow): nothing written, again
@@ -414,7 +442,7 @@ func (s *sqlStore) grow(ctx context.Context, what, account string, need, amount 
 			}
 			return fmt.Errorf("the account changed under each of %d tries", growRaces)
 		}, opts)
-		return grant, unsure || errors.Is(err, errOutcomeUnknown), err
+		return grant, row, unsure || errors.Is(err, errOutcomeUnknown), err
 	}
 	err := s.w.do(ctx, what, account, func(t *stx) error {
 		unsure = unsure || t.unsure
@@ -443,15 +471,18 @@ func (s *sqlStore) grow(ctx context.Context, what, account string, need, amount 
 		} else if n == 0 {
 			return ErrInsufficientFunds
 		}
-		_, err = t.tx.ExecContext(t.ctx, s.q(`INSERT INTO leases (id, account_id, amount, expires_at, created_at) VALUES (?, ?, ?, ?, ?)
-			ON CONFLICT (id, account_id) DO UPDATE SET amount = leases.amount + excluded.amount, expires_at = excluded.expires_at`),
-			s.leases.id, account, int64(grant), toDB(now.Add(s.leases.ttl)), toDB(now))
+		var held int64
+		err = t.tx.QueryRowContext(t.ctx, s.q(`INSERT INTO leases (id, account_id, amount, expires_at, created_at) VALUES (?, ?, ?, ?, ?)
+			ON CONFLICT (id, account_id) DO UPDATE SET amount = leases.amount + excluded.amount, expires_at = excluded.expires_at
+			RETURNING amount`),
+			s.leases.id, account, int64(grant), toDB(now.Add(s.leases.ttl)), toDB(now)).Scan(&held)
 		if err != nil {
 			return fmt.Errorf("writing lease: %w", err)
 		}
+		row = Micros(held)
 		return nil
 	}, opts)
-	return grant, unsure || errors.Is(err, errOutcomeUnknown), err
+	return grant, row, unsure || errors.Is(err, errOutcomeUnknown), err
 }
 
 // leaseGrant sizes a grant: k reservations of amount, k = clamp(avail /
@@ -491,7 +522,10 @@ func (s *sqlStore) shrink(ctx context.Context, accounts []string, keep func(l *l
 	}
 	for _, a := range accounts {
 		l := b.leases[a]
-		if l == nil || (keep != nil && !keep(l)) {
+		if l == nil || l.grow != nil || (keep != nil && !keep(l)) {
+			// A lease being grown gives back later: its grant may re-create
+			// a swept row (see land), which money taken out meanwhile
+			// would be missing from.
 			continue
 		}
 		if sp := l.spare(); sp > 0 {
@@ -562,10 +596,13 @@ func (s *sqlStore) shrink(ctx context.Context, accounts []string, keep func(l *l
 	return err
 }
 
-// resync gives back what this instance's lease rows hold beyond what
-// memory counts, for the leases whose writes had an unknown outcome (see
-// lease.unsure): a grow that may have landed twice, a shrink or a
-// settlement that may have landed although it failed. It waits for a
+// resync makes memory agree with this instance's lease rows, for the
+// leases whose writes had an unknown outcome (see lease.unsure): a grow
+// that may have landed twice, a shrink or a settlement that may have
+// landed although it failed give back what the row holds beyond what
+// memory counts; a row swept or re-created since (a settlement found it
+// missing, or a grant re-created it while settlements were in flight, see
+// land) lowers memory to what the row holds. It waits for a
 // moment when nothing of the lease is being written (no grow, shrink or
 // settlement in flight): then what memory counts is what the row must
 // hold, and it holds no less (memory is the lower bound). Meanwhile it
@@ -580,6 +617,7 @@ func (s *sqlStore) resync(ctx context.Context) error {
 		counted Micros
 		unsure  int
 		gone    bool
+		short   Micros // what memory counted beyond the row
 	}
 	var cs []check
 	b.mu.Lock()
@@ -609,6 +647,7 @@ func (s *sqlStore) resync(ctx context.Context) error {
 			}
 			extra := held - int64(c.counted)
 			if extra <= 0 {
+				c.short = Micros(-extra)
 				continue
 			}
 			if _, err := t.tx.ExecContext(t.ctx, s.q(`UPDATE leases SET amount = amount - ? WHERE id = ? AND account_id = ? AND amount >= ?`), extra, b.id, c.account, extra); err != nil {
@@ -628,9 +667,14 @@ func (s *sqlStore) resync(ctx context.Context) error {
 		if err != nil {
 			continue
 		}
-		if c.gone && c.counted > 0 {
+		switch {
+		case c.gone && c.counted > 0:
 			// Swept (it expired): the money memory counted is gone.
 			l.amount, l.extended = 0, time.Time{}
+		case c.short > 0:
+			// A delta, not the row's amount: a settlement may have been
+			// booked meanwhile (see above).
+			l.amount -= c.short
 		}
 		l.unsure -= c.unsure // those are settled; newer ones wait for the next resync
 	}
@@ -672,17 +716,31 @@ func (s *sqlStore) Renew(ctx context.Context) error {
 		return nil
 	}
 	// Not retried: the next Renew extends them again.
+	var extended []string
 	err := s.w.do(ctx, "extending leases", "", func(t *stx) error {
-		_, err := t.tx.ExecContext(t.ctx, s.q(`UPDATE leases SET expires_at = ? WHERE id = ?`), toDB(now.Add(b.ttl)), b.id)
-		return err
+		extended = extended[:0]
+		rs, err := t.tx.QueryContext(t.ctx, s.q(`UPDATE leases SET expires_at = ? WHERE id = ? RETURNING account_id`), toDB(now.Add(b.ttl)), b.id)
+		if err != nil {
+			return err
+		}
+		return eachRow(rs, func(rs *sql.Rows) error {
+			var a string
+			err := rs.Scan(&a)
+			extended = append(extended, a)
+			return err
+		})
 	}, opOptions{retry: retryNever})
 	if err != nil {
 		return err
 	}
 	b.mu.Lock()
-	for _, l := range b.leases {
-		// Leases granted since now were extended by their grant.
-		if l.extended.Before(now) {
+	for _, a := range extended {
+		// Leases granted since now were extended by their grant. A lease
+		// whose row is missing was swept (it expired while the database
+		// could not be reached): it stays unextended, so that no Reserve
+		// is served from money the database no longer holds; the next
+		// grows it afresh (see land).
+		if l := b.leases[a]; l != nil && l.extended.Before(now) {
 			l.extended = now
 		}
 	}

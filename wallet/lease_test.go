@@ -280,6 +280,87 @@ func TestGrowWhileMoneyComesBack(t *testing.T) {
 	wantCleanAudit(t, s)
 }
 
+// An instance whose lease expired while it could not reach the database
+// (a restart longer than the lease's TTL), and which another instance
+// swept meanwhile, serves no Reserve from the money it counted: that money
+// went back to the account, and an answer served from it would settle
+// against nothing and go unbilled (the soak saw one). Renew leaves the
+// swept lease unextended, and the grow that re-creates its row makes
+// memory agree with it; every answer served after the sweep is billed.
+func TestSweptLeaseServesNothing(t *testing.T) {
+	const ttl = 2 * time.Second
+	for _, after := range []string{"renewed", "not renewed", "settled first"} {
+		t.Run(after, func(t *testing.T) {
+			twoInstances(t, Options{LeaseTTL: ttl}, func(t *testing.T, a, b *sqlStore, _ func() *sqlStore) {
+				ctx := context.Background()
+				clock := &fakeClock{t: time.Now()}
+				a.now = clock.now
+				const balance, amount, cost = 10_000, 100, 100
+				mustAccount(t, a, "acme", balance)
+				var ids []string
+				reserve := func() {
+					t.Helper()
+					id := testReservationID()
+					if err := a.Reserve(ctx, Reservation{ID: id, Account: "acme", Amount: amount}); err != nil {
+						t.Fatal(err)
+					}
+					ids = append(ids, id)
+				}
+				reserve()
+				if got := getAccount(t, b, "acme").Reserved; got <= 2*amount {
+					t.Fatalf("reserved %s: the lease should hold spare money", got)
+				}
+				// The database was out of a's reach for longer than the
+				// TTL: b swept a's lease, and its money went back.
+				clock.advance(ttl + time.Second)
+				if n, err := b.Sweep(ctx, clock.now()); err != nil || n != 1 {
+					t.Fatalf("Sweep of a's expired lease = %d, %v; want 1", n, err)
+				}
+				if got := getAccount(t, b, "acme"); got.Reserved != 0 {
+					t.Fatalf("after the sweep: %+v, want nothing reserved", got)
+				}
+				switch after {
+				case "renewed":
+					// Reserves kept arriving (and failing) meanwhile, so
+					// the lease is not idle: Renew keeps its spare money.
+					a.leases.mu.Lock()
+					a.leases.leases["acme"].lastReserve = clock.now()
+					a.leases.mu.Unlock()
+					if err := a.Renew(ctx); err != nil {
+						t.Fatal(err)
+					}
+				case "settled first":
+					// Its reservation went with the lease.
+					_, err := a.Settle(ctx, ids[0], Entry{Cost: cost})
+					wantErr(t, err, ErrNotFound)
+					ids = ids[1:]
+				}
+				// More than the lease held before it was swept.
+				for range 12 {
+					reserve()
+				}
+				for _, id := range ids {
+					if charged, err := a.Settle(ctx, id, Entry{Cost: cost}); err != nil || charged != cost {
+						t.Fatalf("settling %s after the sweep: charged %s, %v; want %s", id, charged, err, Micros(cost))
+					}
+				}
+				if got := getAccount(t, b, "acme"); got.Balance != balance-Micros(len(ids))*cost {
+					t.Fatalf("after the settlements: %+v, want every answer billed", got)
+				}
+				// Once nothing is in flight, memory agrees with the row.
+				clock.advance(leaseIdleAfter)
+				if err := a.Renew(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if got := getAccount(t, b, "acme"); got.Reserved != 0 {
+					t.Fatalf("after an idle Renew: %+v, want the lease's money all given back", got)
+				}
+				wantCleanAudit(t, a)
+			})
+		})
+	}
+}
+
 func TestLeaseGrant(t *testing.T) {
 	for _, c := range []struct {
 		avail, need, amount Micros

@@ -90,9 +90,9 @@ var postgresSchema = []string{
 // (amount $2, 4 × amount $3, kmax $4, need $5), and added to reserved by
 // the conditional UPDATE that is the no-overdraft rule; the lease row is
 // upserted with expiry $7 (created $8). It answers the grant (NULL when
-// none), whether the account exists, and the grant it sized (NULL when
-// the balance could not cover need); a refusal writes nothing and fails
-// no statement, as writer.go needs.
+// none), whether the account exists, the grant it sized (NULL when the
+// balance could not cover need), and what the lease row holds now; a
+// refusal writes nothing and fails no statement, as writer.go needs.
 //
 // A grant sized but not made means the row changed under the statement.
 // The UPDATE tests its condition first on the row as the statement's
@@ -117,9 +117,9 @@ const pgGrow = `WITH a AS (
 	INSERT INTO leases (id, account_id, amount, expires_at, created_at)
 	SELECT $6::text, $1::text, u.granted, $7::bigint, $8::bigint FROM u
 	ON CONFLICT (id, account_id) DO UPDATE SET amount = leases.amount + excluded.amount, expires_at = excluded.expires_at
-	RETURNING 1
+	RETURNING amount
 )
-SELECT (SELECT granted FROM u), EXISTS (SELECT 1 FROM a), (SELECT granted FROM g)`
+SELECT (SELECT granted FROM u), EXISTS (SELECT 1 FROM a), (SELECT granted FROM g), (SELECT amount FROM l)`
 
 // pgShrink gives back spare lease money in one statement: this
 // instance's leases ($1) of the accounts $2 shrink by $3 each, and the

@@ -269,10 +269,15 @@ func (s *sqlStore) endSettle(job *settleJob, err error) (charged Micros, low boo
 	l.settling.end()
 	switch {
 	case job.lost:
-		// The database no longer holds this lease: nothing may be served
-		// from it, and the next Reserve grows a fresh one.
+		// The lease row is gone (swept) or holds less than the charge (a
+		// row re-created since): nothing more is served from it until a
+		// grow has made memory agree with the row (see lease.land), and
+		// resync does so too once nothing of it is in flight. Zeroing the
+		// amount here instead would forget money a re-created row holds
+		// for the reservations served from it since.
 		l.held -= m.Amount
-		l.amount, l.extended = 0, time.Time{}
+		l.extended = time.Time{}
+		l.unsure++
 	case maybe:
 		// It may have been written: booked as if it was, so that memory
 		// counts no more than the row may hold; if it was not, the row
