@@ -399,6 +399,11 @@ func (s *sqlStore) reserve(ctx context.Context, r Reservation, booked *uint64) e
 	}
 }
 
+// growRaces bounds the runs of a one-statement grow that each found the
+// account row changed under it (see pgGrow); each run waits for the
+// transaction it raced, so a second run nearly always succeeds.
+const growRaces = 8
+
 // grow takes more of the account's available balance into this
 // instance's lease and extends its row; see the package's lease notes for
 // the size of the grant. need is what must be covered at least, amount the
@@ -409,11 +414,6 @@ func (s *sqlStore) reserve(ctx context.Context, r Reservation, booked *uint64) e
 // row holds a grant memory does not count, which is the safe way round
 // (memory is the lower bound: nothing is served from money the row does
 // not hold), and unsure says so, so that resync gives it back.
-// growRaces bounds the runs of a one-statement grow that each found the
-// account row changed under it (see pgGrow); each run waits for the
-// transaction it raced, so a second run nearly always succeeds.
-const growRaces = 8
-
 func (s *sqlStore) grow(ctx context.Context, what, account string, need, amount Micros, kmax int64) (grant, row Micros, unsure bool, _ error) {
 	now := s.now()
 	opts := opOptions{single: s.d.growOne != "", retry: retryAlways}
