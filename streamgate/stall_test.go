@@ -27,12 +27,14 @@ var (
 // reading (a cancel closes the pipe); it reports whether it lasted d.
 func keepAlive(u *upstream, ev string, every, d time.Duration) bool {
 	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(every) {
-		if _, err := u.pw.Write([]byte(ev)); err != nil {
-			return false
-		}
+		// Recorded before it is written, as send does: the relay may
+		// deliver it, and the test compare, before Write returns.
 		u.mu.Lock()
 		u.sent.WriteString(ev)
 		u.mu.Unlock()
+		if _, err := u.pw.Write([]byte(ev)); err != nil {
+			return false
+		}
 	}
 	return true
 }
