@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 )
@@ -833,7 +834,12 @@ func (s *sqlStore) sweepLeases(ctx context.Context, now time.Time) (int, error) 
 		var rows []expired
 		err := s.writeOnce(ctx, "releasing expired leases", "", func(t *stx) error {
 			rows = rows[:0]
-			rs, err := t.tx.QueryContext(t.ctx, s.q(`DELETE FROM leases WHERE (id, account_id) IN (SELECT id, account_id FROM leases WHERE expires_at <= ? AND id <> ? ORDER BY expires_at LIMIT `+fmt.Sprint(sweepBatch)+s.d.skipLocked+`) RETURNING id, account_id, amount`), toDB(now), s.leases.id)
+			accounts, err := s.lockExpiredLeaseAccounts(t, now)
+			if err != nil || len(accounts) == 0 {
+				return err
+			}
+			args := append([]any{toDB(now), s.leases.id}, accounts...)
+			rs, err := t.tx.QueryContext(t.ctx, s.q(`DELETE FROM leases WHERE (id, account_id) IN (SELECT id, account_id FROM leases WHERE expires_at <= ? AND id <> ? AND account_id IN (`+placeholders(len(accounts))+`) ORDER BY expires_at LIMIT `+fmt.Sprint(sweepBatch)+s.d.skipLocked+`) RETURNING id, account_id, amount`), args...)
 			if err != nil {
 				return err
 			}
@@ -872,6 +878,39 @@ func (s *sqlStore) sweepLeases(ctx context.Context, now time.Time) (int, error) 
 			return total, nil
 		}
 	}
+}
+
+// lockExpiredLeaseAccounts locks, in one order, the accounts of up to
+// sweepBatch leases of other instances that expired at or before now, and
+// returns them. A sweep takes the account rows before the lease rows, as
+// grow does: one that locked a lease row first would wait for its
+// account's row while a grow of that same lease (a live instance growing
+// the lease it could not renew through an outage) held the account row
+// and waited for the lease row, until lock_timeout failed one of them.
+func (s *sqlStore) lockExpiredLeaseAccounts(t *stx, now time.Time) ([]any, error) {
+	rs, err := t.tx.QueryContext(t.ctx, s.q(`SELECT DISTINCT account_id FROM (SELECT account_id FROM leases WHERE expires_at <= ? AND id <> ? ORDER BY expires_at LIMIT `+fmt.Sprint(sweepBatch)+`) e ORDER BY account_id`), toDB(now), s.leases.id)
+	if err != nil {
+		return nil, err
+	}
+	var accounts []any
+	if err := eachRow(rs, func(rs *sql.Rows) error {
+		var a string
+		err := rs.Scan(&a)
+		accounts = append(accounts, a)
+		return err
+	}); err != nil || len(accounts) == 0 || s.d.forUpdate == "" {
+		return accounts, err
+	}
+	rs, err = t.tx.QueryContext(t.ctx, s.q(`SELECT id FROM accounts WHERE id IN (`+placeholders(len(accounts))+`) ORDER BY id`+s.d.forUpdate), accounts...)
+	if err != nil {
+		return nil, err
+	}
+	return accounts, eachRow(rs, func(*sql.Rows) error { return nil })
+}
+
+// placeholders is n comma-separated ? placeholders.
+func placeholders(n int) string {
+	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
 }
 
 // closeLeases refuses new Reserves and Settles, waits for those writing,

@@ -214,6 +214,7 @@ func OpenPostgres(ctx context.Context, dsn string, opts ...Options) (Store, erro
 			name:       "postgres",
 			dollar:     true,
 			skipLocked: " FOR UPDATE SKIP LOCKED",
+			forUpdate:  " FOR UPDATE",
 			// A migration waits as long as another instance's takes, not
 			// lockTimeout.
 			migratePrelude: []string{"SET LOCAL lock_timeout = 0", fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", int64(migrationLockKey))},

@@ -23,6 +23,9 @@ type dialect struct {
 	// sweepers on other instances neither block on nor deadlock with each
 	// other or with in-flight settlements.
 	skipLocked string
+	// forUpdate is appended to a SELECT that locks the rows it reads
+	// (PostgreSQL; SQLite's one writer needs none, and it is empty).
+	forUpdate string
 	// migratePrelude runs first in the migration transaction.
 	migratePrelude []string
 	schema         []string
