@@ -67,6 +67,22 @@ import (
 //
 // A reservation lives in the memory of the Store that made it: Settle and
 // Extend it there; another Store (instance) answers ErrNotFound.
+//
+// Lock order (PostgreSQL; SQLite has one writer). An instance writes on
+// several connections at once, and instances share accounts, so every
+// transaction that writes a lease row first holds its account's row, and
+// takes account rows in one order, by ID: a grow locks the account
+// (pgGrow), a settlement batch and a shrink lock their accounts sorted
+// before touching a lease (pgSettleBatch, pgShrink), Renew, resync and
+// Close lock the accounts of their leases first (lockLeaseAccounts), and a
+// sweep locks the accounts of the expired leases it takes and skips a
+// locked lease row. Then nobody waits for a lease row while holding what
+// its holder waits for, and account rows are always taken in the same
+// order: no cycle. Before, a settlement batch (lease rows, then accounts)
+// and a grow or another instance's batch (accounts in another order)
+// could each wait for the other until lock_timeout (200 ms) failed one,
+// a stall of a whole batch, dozens of times a second with two instances
+// on shared accounts.
 
 // DefaultLeaseTTL is how long a lease outlives its instance's last
 // extension (Options.LeaseTTL).
@@ -135,14 +151,16 @@ func (l *lease) spare() Micros { return l.amount - l.held }
 // does not hold, or the Reserves it served would settle against nothing
 // and go unbilled. Settlements in flight may since have charged the row
 // without being booked yet (booking them would count their charge
-// twice): resync then makes memory agree with the row once they end.
+// twice), and a shrink that began before the row's expiry may yet take
+// money out of the new row: resync then makes memory agree with the row
+// once they end.
 func (l *lease) land(grant, row Micros, expired bool) {
 	if !expired || l.amount+grant <= row {
 		l.amount += grant
 		return
 	}
 	l.amount = row
-	if l.settling.n > 0 {
+	if l.settling.n > 0 || l.shrinking.n > 0 {
 		l.unsure++
 	}
 }
@@ -226,6 +244,12 @@ func newLeaseBook(ttl time.Duration) *leaseBook {
 		leases: map[string]*lease{},
 		res:    map[string]*memReservation{},
 	}
+}
+
+// maySwept reports whether l's row may have expired by now, and so been
+// swept by another instance.
+func (b *leaseBook) maySwept(l *lease, now time.Time) bool {
+	return now.Sub(l.extended) >= b.ttl
 }
 
 // usable reports whether a Reserve may be served from l without touching
@@ -380,7 +404,7 @@ func (s *sqlStore) reserve(ctx context.Context, r Reservation, booked *uint64) e
 				l.unsure++
 			}
 			if err == nil {
-				l.land(grant, row, s.now().Sub(l.extended) >= b.ttl)
+				l.land(grant, row, b.maySwept(l, s.now()))
 				l.extended = now
 				l.grantedAt = now
 			}
@@ -515,6 +539,7 @@ func (s *sqlStore) shrink(ctx context.Context, accounts []string, keep func(l *l
 		spare   Micros
 	}
 	var gb []giveBack
+	now := s.now()
 	b.mu.Lock()
 	if accounts == nil {
 		for a := range b.leases {
@@ -523,10 +548,10 @@ func (s *sqlStore) shrink(ctx context.Context, accounts []string, keep func(l *l
 	}
 	for _, a := range accounts {
 		l := b.leases[a]
-		if l == nil || l.grow != nil || (keep != nil && !keep(l)) {
-			// A lease being grown gives back later: its grant may re-create
-			// a swept row (see land), which money taken out meanwhile
-			// would be missing from.
+		if l == nil || (l.grow != nil && b.maySwept(l, now)) || (keep != nil && !keep(l)) {
+			// A lease whose row may have been swept, being grown, gives
+			// back later: the grant may re-create the row (see land),
+			// which money taken out meanwhile would be missing from.
 			continue
 		}
 		if sp := l.spare(); sp > 0 {
@@ -579,7 +604,7 @@ func (s *sqlStore) shrink(ctx context.Context, accounts []string, keep func(l *l
 			}
 		}
 		return nil
-	}, opOptions{single: s.d.shrinkOne != "", retry: retryNever})
+	}, opOptions{single: s.d.shrinkOne != "", several: true, retry: retryNever})
 	if err != nil {
 		unknown := errors.Is(err, errOutcomeUnknown)
 		b.mu.Lock()
@@ -637,6 +662,9 @@ func (s *sqlStore) resync(ctx context.Context) error {
 	err := s.w.do(ctx, fmt.Sprintf("giving back what %d lease(s) hold beyond their count", len(cs)), cs[0].account, func(t *stx) error {
 		for i := range cs {
 			c := &cs[i]
+			if err := s.lockAccount(t, c.account); err != nil {
+				return err
+			}
 			var held int64
 			err := t.tx.QueryRowContext(t.ctx, s.q(`SELECT amount FROM leases WHERE id = ? AND account_id = ?`), b.id, c.account).Scan(&held)
 			c.gone = errors.Is(err, sql.ErrNoRows)
@@ -659,7 +687,7 @@ func (s *sqlStore) resync(ctx context.Context) error {
 			}
 		}
 		return nil
-	}, opOptions{retry: retryNever})
+	}, opOptions{several: true, retry: retryNever})
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, c := range cs {
@@ -720,6 +748,9 @@ func (s *sqlStore) Renew(ctx context.Context) error {
 	var extended []string
 	err := s.w.do(ctx, "extending leases", "", func(t *stx) error {
 		extended = extended[:0]
+		if err := s.lockLeaseAccounts(t); err != nil {
+			return err
+		}
 		rs, err := t.tx.QueryContext(t.ctx, s.q(`UPDATE leases SET expires_at = ? WHERE id = ? RETURNING account_id`), toDB(now.Add(b.ttl)), b.id)
 		if err != nil {
 			return err
@@ -730,7 +761,7 @@ func (s *sqlStore) Renew(ctx context.Context) error {
 			extended = append(extended, a)
 			return err
 		})
-	}, opOptions{retry: retryNever})
+	}, opOptions{several: true, retry: retryNever})
 	if err != nil {
 		return err
 	}
@@ -908,6 +939,32 @@ func (s *sqlStore) lockExpiredLeaseAccounts(t *stx, now time.Time) ([]any, error
 	return accounts, eachRow(rs, func(*sql.Rows) error { return nil })
 }
 
+// lockLeaseAccounts locks the accounts of this instance's leases, in
+// order, before a write to its lease rows (see the lock order above).
+func (s *sqlStore) lockLeaseAccounts(t *stx) error {
+	if s.d.forUpdate == "" {
+		return nil
+	}
+	rs, err := t.tx.QueryContext(t.ctx, s.q(`SELECT id FROM accounts WHERE id IN (SELECT account_id FROM leases WHERE id = ?) ORDER BY id`+s.d.forUpdate), s.leases.id)
+	if err != nil {
+		return fmt.Errorf("locking the leases' accounts: %w", err)
+	}
+	return eachRow(rs, func(*sql.Rows) error { return nil })
+}
+
+// lockAccount locks one account's row before a write to its lease row
+// (see the lock order above).
+func (s *sqlStore) lockAccount(t *stx, account string) error {
+	if s.d.forUpdate == "" {
+		return nil
+	}
+	rs, err := t.tx.QueryContext(t.ctx, s.q(`SELECT id FROM accounts WHERE id = ?`+s.d.forUpdate), account)
+	if err != nil {
+		return fmt.Errorf("locking account %q: %w", account, err)
+	}
+	return eachRow(rs, func(*sql.Rows) error { return nil })
+}
+
 // placeholders is n comma-separated ? placeholders.
 func placeholders(n int) string {
 	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
@@ -935,6 +992,9 @@ func (s *sqlStore) closeLeases() error {
 		return fmt.Errorf("releasing unsettled reservations: %w", err)
 	}
 	err := s.writeOnce(ctx, "returning the leases", "", func(t *stx) error {
+		if err := s.lockLeaseAccounts(t); err != nil {
+			return err
+		}
 		if _, err := t.tx.ExecContext(t.ctx, s.q(`UPDATE accounts SET reserved = reserved - (SELECT amount FROM leases WHERE leases.id = ? AND leases.account_id = accounts.id)
 			WHERE id IN (SELECT account_id FROM leases WHERE id = ? AND amount > 0)`), b.id, b.id); err != nil {
 			return err

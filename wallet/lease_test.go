@@ -131,6 +131,15 @@ func TestLeasesTwoInstancesHammered(t *testing.T) {
 			}()
 		}
 		wg.Wait()
+		// Both instances take the rows they write in one order (lease.go's
+		// lock order): their writes wait for each other but never in a
+		// cycle, which only PostgreSQL's lock_timeout would break, failing
+		// a write that is then run again. Taking rows out of order, this
+		// test saw about 20 such re-runs; one or two may still come from a
+		// transaction that holds a row past lock_timeout on a loaded box.
+		if again := a.w.retried.Load() + a.w.reruns.Load() + b.w.retried.Load() + b.w.reruns.Load(); again > 3 {
+			t.Errorf("%d writes run again (a lock timeout or a deadlock): the instances took rows out of order", again)
+		}
 		for i, id := range accounts {
 			if acct := getAccount(t, a, id); acct.Balance != balance-Micros(charged[i].Load()) || acct.Balance < acct.Reserved {
 				t.Errorf("%s: %+v, want balance %s", id, acct, balance-Micros(charged[i].Load()))

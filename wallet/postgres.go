@@ -124,10 +124,13 @@ SELECT (SELECT granted FROM u), EXISTS (SELECT 1 FROM a), (SELECT granted FROM g
 // pgShrink gives back spare lease money in one statement: this
 // instance's leases ($1) of the accounts $2 shrink by $3 each, and the
 // accounts' reserved with them; a lease Sweep already released is skipped.
+// The account rows are locked first, in order (see lockOrder in lease.go).
 const pgShrink = `WITH s AS (
 	SELECT * FROM unnest($2::text[], $3::bigint[]) AS s(account_id, spare)
+), k AS MATERIALIZED (
+	SELECT x.id FROM accounts x WHERE x.id = ANY($2::text[]) ORDER BY x.id FOR UPDATE
 ), l AS (
-	UPDATE leases y SET amount = y.amount - s.spare FROM s
+	UPDATE leases y SET amount = y.amount - s.spare FROM s JOIN k ON k.id = s.account_id
 	WHERE y.id = $1 AND y.account_id = s.account_id AND y.amount >= s.spare
 	RETURNING y.account_id, s.spare
 )
@@ -140,11 +143,14 @@ UPDATE accounts x SET reserved = x.reserved - l.spare FROM l WHERE x.id = l.acco
 // found are written. It answers each such account's available balance; an
 // account missing from the answer lost its lease to Sweep, and nothing of
 // it was written. A lease is only charged what its reservations held, so
-// neither UPDATE can fail a CHECK.
+// neither UPDATE can fail a CHECK. The account rows are locked first, in
+// order (see lockOrder in lease.go).
 const pgSettleBatch = `WITH j AS (
 	SELECT * FROM unnest($2::text[], $3::bigint[]) AS j(account_id, charged)
+), k AS MATERIALIZED (
+	SELECT x.id FROM accounts x WHERE x.id = ANY($2::text[]) ORDER BY x.id FOR UPDATE
 ), l AS (
-	UPDATE leases y SET amount = y.amount - j.charged FROM j
+	UPDATE leases y SET amount = y.amount - j.charged FROM j JOIN k ON k.id = j.account_id
 	WHERE y.id = $1 AND y.account_id = j.account_id AND y.amount >= j.charged
 	RETURNING y.account_id, j.charged
 ), a AS (

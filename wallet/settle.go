@@ -383,7 +383,7 @@ func (s *sqlStore) settleWrite(ctx context.Context, job *settleJob) error {
 func (s *sqlStore) settleBatch(account string) {
 	b := &settleRun{s: s}
 	err := s.w.do(context.Background(), "writing a settlement batch", account, b.run,
-		opOptions{single: s.d.settleBatch != "", retry: retryChecked})
+		opOptions{single: s.d.settleBatch != "", several: true, retry: retryChecked})
 	taken := b.taken
 	if taken == nil {
 		// Refused before it ran (the store is closing): fail what waits.

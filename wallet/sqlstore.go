@@ -210,7 +210,7 @@ func (s *sqlStore) write(ctx context.Context, what, account string, fn func(t *s
 // database that does not answer never holds up whoever waits for the
 // sweep (the store's owner stops its sweeper before closing it).
 func (s *sqlStore) writeOnce(ctx context.Context, what, account string, fn func(t *stx) error) error {
-	return s.w.do(ctx, what, account, fn, opOptions{retry: retryNever})
+	return s.w.do(ctx, what, account, fn, opOptions{several: true, retry: retryNever})
 }
 
 func (s *sqlStore) migrate(ctx context.Context) error {

@@ -55,8 +55,11 @@ import (
 // it commits, so two batches (of two writer goroutines, or of two
 // instances) could lock two accounts in opposite orders. The writer therefore sorts a PostgreSQL
 // batch by account (the account each op names: Reservation.Account,
-// Entry.Account, ...; any order of concurrent calls is a valid one), which
-// leaves only rare cycles through one reservation row (the same
+// Entry.Account, ...; any order of concurrent calls is a valid one), and
+// runs an op that writes several accounts (opOptions.several: a
+// settlement batch, a shrink, a sweep) in a transaction of its own; each
+// op takes an account's row before its lease's (lease.go's lock order).
+// That leaves only rare cycles through one reservation row (the same
 // reservation settled twice at once, or settled while a Sweep releases
 // it). PostgreSQL breaks those after
 // deadlock_timeout (1 s by default) by failing one statement; that batch
@@ -219,7 +222,12 @@ type opOptions struct {
 	// single: fn is one statement, atomic by itself, so run alone it needs
 	// no BEGIN and COMMIT (PostgreSQL: one round trip instead of three).
 	single bool
-	retry  retryPolicy
+	// several: fn writes the rows of several accounts (taking their locks
+	// in order, see lease.go's lock order). On PostgreSQL it runs in a
+	// transaction of its own: in a batch, the ops before and after it
+	// would lock accounts on either side of its own, out of order.
+	several bool
+	retry   retryPolicy
 }
 
 // session identifies the database session behind a writer connection
@@ -689,6 +697,20 @@ func (w *worker) run(batch []*writeOp) {
 		}
 		op.runs++
 		live = append(live, op)
+	}
+	if !w.savepoints && len(live) > 1 {
+		// PostgreSQL: an op of several accounts runs alone (see several).
+		n := 0
+		for _, op := range live {
+			if op.several {
+				w.runAlone(op)
+				continue
+			}
+			live[n] = op
+			n++
+		}
+		clear(live[n:])
+		live = live[:n]
 	}
 	switch {
 	case len(live) == 1:
