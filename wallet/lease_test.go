@@ -68,6 +68,34 @@ func twoInstances(t *testing.T, opts Options, f func(t *testing.T, a, b *sqlStor
 	}
 }
 
+// wantBilledAndReturned checks, once two instances' traffic has ended,
+// that each account was charged exactly what its settlements charged
+// (charged, by account) and is not overdrawn, and that the audit is
+// clean; then it closes both and checks that nothing is left reserved. It
+// returns a third instance on the database.
+func wantBilledAndReturned(t *testing.T, a, b *sqlStore, reopen func() *sqlStore, accounts []string, balance Micros, charged []atomic.Int64) *sqlStore {
+	t.Helper()
+	for i, id := range accounts {
+		if acct := getAccount(t, a, id); acct.Balance != balance-Micros(charged[i].Load()) || acct.Balance < acct.Reserved {
+			t.Errorf("%s: %+v, want balance %s", id, acct, balance-Micros(charged[i].Load()))
+		}
+	}
+	wantCleanAudit(t, a)
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c := reopen()
+	for _, id := range accounts {
+		if acct := getAccount(t, c, id); acct.Reserved != 0 {
+			t.Errorf("%s after both instances closed: %+v", id, acct)
+		}
+	}
+	return c
+}
+
 func wantCleanAudit(t *testing.T, s Store) {
 	t.Helper()
 	rows, err := s.Audit(context.Background(), "")
@@ -140,24 +168,7 @@ func TestLeasesTwoInstancesHammered(t *testing.T) {
 		if again := a.w.retried.Load() + a.w.reruns.Load() + b.w.retried.Load() + b.w.reruns.Load(); again > 3 {
 			t.Errorf("%d writes run again (a lock timeout or a deadlock): the instances took rows out of order", again)
 		}
-		for i, id := range accounts {
-			if acct := getAccount(t, a, id); acct.Balance != balance-Micros(charged[i].Load()) || acct.Balance < acct.Reserved {
-				t.Errorf("%s: %+v, want balance %s", id, acct, balance-Micros(charged[i].Load()))
-			}
-		}
-		wantCleanAudit(t, a)
-		if err := a.Close(); err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Close(); err != nil {
-			t.Fatal(err)
-		}
-		c := reopen()
-		for _, id := range accounts {
-			if acct := getAccount(t, c, id); acct.Reserved != 0 {
-				t.Errorf("%s after both instances closed: %+v", id, acct)
-			}
-		}
+		c := wantBilledAndReturned(t, a, b, reopen, accounts, balance, charged[:])
 		var leases int
 		if err := c.db.QueryRow(`SELECT COUNT(*) FROM leases`).Scan(&leases); err != nil || leases != 0 {
 			t.Errorf("%d lease rows left after Close (%v)", leases, err)
@@ -475,25 +486,7 @@ func TestLeasesSweptUnderLoad(t *testing.T) {
 		}
 		run(20, false)
 		t.Logf("%d sweeps (%d ran into lock_timeout); %d settlements found their lease swept", sweeps, timedOut.Load(), lost.Load())
-		for i, id := range accounts {
-			if acct := getAccount(t, b, id); acct.Balance != balance-Micros(charged[i].Load()) || acct.Balance < acct.Reserved {
-				t.Errorf("%s: %+v, want balance %s", id, acct, balance-Micros(charged[i].Load()))
-			}
-		}
-		wantCleanAudit(t, a)
-		if err := a.Close(); err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Close(); err != nil {
-			t.Fatal(err)
-		}
-		c := reopen()
-		for _, id := range accounts {
-			if acct := getAccount(t, c, id); acct.Reserved != 0 {
-				t.Errorf("%s after both instances closed: %+v", id, acct)
-			}
-		}
-		wantCleanAudit(t, c)
+		wantCleanAudit(t, wantBilledAndReturned(t, a, b, reopen, accounts, balance, charged[:]))
 	})
 }
 
