@@ -124,7 +124,7 @@ SELECT (SELECT granted FROM u), EXISTS (SELECT 1 FROM a), (SELECT granted FROM g
 // pgShrink gives back spare lease money in one statement: this
 // instance's leases ($1) of the accounts $2 shrink by $3 each, and the
 // accounts' reserved with them; a lease Sweep already released is skipped.
-// The account rows are locked first, in order (see lockOrder in lease.go).
+// The account rows are locked first, in order (see "Lock order" in lease.go).
 const pgShrink = `WITH s AS (
 	SELECT * FROM unnest($2::text[], $3::bigint[]) AS s(account_id, spare)
 ), k AS MATERIALIZED (
@@ -144,7 +144,7 @@ UPDATE accounts x SET reserved = x.reserved - l.spare FROM l WHERE x.id = l.acco
 // account missing from the answer lost its lease to Sweep, and nothing of
 // it was written. A lease is only charged what its reservations held, so
 // neither UPDATE can fail a CHECK. The account rows are locked first, in
-// order (see lockOrder in lease.go).
+// order (see "Lock order" in lease.go).
 const pgSettleBatch = `WITH j AS (
 	SELECT * FROM unnest($2::text[], $3::bigint[]) AS j(account_id, charged)
 ), k AS MATERIALIZED (
