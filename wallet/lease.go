@@ -74,7 +74,7 @@ import (
 // takes account rows in one order, by ID: a grow locks the account
 // (pgGrow), a settlement batch and a shrink lock their accounts sorted
 // before touching a lease (pgSettleBatch, pgShrink), Renew, resync and
-// Close lock the accounts of their leases first (lockLeaseAccounts), and a
+// Close lock the accounts of their leases first (lockAccounts), and a
 // sweep locks the accounts of the expired leases it takes and skips a
 // locked lease row. Then nobody waits for a lease row while holding what
 // its holder waits for, and account rows are always taken in the same
@@ -662,7 +662,7 @@ func (s *sqlStore) resync(ctx context.Context) error {
 	err := s.w.do(ctx, fmt.Sprintf("giving back what %d lease(s) hold beyond their count", len(cs)), cs[0].account, func(t *stx) error {
 		for i := range cs {
 			c := &cs[i]
-			if err := s.lockAccount(t, c.account); err != nil {
+			if err := s.lockAccounts(t, `SELECT id FROM accounts WHERE id = ?`, c.account); err != nil {
 				return err
 			}
 			var held int64
@@ -748,7 +748,7 @@ func (s *sqlStore) Renew(ctx context.Context) error {
 	var extended []string
 	err := s.w.do(ctx, "extending leases", "", func(t *stx) error {
 		extended = extended[:0]
-		if err := s.lockLeaseAccounts(t); err != nil {
+		if err := s.lockAccounts(t, leaseAccounts, s.leases.id); err != nil {
 			return err
 		}
 		rs, err := t.tx.QueryContext(t.ctx, s.q(`UPDATE leases SET expires_at = ? WHERE id = ? RETURNING account_id`), toDB(now.Add(b.ttl)), b.id)
@@ -929,41 +929,29 @@ func (s *sqlStore) lockExpiredLeaseAccounts(t *stx, now time.Time) ([]any, error
 		err := rs.Scan(&a)
 		accounts = append(accounts, a)
 		return err
-	}); err != nil || len(accounts) == 0 || s.d.forUpdate == "" {
+	}); err != nil || len(accounts) == 0 {
 		return accounts, err
 	}
-	rs, err = t.tx.QueryContext(t.ctx, s.q(`SELECT id FROM accounts WHERE id IN (`+placeholders(len(accounts))+`) ORDER BY id`+s.d.forUpdate), accounts...)
-	if err != nil {
-		return nil, err
-	}
-	return accounts, eachRow(rs, func(*sql.Rows) error { return nil })
+	return accounts, s.lockAccounts(t, `SELECT id FROM accounts WHERE id IN (`+placeholders(len(accounts))+`) ORDER BY id`, accounts...)
 }
 
-// lockLeaseAccounts locks the accounts of this instance's leases, in
-// order, before a write to its lease rows (see the lock order above).
-func (s *sqlStore) lockLeaseAccounts(t *stx) error {
+// lockAccounts runs query, a SELECT of account rows in ID order, with FOR
+// UPDATE: the account rows a write takes before its lease rows (see the
+// lock order above). Nothing on SQLite, whose one writer needs no locks.
+func (s *sqlStore) lockAccounts(t *stx, query string, args ...any) error {
 	if s.d.forUpdate == "" {
 		return nil
 	}
-	rs, err := t.tx.QueryContext(t.ctx, s.q(`SELECT id FROM accounts WHERE id IN (SELECT account_id FROM leases WHERE id = ?) ORDER BY id`+s.d.forUpdate), s.leases.id)
+	rs, err := t.tx.QueryContext(t.ctx, s.q(query+s.d.forUpdate), args...)
 	if err != nil {
-		return fmt.Errorf("locking the leases' accounts: %w", err)
+		return fmt.Errorf("locking accounts: %w", err)
 	}
 	return eachRow(rs, func(*sql.Rows) error { return nil })
 }
 
-// lockAccount locks one account's row before a write to its lease row
-// (see the lock order above).
-func (s *sqlStore) lockAccount(t *stx, account string) error {
-	if s.d.forUpdate == "" {
-		return nil
-	}
-	rs, err := t.tx.QueryContext(t.ctx, s.q(`SELECT id FROM accounts WHERE id = ?`+s.d.forUpdate), account)
-	if err != nil {
-		return fmt.Errorf("locking account %q: %w", account, err)
-	}
-	return eachRow(rs, func(*sql.Rows) error { return nil })
-}
+// leaseAccounts selects the accounts of this instance's leases ($1), for
+// lockAccounts.
+const leaseAccounts = `SELECT id FROM accounts WHERE id IN (SELECT account_id FROM leases WHERE id = ?) ORDER BY id`
 
 // placeholders is n comma-separated ? placeholders.
 func placeholders(n int) string {
@@ -992,7 +980,7 @@ func (s *sqlStore) closeLeases() error {
 		return fmt.Errorf("releasing unsettled reservations: %w", err)
 	}
 	err := s.writeOnce(ctx, "returning the leases", "", func(t *stx) error {
-		if err := s.lockLeaseAccounts(t); err != nil {
+		if err := s.lockAccounts(t, leaseAccounts, s.leases.id); err != nil {
 			return err
 		}
 		if _, err := t.tx.ExecContext(t.ctx, s.q(`UPDATE accounts SET reserved = reserved - (SELECT amount FROM leases WHERE leases.id = ? AND leases.account_id = accounts.id)
