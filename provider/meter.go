@@ -33,8 +33,9 @@ func (u Usage) PlainInput() int64 {
 // or not. It keeps only counters, never the payloads, so it can watch a
 // stream of any length. It is not safe for concurrent use.
 type Meter struct {
-	api    API
-	format usageFormat
+	// api says where its answers report usage (wire.usage) and how its
+	// events are classified.
+	api API
 	// While lastSet, last is a copy of the data of the event Event last
 	// walked for its kind too, and lastKind that kind (see Classify).
 	last     []byte
@@ -49,7 +50,7 @@ type Meter struct {
 }
 
 // NewMeter returns a Meter for answers of the API.
-func (a API) NewMeter() *Meter { return &Meter{api: a, format: a.wire().usage} }
+func (a API) NewMeter() *Meter { return &Meter{api: a} }
 
 // GateOptions returns the stream gate options for the attempt the meter
 // watches: the meter observes every event and classifies it, from one
@@ -111,7 +112,7 @@ func (m *Meter) Event(ev streamgate.Event) {
 	m.feed(ev)
 	// Only a chunk that mentions usage can carry it.
 	if bytes.Contains(ev.Data, usageKey) {
-		m.format.event(&m.u, ev.Name, ev.Data)
+		m.api.wire().usage.event(&m.u, ev.Name, ev.Data)
 	}
 	if m.describing {
 		m.describe(ev.Data)
@@ -126,7 +127,7 @@ func (m *Meter) feed(ev streamgate.Event) {
 	walk := m.api.wire().metered
 	data := trimWS(ev.Data)
 	if walk == nil || !plainEvent(ev) || len(data) == 0 {
-		m.format.content.feed(&m.content, ev.Data)
+		m.api.wire().usage.content.feed(&m.content, ev.Data)
 		return
 	}
 	m.lastKind = walk(&m.content, data)
@@ -142,10 +143,10 @@ func (m *Meter) feed(ev streamgate.Event) {
 // whose report is complete skips it.
 func (m *Meter) Body(body []byte) {
 	if bytes.Contains(body, usageKey) {
-		m.format.body(&m.u, body)
+		m.api.wire().usage.body(&m.u, body)
 	}
 	if !m.Usage().OutputKnown {
-		m.format.content.feed(&m.content, body)
+		m.api.wire().usage.content.feed(&m.content, body)
 	}
 	if m.describing {
 		m.describe(body)
@@ -160,7 +161,7 @@ func (m *Meter) DeliveredTokens() int64 { return m.content.Tokens() }
 // Usage returns what the upstream reported so far.
 func (m *Meter) Usage() Usage {
 	u := m.u
-	if m.format.inputOnly && u.InputKnown {
+	if m.api.wire().usage.inputOnly && u.InputKnown {
 		u.OutputKnown = true
 	}
 	return u
