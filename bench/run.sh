@@ -70,6 +70,11 @@
 #                    with a wallet, another during an llm_failover+wallet
 #                    load) of each mode named and save it beside the
 #                    results (go tool pprof -top FILE)
+#   BENCH_UPSTREAM   h1 (default) or h2c: every site reaches the upstream
+#                    over HTTP/2 without TLS (\`transport http { versions
+#                    h2c }\`), as Caddy reaches a hosted provider over TLS
+#                    (HTTP/2 by ALPN): many requests share one connection,
+#                    and an exchange wakes no transport goroutine of its own
 #   BENCH_OUT        results directory (default bench/results)
 set -euo pipefail
 
@@ -90,6 +95,7 @@ PROFILE="${BENCH_PROFILE:-}"
 WALLET="${BENCH_WALLET:-sqlite}"
 FAILOVER="${BENCH_FAILOVER:-0}"
 INSTANCES="${BENCH_INSTANCES:-1}"
+UPSTREAM="${BENCH_UPSTREAM:-h1}"
 OUT="${BENCH_OUT:-$ROOT/bench/results}"
 GO="${GO:-go}"
 
@@ -125,6 +131,15 @@ if [ "$FAILOVER" != 0 ]; then
 	[ "${BENCH_WALLET:-off}" = off ] || die "BENCH_FAILOVER=$FAILOVER takes site C: set BENCH_WALLET=off (or leave it unset)"
 	WALLET=off
 fi
+# TRANSPORT: the upstream transport's block inside reverse_proxy and each
+# channel (empty: Caddy's default, HTTP/1.1 to an http:// upstream).
+case "$UPSTREAM" in
+h1) TRANSPORT="" ;;
+h2c) TRANSPORT="transport http {
+			versions h2c
+		}" ;;
+*) die "BENCH_UPSTREAM: want h1 or h2c, got '$UPSTREAM'" ;;
+esac
 # HAS_WALLET: site C is the wallet's (the load sends it an API key).
 HAS_WALLET=""
 [ -z "$TARGET_C" ] || [ "$WALLET" = off ] || HAS_WALLET=1
@@ -220,6 +235,7 @@ http://127.0.0.1:$PORT_A {
 	bind 127.0.0.1
 	reverse_proxy 127.0.0.1:$PORT_UP {
 		flush_interval -1
+		$TRANSPORT
 	}
 }
 
@@ -231,7 +247,9 @@ site_b() { # site_b PORT: the handler under test, defaults otherwise (stream gat
 http://127.0.0.1:$1 {
 	bind 127.0.0.1
 	llm_failover {
-		channel up http://127.0.0.1:$PORT_UP
+		channel up http://127.0.0.1:$PORT_UP {
+			$TRANSPORT
+		}
 		model m {
 			route up
 		}
@@ -248,7 +266,9 @@ site_c() { # site_c PORT: site B plus a prepaid wallet
 http://127.0.0.1:$1 {
 	bind 127.0.0.1
 	llm_failover {
-		channel up http://127.0.0.1:$PORT_UP
+		channel up http://127.0.0.1:$PORT_UP {
+			$TRANSPORT
+		}
 		model m {
 			route up
 			price 3 15
@@ -268,8 +288,12 @@ site_failover() { # site_failover PORT: every request fails over once
 http://127.0.0.1:$1 {
 	bind 127.0.0.1
 	llm_failover {
-		channel down $DOWN_URL
-		channel backup http://127.0.0.1:$PORT_UP
+		channel down $DOWN_URL {
+			$TRANSPORT
+		}
+		channel backup http://127.0.0.1:$PORT_UP {
+			$TRANSPORT
+		}
 		model m {
 			route down cost 1 1
 			route backup cost 2 2
@@ -521,7 +545,7 @@ fi
 	echo "load avg:    $LOAD_BEFORE before, $LOAD_AFTER after (1/5/15 min)"
 	echo "pinning:     $PINNING"
 	echo "load:        bench/load (Go, closed loop), $CONC clients, keep-alive, ${DURATION} measured after ${WARMUP} warm-up, $REPS runs per target alternating $(echo $TARGETS $(for t in $FLEETS; do echo "${INSTANCES}x$t"; done) | sed 's/ /, /g')"
-	echo "upstream:    bench/upstream, JSON answer $(curl -fsS -d "$BODY_JSON" "$URL_A" | wc -c) bytes; SSE $CHUNKS content chunks + finish + [DONE], event delay $EVENT_DELAY, role-only first chunk: $([ "$ROLE_CHUNK" = 1 ] && echo yes || echo no)"
+	echo "upstream:    bench/upstream over $UPSTREAM, JSON answer $(curl -fsS -d "$BODY_JSON" "$URL_A" | wc -c) bytes; SSE $CHUNKS content chunks + finish + [DONE], event delay $EVENT_DELAY, role-only first chunk: $([ "$ROLE_CHUNK" = 1 ] && echo yes || echo no)"
 	echo "targets:     reverse_proxy (flush_interval -1) vs llm_failover (1 channel, stream gate on, no wallet); access logs off"
 	if [ "$FAILOVER" != 0 ]; then
 		echo "             $TARGET_C: two channels, the first $([ "$FAILOVER" = refused ] && echo "refusing connections" || echo "answering 503") (breaker never opens): every request fails over once"
