@@ -491,11 +491,13 @@ func (a Answer) stream(w http.ResponseWriter, r *http.Request, p protocol, req r
 
 // hangUp takes the connection away from net/http and closes it, so the
 // client sees the response end without its terminating chunk. reset sends an
-// RST instead of a FIN.
+// RST instead of a FIN. Over HTTP/2, which cannot give a request's
+// connection away, it resets the request's stream: the server answers
+// the handler's http.ErrAbortHandler with RST_STREAM (INTERNAL_ERROR).
 func hangUp(w http.ResponseWriter, reset bool) {
 	conn, buf, err := http.NewResponseController(w).Hijack()
 	if err != nil {
-		return
+		panic(http.ErrAbortHandler)
 	}
 	closeConn(conn, buf, reset)
 }

@@ -17,8 +17,16 @@ package faultupstream
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"io"
 	"log"
+	"math/big"
 	"net"
 	"net/http"
 	"sync"
@@ -44,6 +52,7 @@ func (f BehaviorFunc) Serve(w http.ResponseWriter, r *http.Request, n int64) { f
 // behaviour ran, so it is complete even for behaviours that reset the
 // connection.
 type Recorded struct {
+	Proto  string // "HTTP/1.1", or "HTTP/2.0" on a NewHTTP2 server
 	Method string
 	Path   string
 	Query  string // raw query, without '?'
@@ -63,9 +72,13 @@ const closeWait = 5 * time.Second
 
 // Server is a running fake upstream.
 type Server struct {
-	// URL is the base URL, e.g. "http://127.0.0.1:41234", without a trailing
-	// slash; append "/v1" (or nothing) as the provider under test expects.
+	// URL is the base URL, e.g. "http://127.0.0.1:41234" ("https://" from
+	// NewHTTP2), without a trailing slash; append "/v1" (or nothing) as the
+	// provider under test expects.
 	URL string
+	// CertPEM is a NewHTTP2 server's self-signed certificate, PEM-encoded:
+	// what a client trusts to reach it (nil for New).
+	CertPEM []byte
 
 	srv    *http.Server
 	ln     net.Listener
@@ -84,6 +97,36 @@ type Server struct {
 // New starts a Server on 127.0.0.1 with a random port. A nil b means OK().
 // It panics if it cannot listen, as there is nothing a test could do instead.
 func New(b Behavior) *Server {
+	s := newServer(b, "http://")
+	go func() { _ = s.srv.Serve(s.ln) }()
+	return s
+}
+
+// NewHTTP2 starts a Server like New, but over TLS with HTTP/2 offered by
+// ALPN, as a hosted provider answers: URL is "https://127.0.0.1:<port>",
+// and the server's certificate (for 127.0.0.1, self-signed, made for this
+// server) is CertPEM. A client that offers HTTP/2 gets it.
+//
+// Every behaviour works the same, except that HTTP/2 has no connection of
+// its own per request to reset or close: a behaviour that hangs up
+// (Reset, CloseNoResponse, a cut or truncated answer) resets its stream
+// (RST_STREAM, INTERNAL_ERROR) instead, which is what a provider's
+// load balancer does to one request.
+func NewHTTP2(b Behavior) *Server {
+	s := newServer(b, "https://")
+	cert, pemBytes, err := selfSigned()
+	if err != nil {
+		panic("faultupstream: making a certificate: " + err.Error())
+	}
+	s.CertPEM = pemBytes
+	s.srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}}
+	go func() { _ = s.srv.ServeTLS(s.ln, "", "") }()
+	return s
+}
+
+// newServer listens on 127.0.0.1 with a random port and makes the Server
+// and its http.Server; the caller starts serving.
+func newServer(b Behavior, scheme string) *Server {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		panic("faultupstream: listen: " + err.Error())
@@ -92,7 +135,7 @@ func New(b Behavior) *Server {
 	// what lets hanging behaviours notice Close as well as a departed client.
 	base, cancel := context.WithCancel(context.Background())
 	s := &Server{
-		URL:    "http://" + ln.Addr().String(),
+		URL:    scheme + ln.Addr().String(),
 		ln:     ln,
 		cancel: cancel,
 	}
@@ -104,8 +147,34 @@ func New(b Behavior) *Server {
 		// them would only bury the real test output.
 		ErrorLog: log.New(io.Discard, "", 0),
 	}
-	go func() { _ = s.srv.Serve(ln) }()
 	return s
+}
+
+// selfSigned makes an ECDSA certificate for 127.0.0.1, valid for a day
+// either side of now, and returns it with its PEM.
+func selfSigned() (tls.Certificate, []byte, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(now.UnixNano()),
+		Subject:               pkix.Name{CommonName: "faultupstream"},
+		NotBefore:             now.Add(-24 * time.Hour),
+		NotAfter:              now.Add(24 * time.Hour),
+		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return tls.Certificate{}, nil, err
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key},
+		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
 }
 
 // Addr is the host:port the server listens on.
@@ -175,6 +244,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	// server only watches the connection once the body is consumed).
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 	rec := Recorded{
+		Proto:  r.Proto,
 		Method: r.Method,
 		Path:   r.URL.Path,
 		Query:  r.URL.RawQuery,
