@@ -146,7 +146,12 @@ func TestRelayContentStallAdaptsToEarlierPause(t *testing.T) {
 		if res.Outcome != Stalled || !errors.Is(res.Err, ErrContentStall) {
 			t.Fatalf("res %+v", res)
 		}
-		// The message names the limit: 8 × the gap, at least 1.6s.
+		// The message names the limit: 8 × the gap the relay saw, 1.6s
+		// when it saw the first delta as soon as it was sent. A loaded
+		// machine can deliver the first delta late and the second on
+		// time, so the gap it sees may be a little shorter; 1.4s (a
+		// 175ms gap) is still far above the 300ms floor, so the limit
+		// was raised by the earlier pause.
 		_, body := dst.snapshot()
 		_, rest, ok := strings.Cut(body, "no content for ")
 		d, _, ok2 := strings.Cut(rest, ";")
@@ -154,7 +159,7 @@ func TestRelayContentStallAdaptsToEarlierPause(t *testing.T) {
 			t.Fatalf("body %q", body)
 		}
 		limit, err := time.ParseDuration(d)
-		if err != nil || limit < 1600*time.Millisecond || paused < limit {
+		if err != nil || limit < 1400*time.Millisecond || paused < limit {
 			t.Fatalf("limit %v (%v), stalled after a pause of %v; body %q", limit, err, paused, body)
 		}
 	})
