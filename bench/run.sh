@@ -71,10 +71,9 @@
 #                    load) of each mode named and save it beside the
 #                    results (go tool pprof -top FILE)
 #   BENCH_UPSTREAM   h1 (default) or h2c: every site reaches the upstream
-#                    over HTTP/2 without TLS (\`transport http { versions
-#                    h2c }\`), as Caddy reaches a hosted provider over TLS
-#                    (HTTP/2 by ALPN): many requests share one connection,
-#                    and an exchange wakes no transport goroutine of its own
+#                    over HTTP/2 without TLS ("transport http { versions
+#                    h2c }"), as Caddy reaches a hosted provider over TLS
+#                    (HTTP/2 by ALPN): many requests share one connection
 #   BENCH_OUT        results directory (default bench/results)
 set -euo pipefail
 
