@@ -475,6 +475,27 @@ func (c *checker) reloading(r *record) bool {
 	return false
 }
 
+// connBefore describes the request that last used r's kept-alive
+// connection before r (by its local address), for a connection that
+// failed: what it carried, and how long it was idle, says whether the
+// gateway closed it at a reload or held it after an answer.
+func (c *checker) connBefore(r *record) string {
+	if !r.Reused || r.Conn == "" {
+		return ""
+	}
+	var prev *record
+	for _, q := range c.l.records {
+		if q != r && q.Inst == r.Inst && q.Conn == r.Conn && q.Sent.Before(r.Sent) && (prev == nil || q.Sent.After(prev.Sent)) {
+			prev = q
+		}
+	}
+	if prev == nil {
+		return fmt.Sprintf("; connection %s: no earlier request on it", r.Conn)
+	}
+	return fmt.Sprintf("; connection %s last carried request %d (%s %s stream=%v, %s, %d), which ended %.3fs before this one was sent",
+		r.Conn, prev.Seq, prev.API, prev.Model, prev.Stream, prev.Class, prev.Status, r.Sent.Sub(prev.Done).Seconds())
+}
+
 func overlaps(a0, a1, b0, b1 time.Time) bool { return !a0.After(b1) && !a1.Before(b0) }
 
 // judge decides, request by request, whether its outcome is one the
@@ -541,9 +562,10 @@ func (c *checker) judge() {
 			r.Defect = "the client got an answer that is neither complete nor ended with an error event in its dialect"
 		}
 		if r.Defect != "" {
-			c.defect("request %d (%s %s %s stream=%v, %s, instance %s, %.2fs..%.2fs, id %s): %s: %s: %s",
+			c.defect("request %d (%s %s %s stream=%v, %s, instance %s, %.2fs..%.2fs, id %s): %s: %s: %s%s",
 				r.Seq, r.API, r.Model, r.Acct, r.Stream, r.ServedBy, c.gws[r.Inst].name,
-				r.Sent.Sub(tl.start).Seconds(), r.Done.Sub(tl.start).Seconds(), r.ReqID, r.Class, r.Defect, r.Detail)
+				r.Sent.Sub(tl.start).Seconds(), r.Done.Sub(tl.start).Seconds(), r.ReqID, r.Class, r.Defect, r.Detail,
+				c.connBefore(r))
 		}
 	}
 }

@@ -68,6 +68,7 @@ type record struct {
 	Detail   string    `json:"detail,omitempty"`
 	Resumed  bool      `json:"resumed,omitempty"`
 	Reused   bool      `json:"reused,omitempty"` // sent on a kept-alive connection
+	Conn     string    `json:"conn,omitempty"`   // the connection's local address: which requests shared it
 	Bytes    int       `json:"bytes"`
 	// Set by the judge.
 	Defect string `json:"defect,omitempty"`
@@ -305,7 +306,7 @@ func (l *load) do(c *http.Client, q request) *record {
 		req.Header.Set("Anthropic-Version", "2023-06-01")
 	}
 	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
-		GotConn: func(i httptrace.GotConnInfo) { rec.Reused = i.Reused },
+		GotConn: func(i httptrace.GotConnInfo) { rec.Reused, rec.Conn = i.Reused, i.Conn.LocalAddr().String() },
 	}))
 	res, err := c.Do(req)
 	if err != nil {
