@@ -41,6 +41,13 @@
 #   BENCH_PG_DSN    the PostgreSQL of site P's wallet (wallet_postgres)
 #   BENCH_PORT      first port (default 18180): +1 A, +2 B, +3 F, +8 go_floor, +10 upstream, +19 admin
 #   BENCH_OUT       results directory (default bench/results)
+#   BENCH_HALT_POLL guest halt polling for the run, in ns (default: leave the
+#                   machine's setting). In a VM whose kernel idles with the
+#                   haltpoll cpuidle driver, an idle vCPU polls this long
+#                   before it halts; a halted vCPU is woken through the
+#                   hypervisor, which at a fixed rate below the knee is most
+#                   of a request's tail (bench/README.md). Needs root;
+#                   the setting is put back at exit.
 # Results: $BENCH_OUT/latency-<stamp>/ holds results.jsonl (one JSON line
 # per run), q/<mode>-<target>-<rate>-<rep>.txt (each run's quantile
 # ladder: every half percent and the tail), summary.md and latency.svg.
@@ -71,6 +78,21 @@ for p in "$PORT_A" "$PORT_B" "$PORT_F" "$PORT_G" "$PORT_H" "$PORT_W" "$PORT_P" "
 	fi
 done
 
+
+# How an idle vCPU waits: what wakes it again is on every request's path
+# at a fixed rate (bench/README.md, "The machine's wake-up").
+HALT_POLL_FILE=/sys/module/haltpoll/parameters/guest_halt_poll_ns
+IDLING="$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo unknown) cpuidle driver"
+if [ -n "${BENCH_HALT_POLL:-}" ]; then
+	[ -w "$HALT_POLL_FILE" ] || die "BENCH_HALT_POLL needs the haltpoll cpuidle driver and root ($HALT_POLL_FILE)"
+	case "$BENCH_HALT_POLL" in '' | *[!0-9]*) die "BENCH_HALT_POLL is a number of nanoseconds" ;; esac
+	HALT_POLL_WAS="$(cat "$HALT_POLL_FILE")"
+	AT_EXIT+=("echo $HALT_POLL_WAS >$HALT_POLL_FILE")
+	echo "$BENCH_HALT_POLL" >"$HALT_POLL_FILE"
+	IDLING+=", guest halt polling $BENCH_HALT_POLL ns for this run (BENCH_HALT_POLL; the machine's: $HALT_POLL_WAS ns)"
+elif [ -r "$HALT_POLL_FILE" ]; then
+	IDLING+=", guest halt polling $(cat "$HALT_POLL_FILE") ns"
+fi
 
 PIN_CADDY=() PIN_LOAD=() PINNING="none (taskset missing or fewer than 2 CPUs)"
 if command -v taskset >/dev/null && [ "$(nproc --all)" -ge 2 ]; then
@@ -188,6 +210,7 @@ TARGETS="${BENCH_TARGETS:-direct go_floor reverse_proxy llm_failover llm_failove
 {
 	echo "date:    $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 	echo "machine: $(nproc --all) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
+	echo "idling:  $IDLING"
 	echo "pinning: $PINNING"
 	echo "load:    bench/load -rate -upstream (open loop, requests sent within microseconds of when due, latency from then; GOGC=400; the fake upstream in the same process), ${DURATION} after ${WARMUP} warm-up, $REPS repetitions alternating $TARGETS"
 	echo "rates:   $RATES; modes: $MODES; stream chunks: $CHUNKS"
