@@ -350,7 +350,7 @@ func (e *Engine) readAnswer(ctx context.Context, x *exchange, res *http.Response
 	// The answer is held until written; the count is released when this
 	// attempt ends, which is after the write.
 	x.held = append(x.held, held)
-	body, err := io.ReadAll(io.LimitReader(held, e.opts.MaxResponseBody+1))
+	body, err := readSized(io.LimitReader(held, e.opts.MaxResponseBody+1), res.ContentLength)
 	switch {
 	case errors.Is(err, provider.ErrMemoryBudget):
 		return nil, &attemptResult{verdict: retry, fail: overloadedFailure()}
