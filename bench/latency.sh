@@ -211,6 +211,7 @@ TARGETS="${BENCH_TARGETS:-direct go_floor reverse_proxy llm_failover llm_failove
 	echo "date:    $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 	echo "machine: $(nproc --all) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
 	echo "idling:  $IDLING"
+	echo "gc:      caddy and the floor proxy with GOGC=${GOGC:-100, the default}${GOMEMLIMIT:+, GOMEMLIMIT=$GOMEMLIMIT}"
 	echo "pinning: $PINNING"
 	echo "load:    bench/load -rate -upstream (open loop, requests sent within microseconds of when due, latency from then; GOGC=400; the fake upstream in the same process), ${DURATION} after ${WARMUP} warm-up, $REPS repetitions alternating $TARGETS"
 	echo "rates:   $RATES; modes: $MODES; stream chunks: $CHUNKS"
