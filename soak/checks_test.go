@@ -52,7 +52,8 @@ const (
 //
 //   - Goroutines other than pooled connections' (see countGoroutines):
 //     what remains varies only with the roles an instance holds (the
-//     probe leader and its prober, a probe under way), by 5 or so; +12
+//     probe leader and its prober), by 5 or so, once no probe round is
+//     under way (goroutinesBetweenProbes); +12
 //     fails a leak of one goroutine per 150 requests in the short run
 //     (2,000 requests), one per 6,000 in the 30-minute one.
 //   - Open descriptors count pooled sockets too (upstreams, PostgreSQL:
@@ -124,8 +125,11 @@ type sample struct {
 	// (net/http's client and server connection loops, database pools),
 	// whose number is the pools' size, not a leak.
 	ownGoroutines int
-	heapInuse     uint64
-	err           error
+	// probing: a probe round was still under way when the goroutines
+	// were counted (see probeRoundWait).
+	probing   bool
+	heapInuse uint64
+	err       error
 }
 
 type resources struct {
@@ -201,11 +205,12 @@ func sampleOne(g *gateway, label string) sample {
 		return s
 	}
 	s.fds = len(fds)
-	prof, err := g.goroutineProfile()
+	prof, probing, err := g.goroutinesBetweenProbes()
 	if err != nil {
 		s.err = err
 		return s
 	}
+	s.probing = probing
 	s.goroutines, s.ownGoroutines = countGoroutines(prof)
 	_ = os.WriteFile(filepath.Join(g.dir, fmt.Sprintf("goroutines-sample-%s-pid%d.txt", label, s.pid)), prof, 0o644)
 	var vars struct {
@@ -221,6 +226,29 @@ func sampleOne(g *gateway, label string) sample {
 	return s
 }
 
+// probeRoundWait bounds how long a sample waits for a moment between
+// probe rounds. Variant A probes every billed model each second, and a
+// round against a stalled upstream holds a goroutine or three per probe
+// until the probe's timeout: counted, it reads as a leak of a dozen
+// (a short run's end sample once had +13 of them). Rounds that end on
+// time leave such moments every second; none within the wait is
+// reported beside the sample.
+const probeRoundWait = 15 * time.Second
+
+// goroutinesBetweenProbes is the goroutine profile taken when no probe
+// round is under way, or after probeRoundWait with probing true.
+func (g *gateway) goroutinesBetweenProbes() (prof []byte, probing bool, err error) {
+	deadline := time.Now().Add(probeRoundWait)
+	for {
+		prof, err = g.goroutineProfile()
+		probing = err == nil && bytes.Contains(prof, []byte("probe.(*Scheduler).Round"))
+		if !probing || time.Now().After(deadline) {
+			return prof, probing, err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // poolStacks are the frames of the goroutines a pooled connection runs.
 var poolStacks = []string{
 	"net/http.(*persistConn).readLoop", "net/http.(*persistConn).writeLoop", "net/http.(*conn).serve",
@@ -228,9 +256,17 @@ var poolStacks = []string{
 }
 
 // countGoroutines reads a goroutine profile grouped by stack (debug=1):
-// the total, and the goroutines that are not a pooled connection's.
+// the total, and the goroutines that are not a pooled connection's. The
+// profile's first line ("goroutine profile: total N") heads the first
+// group with no blank line between: it is cut off, or the largest group
+// (the profile lists them largest first), where a leak would show, is
+// never counted.
 func countGoroutines(prof []byte) (total, own int) {
-	for _, group := range strings.Split(string(prof), "\n\n") {
+	body := string(prof)
+	if head, rest, ok := strings.Cut(body, "\n"); ok && strings.HasPrefix(head, "goroutine profile:") {
+		body = rest
+	}
+	for _, group := range strings.Split(body, "\n\n") {
 		group = strings.TrimSpace(group)
 		n, err := strconv.Atoi(strings.Fields(group + " x")[0])
 		if err != nil || !strings.Contains(group, " @ ") {
@@ -823,8 +859,12 @@ func (c *checker) checkResources() {
 			c.defect("sampling %s (pid %d, %s): %v", c.gws[s.inst].name, s.pid, s.label, s.err)
 			continue
 		}
-		fmt.Fprintf(tw, "  %s\t%d\t%s\t%.0fs\t%.1f\t%.1f\t%d\t%d\t%d\t\n", c.gws[s.inst].name, s.pid, s.label, s.at.Seconds(),
-			float64(s.rss)/(1<<20), float64(s.heapInuse)/(1<<20), s.goroutines, s.ownGoroutines, s.fds)
+		probing := ""
+		if s.probing {
+			probing = fmt.Sprintf(" (a probe round still under way after %s)", probeRoundWait)
+		}
+		fmt.Fprintf(tw, "  %s\t%d\t%s\t%.0fs\t%.1f\t%.1f\t%d\t%d\t%d\t%s\n", c.gws[s.inst].name, s.pid, s.label, s.at.Seconds(),
+			float64(s.rss)/(1<<20), float64(s.heapInuse)/(1<<20), s.goroutines, s.ownGoroutines, s.fds, probing)
 		if _, ok := first[s.pid]; !ok {
 			first[s.pid] = s
 		}
