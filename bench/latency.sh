@@ -80,7 +80,7 @@ done
 
 
 # How an idle vCPU waits: what wakes it again is on every request's path
-# at a fixed rate (bench/README.md, "The machine's wake-up").
+# at a fixed rate (bench/README.md, "The tail taken apart").
 HALT_POLL_FILE=/sys/module/haltpoll/parameters/guest_halt_poll_ns
 IDLING="$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo unknown) cpuidle driver"
 if [ -n "${BENCH_HALT_POLL:-}" ]; then
