@@ -192,23 +192,37 @@ func tryLoadWith(t *testing.T, globals, body string, args ...any) (int, string) 
 // returns the status and answer, for configs that may be refused.
 func loadCaddyfile(t *testing.T, cfg string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, adminURL+"/load", strings.NewReader(cfg))
-	if err != nil {
-		t.Fatal(err)
+	var err error
+	for try := 0; try < 3; try++ {
+		if try > 0 {
+			time.Sleep(200 * time.Millisecond)
+		}
+		var req *http.Request
+		req, err = http.NewRequest(http.MethodPost, adminURL+"/load", strings.NewReader(cfg))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "text/caddyfile")
+		// A connection of its own: a refused load makes Caddy run the old
+		// config again, which can close the admin API's kept-alive
+		// connections, and a POST reused on one of them is reset, not
+		// retried (seen once: TestUnsetEnvironmentVariableIsNamed,
+		// 2026-12-06). Even a new connection can land on the admin
+		// server while it is being put back, and read EOF (seen once:
+		// TestHeartbeatOfAJobThatDoesNotRun, 2026-12-07): loading the same
+		// config again is safe, so a transport error is tried again.
+		req.Close = true
+		var res *http.Response
+		res, err = (&http.Client{Timeout: 60 * time.Second}).Do(req)
+		if err != nil {
+			continue
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		return res.StatusCode, string(b)
 	}
-	req.Header.Set("Content-Type", "text/caddyfile")
-	// A connection of its own: a refused load makes Caddy run the old
-	// config again, which can close the admin API's kept-alive
-	// connections, and a POST reused on one of them is reset, not retried
-	// (seen once: TestUnsetEnvironmentVariableIsNamed, 2026-12-06).
-	req.Close = true
-	res, err := (&http.Client{Timeout: 60 * time.Second}).Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	b, _ := io.ReadAll(res.Body)
-	return res.StatusCode, string(b)
+	t.Fatal(err)
+	return 0, ""
 }
 
 // newPost builds a JSON POST to the gateway; hdr holds name, value pairs.
