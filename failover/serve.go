@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -246,7 +247,7 @@ func readSized(src io.Reader, declared int64) ([]byte, error) {
 	buf := make([]byte, 0, size)
 	for {
 		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)] // let append grow it
+			buf = slices.Grow(buf, 1) // by append's growth: doubling
 		}
 		n, err := src.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
