@@ -40,7 +40,7 @@ func CheckPath(escaped string) error {
 	if strings.Contains(lower, "%2f") || strings.Contains(lower, "%5c") || strings.Contains(escaped, "\\") {
 		return ErrUnsafePath
 	}
-	for _, seg := range strings.Split(escaped, "/") {
+	for seg := range strings.SplitSeq(escaped, "/") {
 		dec, err := url.PathUnescape(seg)
 		if err != nil {
 			return ErrUnsafePath

@@ -68,9 +68,11 @@ func (API) ParseRequest(body []byte) (Request, error) {
 			if val[0] != '"' {
 				return ErrNoModel
 			}
-			if err := json.Unmarshal(val, &req.Model); err != nil {
+			m, ok := jsonString(val)
+			if !ok {
 				return ErrNoModel
 			}
+			req.Model = m
 			req.modelStart, req.modelEnd = start, end
 			foundModel = true
 		case "stream":
@@ -118,12 +120,7 @@ func (API) ParseRequest(body []byte) (Request, error) {
 			}
 		case "stream_options":
 			req.HasStreamOptions = val[0] == '{'
-			var so struct {
-				IncludeUsage bool `json:"include_usage"`
-			}
-			if req.HasStreamOptions && json.Unmarshal(val, &so) == nil {
-				req.IncludeUsage = so.IncludeUsage
-			}
+			req.IncludeUsage = req.HasStreamOptions && includeUsage(val)
 		}
 		return nil
 	})
@@ -387,6 +384,20 @@ func withIncludeUsage(body []byte) []byte {
 	}
 	out = append(out, field...)
 	return append(out, body[end:]...)
+}
+
+// includeUsage reads include_usage from a stream_options object: true
+// only for a literal true under that exact key (the last, if repeated),
+// as the upstream reads it.
+func includeUsage(opts []byte) bool {
+	on := false
+	_ = eachTopLevel(opts, func(key []byte, start, end int) error {
+		if string(key) == "include_usage" {
+			on = string(opts[start:end]) == "true"
+		}
+		return nil
+	})
+	return on
 }
 
 // eachTopLevel calls fn with every key of the top-level object in body and
