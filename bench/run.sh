@@ -12,6 +12,9 @@
 # (bench/load) REPS times per target, alternating A B C A B C ..., and
 # prints medians, ratios and differences (bench/report): llm_failover
 # against reverse_proxy (B/A), and wallet on against wallet off (C/B).
+# Besides requests/s, latency and Caddy's CPU per request, each run reads
+# Caddy's /debug/vars around its measured window: the bytes and objects
+# the process allocated per request, and its collections per 1,000.
 # With BENCH_INSTANCES=N (PostgreSQL only), N-1 more Caddy processes serve
 # sites B and C (C on the same database), and each repetition also loads
 # all N at once with the clients split over them, site B (the control:
@@ -458,7 +461,7 @@ load() { # load TARGET BODY LABEL [extra args]
 	shift 3
 	[ "$target" != "$TARGET_C" ] || extra=("${AUTH[@]}")
 	GOMAXPROCS=1 "${PIN_LOAD[@]}" "$WORK/load" -url "$(url_of "$target")" -body "$body" -c "$CONC" \
-		-label "$label" -json -cpu-pid "$CADDY_PID" "${DB_ARGS[@]}" "${extra[@]}" "$@"
+		-label "$label" -json -cpu-pid "$CADDY_PID" -vars "http://127.0.0.1:$PORT_ADMIN/debug/vars" "${DB_ARGS[@]}" "${extra[@]}" "$@"
 }
 
 fleet_load() { # fleet_load TARGET BODY MODE [extra args]: TARGET (site B or C) on every instance at once, the clients split evenly

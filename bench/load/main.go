@@ -63,6 +63,14 @@ type Result struct {
 	// and its children (PostgreSQL's postmaster and its backends).
 	DBCPUSeconds  float64 `json:"db_cpu_s,omitempty"`
 	DBCPUPerReqUS float64 `json:"db_cpu_us_per_request,omitempty"`
+	// With -vars: what the process allocated over the measured window,
+	// in bytes and objects per request, and the collections it ran per
+	// 1,000 requests. Allocation sets how often Go's collector runs, whose
+	// marking is most of a proxy's tail at a fixed rate (bench/README.md),
+	// and unlike CPU time it does not move with the neighbours.
+	ServerAllocBytesPerReq float64 `json:"server_alloc_bytes_per_request,omitempty"`
+	ServerAllocsPerReq     float64 `json:"server_allocs_per_request,omitempty"`
+	ServerGCPer1kReq       float64 `json:"server_gc_per_1k_requests,omitempty"`
 }
 
 // Pcts are percentiles in milliseconds.
@@ -101,6 +109,7 @@ func main() {
 	label := flag.String("label", "", "label copied into the JSON result")
 	cpuPID := flag.Int("cpu-pid", 0, "measure this process's CPU time (Linux /proc) over the measured window, e.g. the proxy's")
 	dbPID := flag.Int("db-pid", 0, "measure the CPU time of this process and its children over the measured window, e.g. PostgreSQL's postmaster")
+	varsURL := flag.String("vars", "", "read this Go process's expvar page (e.g. Caddy's admin http://127.0.0.1:2019/debug/vars) when the measured window opens and closes: its allocations and collections per request")
 	rate := flag.Float64("rate", 0, "open loop: start this many requests per second, latency counted from when each was due (0: closed loop, -c workers)")
 	maxInflight := flag.Int("max-inflight", 20000, "open loop: the most requests open at once; a request due beyond it is dropped (an error)")
 	quantiles := flag.String("quantiles", "", "write the latency and ttfb quantile ladder of the measured requests to this file")
@@ -159,6 +168,10 @@ func main() {
 	var wg sync.WaitGroup
 	cpuUsed := measureCPU("-cpu-pid", *cpuPID, cpuSeconds, measureFrom, end)
 	dbUsed := measureCPU("-db-pid", *dbPID, cpuTreeSeconds, measureFrom, end)
+	var memUsed <-chan [2]memStats
+	if *varsURL != "" {
+		memUsed = atWindow("-vars", func() (memStats, error) { return readMemStats(*varsURL) }, measureFrom, end)
+	}
 	if *rate > 0 {
 		workers = []*worker{openLoop(client, *method, *url, body, headers, *rate, *maxInflight, start, measureFrom, end)}
 	} else {
@@ -203,6 +216,12 @@ func main() {
 			}
 		}
 	}
+	if memUsed != nil {
+		if m, ok := <-memUsed; ok {
+			b, o, gc := perRequest(m[0], m[1], res.Requests)
+			res.ServerAllocBytesPerReq, res.ServerAllocsPerReq, res.ServerGCPer1kReq = math.Round(b), round3(o), round3(gc)
+		}
+	}
 	if *asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		_ = enc.Encode(res)
@@ -213,6 +232,9 @@ func main() {
 		}
 		if res.DBCPUPerReqUS > 0 {
 			cpu += fmt.Sprintf(", db cpu %.1f us/req", res.DBCPUPerReqUS)
+		}
+		if res.ServerAllocBytesPerReq > 0 {
+			cpu += fmt.Sprintf(", server alloc %.0f B/req (%.1f objects, %.2f GCs per 1k)", res.ServerAllocBytesPerReq, res.ServerAllocsPerReq, res.ServerGCPer1kReq)
 		}
 		fmt.Fprintf(os.Stderr, "%.0f req/s, p50 %.3f ms, ttfb p50 %.3f ms%s, %d errors\n", res.RPS, res.Latency.P50, res.TTFB.P50, cpu, res.Errors)
 	} else {
@@ -404,31 +426,52 @@ func printText(r Result) {
 	if r.DBCPUSeconds > 0 {
 		fmt.Printf("  db cpu %.3fs, %.1f us/request\n", r.DBCPUSeconds, r.DBCPUPerReqUS)
 	}
+	if r.ServerAllocBytesPerReq > 0 {
+		fmt.Printf("  server allocated %.0f bytes, %.1f objects a request; %.2f collections per 1,000 requests\n",
+			r.ServerAllocBytesPerReq, r.ServerAllocsPerReq, r.ServerGCPer1kReq)
+	}
 }
 
 func round3(v float64) float64 { return math.Round(v*1e3) / 1e3 }
 
 // measureCPU reads read(pid) when the measured window opens and when it
-// closes, and sends the difference (0 after an error, which it prints).
-// With pid 0 it measures nothing and the channel stays empty.
+// closes, and sends the difference (0 after an error). With pid 0 it
+// measures nothing and the channel stays empty.
 func measureCPU(flagName string, pid int, read func(int) (float64, error), from, to time.Time) <-chan float64 {
 	used := make(chan float64, 1)
 	if pid <= 0 {
 		return used
 	}
+	w := atWindow(flagName, func() (float64, error) { return read(pid) }, from, to)
 	go func() {
-		time.Sleep(time.Until(from))
-		before, err1 := read(pid)
-		time.Sleep(time.Until(to))
-		after, err2 := read(pid)
-		if err1 != nil || err2 != nil {
-			fmt.Fprintf(os.Stderr, "load: %s: %v\n", flagName, errors.Join(err1, err2))
+		v, ok := <-w
+		if !ok {
 			used <- 0
 			return
 		}
-		used <- after - before
+		used <- v[1] - v[0]
 	}()
 	return used
+}
+
+// atWindow calls read when the measured window opens and when it closes
+// and sends the two readings; after an error, which it prints, it closes
+// the channel instead.
+func atWindow[T any](flagName string, read func() (T, error), from, to time.Time) <-chan [2]T {
+	out := make(chan [2]T, 1)
+	go func() {
+		time.Sleep(time.Until(from))
+		before, err1 := read()
+		time.Sleep(time.Until(to))
+		after, err2 := read()
+		if err := errors.Join(err1, err2); err != nil {
+			fmt.Fprintf(os.Stderr, "load: %s: %v\n", flagName, err)
+			close(out)
+			return
+		}
+		out <- [2]T{before, after}
+	}()
+	return out
 }
 
 // procStat holds the fields of /proc/PID/stat this tool reads, in clock

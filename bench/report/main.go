@@ -62,6 +62,9 @@ type result struct {
 	CPUShare   float64 `json:"server_cpu_core_share"`
 	DBSeconds  float64 `json:"db_cpu_s"`
 	DBPerReq   float64 `json:"db_cpu_us_per_request"`
+	AllocBytes float64 `json:"server_alloc_bytes_per_request"`
+	Allocs     float64 `json:"server_allocs_per_request"`
+	GCPer1k    float64 `json:"server_gc_per_1k_requests"`
 	// capacity is the rate at one core per instance: 1e6/CPUPerReq for one
 	// instance, the sum of the instances' for a fleet.
 	capacity float64
@@ -266,6 +269,14 @@ func table(w *bufio.Writer, mode string, c comparison, a, b []result) bool {
 		row("caddy cpu us/request", func(r result) float64 { return r.CPUPerReq }, true)
 		row("one-core capacity r/s", func(r result) float64 { return r.capacity }, true)
 		row("caddy core share %", func(r result) float64 { return 100 * r.CPUShare }, true)
+	}
+	if a[0].AllocBytes > 0 && b[0].AllocBytes > 0 {
+		// Caddy's allocation per request (the whole process: Caddy's
+		// server, the transport and the handler), which sets how often
+		// its collector runs.
+		row("caddy alloc B/request", func(r result) float64 { return r.AllocBytes }, true)
+		row("caddy allocs/request", func(r result) float64 { return r.Allocs }, true)
+		row("caddy GCs/1k requests", func(r result) float64 { return r.GCPer1k }, true)
 	}
 	if c.title != "" && b[0].DBPerReq > 0 {
 		// The database's CPU (postmaster and backends) per request: for
