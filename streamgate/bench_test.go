@@ -38,22 +38,29 @@ func chatStream(events int) (stream []byte, perEvent [][]byte) {
 
 // BenchmarkRelay measures per-event pass-through cost. "event-per-read"
 // mirrors a streaming upstream (each Read returns one SSE event);
-// "16KiB-reads" is a backlogged upstream.
+// "16KiB-reads" is a backlogged upstream; "short-in-one-read" is a short
+// answer that arrives in one read, as a local upstream's often does (the
+// chunk that decides the stream holds all of it). "/drop" hides the usage
+// chunk, as the gateway does when it asked for usage the client did not.
 func BenchmarkRelay(b *testing.B) {
-	const n = 1000
-	stream, events := chatStream(n)
+	stream, events := chatStream(1000)
+	short, shortEvents := chatStream(20)
 	for _, bc := range []struct {
-		name string
-		src  func() io.Reader
-		opts Options
+		name   string
+		stream []byte
+		events int
+		src    func() io.Reader
+		opts   Options
 	}{
-		{"event-per-read", func() io.Reader { return &chunkReader{chunks: append([][]byte(nil), events...)} }, gate(provider.OpenAIChat, Options{})},
-		{"16KiB-reads", func() io.Reader { return bytes.NewReader(stream) }, gate(provider.OpenAIChat, Options{})},
-		{"event-per-read/drop", func() io.Reader { return &chunkReader{chunks: append([][]byte(nil), events...)} }, gate(provider.OpenAIChat, Options{Drop: isUsageOnly})},
-		{"16KiB-reads/drop", func() io.Reader { return bytes.NewReader(stream) }, gate(provider.OpenAIChat, Options{Drop: isUsageOnly})},
+		{"event-per-read", stream, len(events), func() io.Reader { return &chunkReader{chunks: append([][]byte(nil), events...)} }, gate(provider.OpenAIChat, Options{})},
+		{"16KiB-reads", stream, len(events), func() io.Reader { return bytes.NewReader(stream) }, gate(provider.OpenAIChat, Options{})},
+		{"event-per-read/drop", stream, len(events), func() io.Reader { return &chunkReader{chunks: append([][]byte(nil), events...)} }, gate(provider.OpenAIChat, Options{Drop: isUsageOnly})},
+		{"16KiB-reads/drop", stream, len(events), func() io.Reader { return bytes.NewReader(stream) }, gate(provider.OpenAIChat, Options{Drop: isUsageOnly})},
+		{"short-in-one-read", short, len(shortEvents), func() io.Reader { return bytes.NewReader(short) }, gate(provider.OpenAIChat, Options{})},
+		{"short-in-one-read/drop", short, len(shortEvents), func() io.Reader { return bytes.NewReader(short) }, gate(provider.OpenAIChat, Options{Drop: isUsageOnly})},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			b.SetBytes(int64(len(stream)))
+			b.SetBytes(int64(len(bc.stream)))
 			b.ReportAllocs()
 			for b.Loop() {
 				res := Relay(bc.src(), nil, &discardDown{}, bc.opts)
@@ -61,7 +68,7 @@ func BenchmarkRelay(b *testing.B) {
 					b.Fatal(res.Outcome)
 				}
 			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(events)), "ns/event")
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*bc.events), "ns/event")
 		})
 	}
 }

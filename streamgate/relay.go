@@ -489,7 +489,10 @@ func (r *relay) holdChunk(c []byte) bool {
 		if r.failed || r.overlong() {
 			return true
 		}
-		if r.decided || len(r.held)+len(r.pending) > r.opts.MaxHeld {
+		switch {
+		case r.committed: // decided in c: feedDrop committed and wrote
+			r.flush()
+		case r.decided || len(r.held)+len(r.pending) > r.opts.MaxHeld:
 			r.commitLocked(nil)
 		}
 		return r.clientGone
@@ -553,6 +556,13 @@ func (r *relay) feedDrop(c []byte) (wrote bool, boundary int) {
 	r.skipLF = false
 	b := r.p.Feed(c, r.emit)
 	if b >= 0 {
+		if r.decided && !r.committed {
+			// Decided in this chunk: commit what is held now, so that the
+			// chunk's events go to the client as they are rather than
+			// through held (a copy of most of a first chunk, which often
+			// holds the whole answer). holdChunk flushes it all at once.
+			r.commitUnflushed()
+		}
 		r.sink(r.pending)
 		r.sink(c[r.ws:b])
 		r.pending = r.pending[:0]
@@ -683,16 +693,23 @@ func (r *relay) sawContent() {
 // commitLocked commits and sends what was held plus extra, flushing once so
 // the client gets the headers now. r.mu is held.
 func (r *relay) commitLocked(extra []byte) {
+	if r.commitUnflushed() && r.write(extra) {
+		r.flush()
+	}
+}
+
+// commitUnflushed commits and writes what was held, leaving the flush to
+// the caller, which may have more to write first. It reports whether the
+// client is still there. r.mu is held.
+func (r *relay) commitUnflushed() bool {
 	r.committed = true
 	r.gate.Stop()
 	if err := r.dst.Commit(); err != nil {
 		r.werr = fmt.Errorf("streamgate: commit downstream: %w", err)
 		r.clientGone = true
-		return
+		return false
 	}
-	if r.write(r.held) && r.write(extra) {
-		r.flush()
-	}
+	ok := r.write(r.held)
 	r.held = nil
 	r.account() // what was held is the client's now
 	if !r.clientGone {
@@ -707,6 +724,7 @@ func (r *relay) commitLocked(extra []byte) {
 			r.stall = time.AfterFunc(r.opts.StallFloor, r.onStall)
 		}
 	}
+	return ok
 }
 
 func (r *relay) write(b []byte) bool {

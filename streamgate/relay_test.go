@@ -492,6 +492,50 @@ func TestRelayDropHidesUsageChunk(t *testing.T) {
 	}
 }
 
+// A chunk that decides the stream goes to the client as it is, with the
+// commit: one flush for the chunk, headers and all, whether events were
+// dropped before or after the deciding one and whether the chunk ends
+// inside an event.
+func TestRelayDropDecidedInAChunk(t *testing.T) {
+	usage := sse(shapes.ChatUsage)
+	finish := sse(shapes.ChatFinish)
+	for _, c := range []struct {
+		name   string
+		chunks []string
+		want   string
+	}{
+		{"usage after the content", []string{sse(shapes.ChatRole) + sse(shapes.ChatContent) + usage + sse("[DONE]")},
+			sse(shapes.ChatRole) + sse(shapes.ChatContent) + sse("[DONE]")},
+		{"usage before the content", []string{": hi\n\n" + usage + sse(shapes.ChatContent) + sse("[DONE]")},
+			": hi\n\n" + sse(shapes.ChatContent) + sse("[DONE]")},
+		{"chunk ends inside an event", []string{sse(shapes.ChatContent) + finish[:20], finish[20:] + usage + sse("[DONE]")},
+			sse(shapes.ChatContent) + finish + sse("[DONE]")},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dst := newFakeDown()
+			res, _ := relayWith(t, dst, gate(provider.OpenAIChat, Options{Drop: isUsageOnly}), func(u *upstream) {
+				for _, ch := range c.chunks {
+					u.send(ch)
+				}
+				u.close()
+			})
+			ops, body := dst.snapshot()
+			if res.Outcome != Complete || body != c.want {
+				t.Fatalf("res %+v\nbody %q\nwant %q", res, body, c.want)
+			}
+			flushes := 0
+			for _, op := range ops {
+				if op == "flush" {
+					flushes++
+				}
+			}
+			if flushes != len(c.chunks) || ops[0] != "commit" || ops[len(ops)-1] != "flush" {
+				t.Fatalf("want commit, then one flush a chunk: %q", ops)
+			}
+		})
+	}
+}
+
 func TestRelayClientGone(t *testing.T) {
 	dst := newFakeDown()
 	dst.failWrite = 2
