@@ -6,7 +6,10 @@
 // POST /v1/chat/completions answers a fixed chat.completion JSON (about
 // 600 bytes), or, when the request body asks for "stream": true, a fixed
 // OpenAI-style SSE stream of Chunks content chunks, a finish chunk and
-// "data: [DONE]", flushed event by event.
+// "data: [DONE]", flushed event by event. A stream whose request sets
+// stream_options.include_usage also gets OpenAI's usage-only chunk before
+// [DONE]: the gateway asks for it when it bills, and without it every
+// billed stream would be charged from an estimate, with a warning.
 //
 // POST /fail/v1/chat/completions answers 503 with a small OpenAI-style
 // error, as an overloaded provider does: the channel a failover benchmark
@@ -69,6 +72,7 @@ const errorFrame = `data: {"error":{"message":"The server had an error while pro
 
 var (
 	streamKey  = []byte(`"stream"`)
+	usageKeys  = [][]byte{[]byte(`"include_usage":true`), []byte(`"include_usage": true`)}
 	bodyPool   = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
 	hdrJSON    = []string{"application/json"}
 	hdrSSE     = []string{"text/event-stream; charset=utf-8"}
@@ -82,6 +86,7 @@ type Upstream struct {
 	hdrLen     []string
 	failLen    []string
 	events     [][]byte // the SSE stream, one element per event
+	withUsage  [][]byte // the same with the usage chunk before [DONE]
 	inflight   atomic.Int64
 	mux        *http.ServeMux
 }
@@ -98,7 +103,8 @@ func New(cfg Config) (*Upstream, error) {
 		completion: []byte(completionJSON),
 		hdrLen:     []string{strconv.Itoa(len(completionJSON))},
 		failLen:    []string{strconv.Itoa(len(overloaded))},
-		events:     buildEvents(cfg.Chunks, cfg.RoleChunk),
+		events:     buildEvents(cfg.Chunks, cfg.RoleChunk, false),
+		withUsage:  buildEvents(cfg.Chunks, cfg.RoleChunk, true),
 		mux:        http.NewServeMux(),
 	}
 	u.mux.HandleFunc("/v1/chat/completions", u.answer)
@@ -118,7 +124,7 @@ func (u *Upstream) CompletionLen() int { return len(u.completion) }
 // ServeHTTP answers one request.
 func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) { u.mux.ServeHTTP(w, r) }
 
-func buildEvents(n int, roleChunk bool) [][]byte {
+func buildEvents(n int, roleChunk, usage bool) [][]byte {
 	prefix := `data: {"id":"chatcmpl-bench0000000000000000000000001","object":"chat.completion.chunk","created":` + created +
 		`,"model":"` + model + `","system_fingerprint":"fp_bench0001","choices":[{"index":0,`
 	var out [][]byte
@@ -135,6 +141,13 @@ func buildEvents(n int, roleChunk bool) [][]byte {
 		out = append(out, []byte(prefix+delta+`,"logprobs":null,"finish_reason":null}]}`+"\n\n"))
 	}
 	out = append(out, []byte(prefix+`"delta":{},"logprobs":null,"finish_reason":"stop"}]}`+"\n\n"))
+	if usage {
+		// What OpenAI sends for include_usage: no choices, the usage of
+		// the whole answer.
+		out = append(out, []byte(`data: {"id":"chatcmpl-bench0000000000000000000000001","object":"chat.completion.chunk","created":`+created+
+			`,"model":"`+model+`","system_fingerprint":"fp_bench0001","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":`+strconv.Itoa(n)+
+			`,"total_tokens":`+strconv.Itoa(12+n)+`,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}}}`+"\n\n"))
+	}
 	out = append(out, []byte("data: [DONE]\n\n"))
 	return out
 }
@@ -159,6 +172,17 @@ func wantsStream(body []byte) bool {
 	}
 }
 
+// wantsUsage reports whether a body sets stream_options.include_usage,
+// written as the gateway and the SDKs write it.
+func wantsUsage(body []byte) bool {
+	for _, k := range usageKeys {
+		if bytes.Contains(body, k) {
+			return true
+		}
+	}
+	return false
+}
+
 func (u *Upstream) answer(w http.ResponseWriter, r *http.Request) {
 	u.inflight.Add(1)
 	defer u.inflight.Add(-1)
@@ -171,6 +195,10 @@ func (u *Upstream) answer(w http.ResponseWriter, r *http.Request) {
 	buf := bytes.NewBuffer((*bp)[:0])
 	_, err := buf.ReadFrom(io.LimitReader(r.Body, 1<<20))
 	stream := err == nil && wantsStream(buf.Bytes())
+	events := u.events
+	if stream && wantsUsage(buf.Bytes()) {
+		events = u.withUsage
+	}
 	*bp = buf.Bytes()[:0]
 	bodyPool.Put(bp)
 	if err != nil {
@@ -199,7 +227,7 @@ func (u *Upstream) answer(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	for _, ev := range u.events {
+	for _, ev := range events {
 		if u.cfg.EventDelay > 0 {
 			time.Sleep(u.cfg.EventDelay)
 		}

@@ -40,6 +40,11 @@ func TestPaths(t *testing.T) {
 		!strings.HasSuffix(body, "data: [DONE]\n\n") || !strings.HasPrefix(res.Header.Get("Content-Type"), "text/event-stream") {
 		t.Fatalf("stream: %v %v %q", err, res, body)
 	}
+	res, body, err = post("/v1/chat/completions", `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`)
+	if err != nil || strings.Count(body, "data: ") != u.Events()+1 || !strings.Contains(body, `"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":3,`) ||
+		!strings.HasSuffix(body, "}\n\ndata: [DONE]\n\n") {
+		t.Fatalf("stream with include_usage: %v %v %q", err, res, body)
+	}
 	res, body, err = post("/fail/v1/chat/completions", `{}`)
 	if err != nil || res.StatusCode != 503 || !strings.Contains(body, "overloaded") {
 		t.Fatalf("fail: %v %v %q", err, res, body)
