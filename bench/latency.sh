@@ -234,7 +234,7 @@ for mode in $MODES; do
 				case "$target" in
 				direct) ;;
 				go_floor) extra+=(-cpu-pid "$FLOOR_PID") ;;
-				*) extra+=(-cpu-pid "$CADDY_PID") ;;
+				*) extra+=(-cpu-pid "$CADDY_PID" -vars "http://127.0.0.1:$PORT_ADMIN/debug/vars") ;;
 				esac
 				"${PIN_LOAD[@]}" "$WORK/load" -upstream "127.0.0.1:$PORT_UP" -upstream-chunks "$CHUNKS" -url "${URL[$target]}" "${extra[@]}" -body "$body" -rate "$rate" -d "$DURATION" -warmup "$WARMUP" \
 					-json -label "$mode $target $rate" -quantiles "$RES/q/$mode-$target-$rate-$rep.txt" >>"$RES/results.jsonl"

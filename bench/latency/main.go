@@ -42,6 +42,12 @@ type run struct {
 	// whether a knee is the core running out or something else.
 	CPUPerRequestUS float64 `json:"server_cpu_us_per_request"`
 	CPUCoreShare    float64 `json:"server_cpu_core_share"`
+	// What the proxy allocated a request over the window and its
+	// collections per 1,000 requests (bench/load -vars; Caddy only): how
+	// often its collector interrupts, the tail's main part once the
+	// machine's wake-up is out (bench/README.md).
+	AllocBytes float64 `json:"server_alloc_bytes_per_request"`
+	GCPer1k    float64 `json:"server_gc_per_1k_requests"`
 }
 
 // key is one cell of the table.
@@ -114,6 +120,9 @@ type row struct {
 	// cpuUS and cpuShare are the proxy's CPU a request and share of its
 	// core, medians; 0 when not measured.
 	cpuUS, cpuShare float64
+	// allocB and gcPer1k are the proxy's bytes allocated a request and
+	// collections per 1,000 requests, medians; 0 when not measured.
+	allocB, gcPer1k float64
 }
 
 func added(runs map[key][]run) []row {
@@ -129,7 +138,7 @@ func added(runs map[key][]run) []row {
 		}
 		r := row{key: k, reps: n}
 		var lat, ttfb, own [4][]float64
-		var rps, cpuUS, cpuShare []float64
+		var rps, cpuUS, cpuShare, allocB, gcPer1k []float64
 		for i := 0; i < n; i++ {
 			t, d := rs[i], base[i]
 			for j, pair := range [4][2]float64{{t.Latency.P50, d.Latency.P50}, {t.Latency.P90, d.Latency.P90}, {t.Latency.P99, d.Latency.P99}, {t.Latency.P999, d.Latency.P999}} {
@@ -143,6 +152,7 @@ func added(runs map[key][]run) []row {
 			}
 			rps = append(rps, t.RPS)
 			cpuUS, cpuShare = append(cpuUS, t.CPUPerRequestUS), append(cpuShare, t.CPUCoreShare)
+			allocB, gcPer1k = append(allocB, t.AllocBytes), append(gcPer1k, t.GCPer1k)
 			r.errors += t.Errors
 		}
 		r.lat = pcts{median(lat[0]), median(lat[1]), median(lat[2]), median(lat[3])}
@@ -151,6 +161,7 @@ func added(runs map[key][]run) []row {
 		r.rps = median(rps)
 		r.p99Lo, r.p99Hi = slices.Min(lat[2]), slices.Max(lat[2])
 		r.cpuUS, r.cpuShare = median(cpuUS), median(cpuShare)
+		r.allocB, r.gcPer1k = median(allocB), median(gcPer1k)
 		rows = append(rows, r)
 	}
 	sort.Slice(rows, func(i, j int) bool {
@@ -179,16 +190,20 @@ func median(v []float64) float64 {
 }
 
 func printTable(w io.Writer, rows []row) {
-	fmt.Fprintln(w, "| mode | rate/s | target | added p50 | p90 | p99 | p99 over runs | p99.9 | added TTFB p50 | p99 | direct p50 / p99 | proxy CPU µs/request (core) | served/s | errors | runs |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| mode | rate/s | target | added p50 | p90 | p99 | p99 over runs | p99.9 | added TTFB p50 | p99 | direct p50 / p99 | proxy CPU µs/request (core) | proxy alloc B/request (GCs per 1k) | served/s | errors | runs |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rows {
 		cpu := "–"
 		if r.cpuUS > 0 {
 			cpu = fmt.Sprintf("%.0f (%.0f %%)", r.cpuUS, r.cpuShare*100)
 		}
-		fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s to %s | %s | %s | %s | %.2f / %.2f | %s | %.0f | %d | %d |\n",
+		alloc := "–"
+		if r.allocB > 0 {
+			alloc = fmt.Sprintf("%.0f (%.2f)", r.allocB, r.gcPer1k)
+		}
+		fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s to %s | %s | %s | %s | %.2f / %.2f | %s | %s | %.0f | %d | %d |\n",
 			r.mode, r.rate, r.target, msf(r.lat.P50), msf(r.lat.P90), msf(r.lat.P99), msf(r.p99Lo), msf(r.p99Hi), msf(r.lat.P999),
-			msf(r.ttfb.P50), msf(r.ttfb.P99), r.direct.P50, r.direct.P99, cpu, r.rps, r.errors, r.reps)
+			msf(r.ttfb.P50), msf(r.ttfb.P99), r.direct.P50, r.direct.P99, cpu, alloc, r.rps, r.errors, r.reps)
 	}
 	fmt.Fprintln(w, "\nAdded latencies in ms: the target's percentile minus the direct run's, per repetition, median over repetitions; \"p99 over runs\" is the least and the most of one repetition.")
 }
