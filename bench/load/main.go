@@ -166,8 +166,13 @@ func main() {
 	end := measureFrom.Add(*dur)
 	workers := make([]*worker, *conc)
 	var wg sync.WaitGroup
-	cpuUsed := measureCPU("-cpu-pid", *cpuPID, cpuSeconds, measureFrom, end)
-	dbUsed := measureCPU("-db-pid", *dbPID, cpuTreeSeconds, measureFrom, end)
+	var cpuUsed, dbUsed <-chan [2]float64
+	if *cpuPID > 0 {
+		cpuUsed = atWindow("-cpu-pid", func() (float64, error) { return cpuSeconds(*cpuPID) }, measureFrom, end)
+	}
+	if *dbPID > 0 {
+		dbUsed = atWindow("-db-pid", func() (float64, error) { return cpuTreeSeconds(*dbPID) }, measureFrom, end)
+	}
 	var memUsed <-chan [2]memStats
 	if *varsURL != "" {
 		memUsed = atWindow("-vars", func() (memStats, error) { return readMemStats(*varsURL) }, measureFrom, end)
@@ -199,8 +204,8 @@ func main() {
 			fmt.Fprintln(os.Stderr, "load:", err)
 		}
 	}
-	if *cpuPID > 0 {
-		if cpu := <-cpuUsed; cpu > 0 {
+	if cpuUsed != nil {
+		if cpu := grew(cpuUsed); cpu > 0 {
 			res.ServerCPUSeconds = round3(cpu)
 			res.ServerCPUCoreShare = round3(cpu / dur.Seconds())
 			if res.Requests > 0 {
@@ -208,8 +213,8 @@ func main() {
 			}
 		}
 	}
-	if *dbPID > 0 {
-		if cpu := <-dbUsed; cpu > 0 {
+	if dbUsed != nil {
+		if cpu := grew(dbUsed); cpu > 0 {
 			res.DBCPUSeconds = round3(cpu)
 			if res.Requests > 0 {
 				res.DBCPUPerReqUS = round3(cpu / float64(res.Requests) * 1e6)
@@ -434,24 +439,14 @@ func printText(r Result) {
 
 func round3(v float64) float64 { return math.Round(v*1e3) / 1e3 }
 
-// measureCPU reads read(pid) when the measured window opens and when it
-// closes, and sends the difference (0 after an error). With pid 0 it
-// measures nothing and the channel stays empty.
-func measureCPU(flagName string, pid int, read func(int) (float64, error), from, to time.Time) <-chan float64 {
-	used := make(chan float64, 1)
-	if pid <= 0 {
-		return used
+// grew is how much a counter read at the window's ends grew (0 when it
+// could not be read).
+func grew(w <-chan [2]float64) float64 {
+	v, ok := <-w
+	if !ok {
+		return 0
 	}
-	w := atWindow(flagName, func() (float64, error) { return read(pid) }, from, to)
-	go func() {
-		v, ok := <-w
-		if !ok {
-			used <- 0
-			return
-		}
-		used <- v[1] - v[0]
-	}()
-	return used
+	return v[1] - v[0]
 }
 
 // atWindow calls read when the measured window opens and when it closes
