@@ -460,7 +460,7 @@ func statusFailure(api provider.API, res *http.Response) *failure {
 	if !f.hinted && res.StatusCode == http.StatusTooManyRequests {
 		f.retryAfter, f.hinted = provider.RateLimitReset(res.Header, now)
 	}
-	if b, err := io.ReadAll(io.LimitReader(res.Body, 64<<10)); err == nil || len(b) > 0 {
+	if b, err := readSized(io.LimitReader(res.Body, 64<<10), res.ContentLength); err == nil || len(b) > 0 {
 		f.message = api.UpstreamMessage(b)
 	}
 	return f

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"testing/iotest"
+
+	"github.com/llmfailover/caddy-llm-failover/provider"
 )
 
 // readSized returns the whole body whatever the declared length says and
@@ -81,4 +84,51 @@ func TestReadSizedAllocatesOnceForADeclaredBody(t *testing.T) {
 	if allocs != 1 || len(got) != len(body) || cap(got) > 640 {
 		t.Fatalf("%v allocations, %d bytes in a buffer of %d; want 1 allocation of at most 640", allocs, len(got), cap(got))
 	}
+}
+
+// A retryable error answer's message is read whatever its declared length
+// says (an upstream that lies about it loses nothing of the message), and
+// no more than 64 KiB of it however long it runs.
+func TestStatusFailureReadsTheMessage(t *testing.T) {
+	msg := `{"error":{"message":"The server is overloaded","type":"server_error"}}`
+	endless := io.MultiReader(strings.NewReader(`{"error":{"message":"`), strings.NewReader(strings.Repeat("x", 1<<20)))
+	for _, tc := range []struct {
+		name     string
+		body     io.Reader
+		declared int64
+		want     string
+	}{
+		{"declared", strings.NewReader(msg), int64(len(msg)), "The server is overloaded"},
+		{"none declared", strings.NewReader(msg), -1, "The server is overloaded"},
+		{"declared short", strings.NewReader(msg), 10, "The server is overloaded"},
+		{"declared long", strings.NewReader(msg), 1 << 40, "The server is overloaded"},
+		{"not JSON", strings.NewReader("upstream connect error"), -1, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := &http.Response{StatusCode: http.StatusServiceUnavailable, Header: http.Header{}, Body: io.NopCloser(tc.body), ContentLength: tc.declared}
+			f := statusFailure(provider.OpenAIChat, res)
+			if f.status != http.StatusServiceUnavailable || f.message != tc.want {
+				t.Fatalf("status %d, message %q; want 503, %q", f.status, f.message, tc.want)
+			}
+		})
+	}
+	counted := &countingReader{r: endless}
+	res := &http.Response{StatusCode: http.StatusBadGateway, Header: http.Header{}, Body: io.NopCloser(counted), ContentLength: -1}
+	if f := statusFailure(provider.OpenAIChat, res); f.message != "" {
+		t.Fatalf("an unterminated message read as %q", f.message)
+	}
+	if counted.n > 64<<10 {
+		t.Fatalf("read %d bytes of an endless error answer; want at most 64 KiB", counted.n)
+	}
+}
+
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
 }

@@ -303,8 +303,12 @@ func (s *series) add(a Attempt) {
 	s.hours.add(a)
 	s.days.add(a)
 	if a.Class != Success && a.Class != Client && (s.lastFailure == nil || !a.At.Before(s.lastFailure.At)) {
-		f := a
-		s.lastFailure = &f
+		// Overwritten in place: a channel failing over every request
+		// would otherwise allocate a copy each time. Readers copy it out.
+		if s.lastFailure == nil {
+			s.lastFailure = new(Attempt)
+		}
+		*s.lastFailure = a
 	}
 }
 

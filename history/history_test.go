@@ -95,7 +95,8 @@ func TestLastFailureAndIncidents(t *testing.T) {
 	r.ChannelClosed("a", t0.Add(5*time.Second))
 	r.ChannelClosed("a", t0.Add(6*time.Second)) // no incident: nothing changes
 
-	if lf := r.Channel("a", t0).LastFailure; lf == nil || lf.Reason != "header_timeout" {
+	lf := r.Channel("a", t0).LastFailure
+	if lf == nil || lf.Reason != "header_timeout" {
 		t.Fatalf("last failure %+v (a client error is not a failure)", lf)
 	}
 	in := r.Incidents()
@@ -111,6 +112,19 @@ func TestLastFailureAndIncidents(t *testing.T) {
 	// during it: an outage is never "0 failures".
 	if ch.Kind != "channel" || ch.Reasons["status"] != 2 || ch.Reasons["header_timeout"] != 1 || ch.Failures != 3 || ch.Attempts != 4 || ch.Ongoing() {
 		t.Errorf("channel incident %+v", ch)
+	}
+	// What a reader got is its own: the recorder keeps the last failure
+	// in one place and overwrites it.
+	r.Record(Attempt{At: t0.Add(7 * time.Second), Model: "m", Channel: "a", Class: Down, Reason: "reset"})
+	if lf.Reason != "header_timeout" {
+		t.Fatalf("an earlier read of the last failure changed to %+v", lf)
+	}
+	if now := r.LastChannelFailure("a"); now == nil || now.Reason != "reset" {
+		t.Fatalf("last failure %+v after a newer one", now)
+	}
+	r.Record(Attempt{At: t0.Add(6 * time.Second), Model: "m", Channel: "a", Class: Down, Reason: "late"})
+	if now := r.LastChannelFailure("a"); now.Reason != "reset" {
+		t.Fatalf("an older failure recorded late replaced the last one: %+v", now)
 	}
 }
 
