@@ -138,7 +138,9 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) error {
 		zap.String("model", x.req.Model), zap.Int("attempts", x.attempts),
 		zap.Int("status", pe.Status), zap.Duration("elapsed", time.Since(x.start)))
 	setRetryAfter(w.Header(), end.retryAfter)
-	chainWalked(w.Header())
+	if !end.overloaded {
+		chainWalked(w.Header())
+	}
 	why := string(reasonNoWorkingChannel)
 	if end.last != nil {
 		why = string(end.last.reason) // the failure the client was answered with

@@ -28,6 +28,10 @@ type walkEnd struct {
 	// candidate answered.
 	last       *failure
 	retryAfter time.Duration
+	// overloaded: the gateway's own memory budget kept a candidate from
+	// being tried (gateway_overloaded), so the chain was not walked and a
+	// client's retry may find room.
+	overloaded bool
 }
 
 // walk tries routes in order until one answers, or the client, the
@@ -120,6 +124,7 @@ func (e *Engine) walk(x *exchange, routes []*chain.Route, taken *breaker.Ticket,
 // answer: the last one, and the shortest Retry-After.
 func (end *walkEnd) note(f *failure) {
 	end.last = f
+	end.overloaded = end.overloaded || f.reason == reasonOverloaded
 	if ra := f.retryAfter; ra > 0 && (end.retryAfter == 0 || ra < end.retryAfter) {
 		end.retryAfter = ra
 	}

@@ -190,3 +190,37 @@ func TestNoContinuationReservedWhenOnlyTheFirstCanContinue(t *testing.T) {
 		t.Error("chat not resumable though the second channel can continue")
 	}
 }
+
+// A request the gateway's memory budget kept from every channel is the
+// gateway's load, not the chain's verdict: its 503 does not tell the
+// official SDKs to give up (errors.md), while a chain that failed for
+// real does.
+func TestOverloadedRefusalLeavesSDKRetriesOn(t *testing.T) {
+	a, b := upstream(t, fu.OK()), upstream(t, fu.OK())
+	e := testEngine(t, testPlan(t, Options{}, nil,
+		testChannel{name: uniqueName("ov"), url: a.URL}, testChannel{name: uniqueName("ov"), url: b.URL}))
+	post := func() *httptest.ResponseRecorder {
+		w := httptest.NewRecorder()
+		serveDirect(e, w, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(string(fu.ChatRequest("m", false)))))
+		return w
+	}
+
+	const all = 1 << 50
+	e.memory.Hold(all)
+	w := post()
+	e.memory.Release(all)
+	if w.Code != http.StatusServiceUnavailable || !strings.Contains(w.Body.String(), provider.ErrMemoryBudget.Error()) {
+		t.Fatalf("status %d: %s", w.Code, w.Body)
+	}
+	if got := w.Header().Get("X-Should-Retry"); got != "" {
+		t.Fatalf("X-Should-Retry %q on the gateway's own overload", got)
+	}
+	hits(t, a, 0)
+	hits(t, b, 0)
+
+	a.Set(fu.Status(http.StatusServiceUnavailable, ""))
+	b.Set(fu.Status(http.StatusServiceUnavailable, ""))
+	if w := post(); w.Code != http.StatusServiceUnavailable || w.Header().Get("X-Should-Retry") != "false" {
+		t.Fatalf("every channel failing: status %d, X-Should-Retry %q", w.Code, w.Header().Get("X-Should-Retry"))
+	}
+}
