@@ -631,7 +631,11 @@ func unmarshalIdempotency(d *caddyfile.Dispenser) (*Idempotency, error) {
 		return nil, d.ArgErr()
 	}
 	idem := new(Idempotency)
+	seen := caddykit.Seen{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if err := seen.Once(d, "idempotency: "); err != nil {
+			return nil, err
+		}
 		var err error
 		switch opt := d.Val(); opt {
 		case "retention":
@@ -661,7 +665,11 @@ func unmarshalAdaptive(d *caddyfile.Dispenser) (*AdaptiveDeadlines, error) {
 		return nil, d.ArgErr()
 	}
 	a := new(AdaptiveDeadlines)
+	seen := caddykit.Seen{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if err := seen.Once(d, "adaptive_deadlines: "); err != nil {
+			return nil, err
+		}
 		var err error
 		switch opt := d.Val(); opt {
 		case "quantile":
@@ -707,7 +715,11 @@ func unmarshalHedge(d *caddyfile.Dispenser) (*Hedge, error) {
 		return nil, d.ArgErr()
 	}
 	h := new(Hedge)
+	seen := caddykit.Seen{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if err := seen.Once(d, "hedge: "); err != nil {
+			return nil, err
+		}
 		opt := d.Val()
 		if !d.NextArg() {
 			return nil, d.ArgErr()

@@ -271,6 +271,21 @@ func TestCaddyfileMistakesNameTheLine(t *testing.T) {
 			account {http.auth.user.id}
 			account {http.auth.user.id}
 		}`, `wallet: account specified more than once (first at Testfile:7), at Testfile:8`},
+		{"repeated hedge option", good + `
+		hedge {
+			budget 5%
+			budget 50%
+		}`, `hedge: budget specified more than once (first at Testfile:7), at Testfile:8`},
+		{"repeated adaptive_deadlines option", good + `
+		adaptive_deadlines {
+			floor 5s
+			floor 1s
+		}`, `adaptive_deadlines: floor specified more than once (first at Testfile:7), at Testfile:8`},
+		{"repeated idempotency option", good + `
+		idempotency {
+			retention 5m
+			retention 1m
+		}`, `idempotency: retention specified more than once (first at Testfile:7), at Testfile:8`},
 		{"repeated model option", `
 		channel a http://127.0.0.1:9000
 		model m {
