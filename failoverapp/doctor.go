@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -135,7 +136,7 @@ func runDoctor(out io.Writer, admin string, args []string, asJSON bool) error {
 	checks := []ChannelCheck{}
 	for _, name := range names {
 		var c ChannelCheck
-		if err := caddykit.AdminCall(admin, http.MethodPost, "/llm_failover/channels/"+name+"/check", nil, &c); err != nil {
+		if err := caddykit.AdminCall(admin, http.MethodPost, "/llm_failover/channels/"+url.PathEscape(name)+"/check", nil, &c); err != nil {
 			return fmt.Errorf("checking channel %s: %w", name, err)
 		}
 		if asJSON {

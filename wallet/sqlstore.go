@@ -425,6 +425,9 @@ func (s *sqlStore) Credit(ctx context.Context, account string, amount Micros, no
 	if amount == 0 || amount == math.MinInt64 {
 		return Account{}, fmt.Errorf("%s: %w: amount must be non-zero", what, ErrInvalid)
 	}
+	if err := validText("note", note); err != nil {
+		return Account{}, fmt.Errorf("%s: %w", what, err)
+	}
 	if amount < 0 {
 		// This instance's lease counts as reserved: give its spare money
 		// back first. Other instances' leases still count (they shrink
@@ -540,6 +543,9 @@ func (s *sqlStore) Accounts(ctx context.Context) ([]Account, error) {
 }
 
 func (s *sqlStore) CreateKey(ctx context.Context, account, label string) (string, Key, error) {
+	if err := validText("key label", label); err != nil {
+		return "", Key{}, err
+	}
 	plaintext := newKeyPlaintext()
 	k := Key{
 		ID:        newKeyID(),
@@ -711,6 +717,13 @@ func (s *sqlStore) Usage(ctx context.Context, account string, before int64, limi
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("reading usage of %q: %w", account, err)
+	}
+	if len(out) == 0 {
+		// An empty page of an account that does not exist is a typo in
+		// its name, as for Keys.
+		if _, err := s.Account(ctx, account); err != nil {
+			return nil, fmt.Errorf("reading usage: %w", err)
+		}
 	}
 	return out, nil
 }

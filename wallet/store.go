@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Errors a Store returns, wrapped with context; test with errors.Is. Any
@@ -203,7 +204,8 @@ type Store interface {
 	KnownKey(plaintext string) (Key, bool)
 	// Usage pages the account's ledger newest first: up to limit rows whose
 	// ID is below before (0 = start at the newest). Pass the last row's ID
-	// as before to get the next page.
+	// as before to get the next page. An account that does not exist is
+	// ErrUnknownAccount, not an empty page.
 	Usage(ctx context.Context, account string, before int64, limit int) ([]Entry, error)
 	Ping(ctx context.Context) error
 	Close() error
@@ -307,6 +309,23 @@ func validID(kind, id string) error {
 		if c <= ' ' || c == 0x7f {
 			return fmt.Errorf("%w: %s ID %q contains whitespace or control characters", ErrInvalid, kind, id)
 		}
+	}
+	// An ID is one segment of an admin API path (/llm_wallet/accounts/<id>/...):
+	// a slash, or a dot segment, which routers resolve before the wallet
+	// sees the path, would make it one that can be created and never
+	// reached again.
+	if strings.Contains(id, "/") || id == "." || id == ".." {
+		return fmt.Errorf("%w: %s ID %q contains a slash or is a dot segment", ErrInvalid, kind, id)
+	}
+	return validText(kind+" ID", id)
+}
+
+// validText refuses what PostgreSQL's text refuses (a NUL byte, bytes
+// that are not UTF-8), so that both stores answer such input with
+// ErrInvalid rather than one of them with a database error.
+func validText(what, s string) error {
+	if !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 {
+		return fmt.Errorf("%w: %s %q is not UTF-8 text without NUL bytes", ErrInvalid, what, s)
 	}
 	return nil
 }

@@ -319,6 +319,35 @@ func TestCredit(t *testing.T) {
 	})
 }
 
+// What an operator's script can send that one database would store and
+// the other refuse is refused by both, as ErrInvalid: IDs that are not
+// one path segment of the admin API, and text PostgreSQL cannot hold.
+// An unknown account's usage is ErrUnknownAccount, as its keys are.
+func TestInvalidAdminInput(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s Store) {
+		ctx := context.Background()
+		for _, id := range []string{"team/a", ".", "..", "a\x00b", "\xff\xfe"} {
+			_, err := s.CreateAccount(ctx, id)
+			wantErr(t, err, ErrInvalid)
+		}
+		mustAccount(t, s, "a", 0)
+		_, _, err := s.CreateKey(ctx, "a", "nul\x00label")
+		wantErr(t, err, ErrInvalid)
+		_, _, err = s.CreateKey(ctx, "a", "\xc3\x28")
+		wantErr(t, err, ErrInvalid)
+		_, err = s.Credit(ctx, "a", 1, "note\x00")
+		wantErr(t, err, ErrInvalid)
+		if a := getAccount(t, s, "a"); a.Balance != 0 {
+			t.Errorf("balance %v after a refused credit", a.Balance)
+		}
+		_, err = s.Usage(ctx, "ghost", 0, 0)
+		wantErr(t, err, ErrUnknownAccount)
+		if rows, err := s.Usage(ctx, "a", 0, 0); err != nil || len(rows) != 0 {
+			t.Errorf("usage of an account with no rows: %v, %v", rows, err)
+		}
+	})
+}
+
 var keyPattern = regexp.MustCompile(`^sk-llmf-[0-9A-Za-z]{40}$`)
 
 func TestKeys(t *testing.T) {

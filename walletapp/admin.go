@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -34,7 +36,7 @@ func init() {
 //	POST accounts/<id>/credit {"amount","note"} add money (a negative amount corrects)
 //	GET  accounts/<id>/keys                   list keys (never the secrets)
 //	POST accounts/<id>/keys  {"label"}        create a key; the secret is in this answer only
-//	GET  accounts/<id>/usage?before=&limit=   ledger, newest first, paged
+//	GET  accounts/<id>/usage?before=&limit=   ledger, newest first, paged (limit 100 by default, at most 1000)
 //	POST keys/<key_id>/revoke                 revoke a key
 //	GET  audit[?account=<id>]                 per account: balance = credits − charges, reserved = live reservations
 //
@@ -179,10 +181,11 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 			if err != nil {
 				return walletAPIError(err)
 			}
-			if keys == nil {
-				keys = []wallet.Key{}
+			out := make([]KeyView, 0, len(keys))
+			for _, k := range keys {
+				out = append(out, viewKey(k))
 			}
-			return caddykit.WriteJSON(w, keys)
+			return caddykit.WriteJSON(w, out)
 		case http.MethodPost:
 			var body struct {
 				Label string `json:"label"`
@@ -203,12 +206,22 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 		if err := caddykit.OnlyMethod(r, http.MethodGet); err != nil {
 			return err
 		}
-		before, _ := strconv.ParseInt(r.URL.Query().Get("before"), 10, 64)
-		limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
-		if limit <= 0 || limit > 1000 {
-			limit = 100
+		// A cursor or a limit that does not read is refused, where the
+		// first page would have a script page over it forever (before=0
+		// is the newest, as in the store).
+		before, err := queryInt(r, "before", 0, math.MaxInt64)
+		if err != nil {
+			return err
 		}
-		rows, err := st.Usage(ctx, parts[1], before, limit)
+		limit, err := queryInt(r, "limit", 1, math.MaxInt64)
+		if err != nil {
+			return err
+		}
+		if limit == 0 {
+			limit = wallet.DefaultUsageLimit
+		}
+		limit = min(limit, wallet.MaxUsageLimit)
+		rows, err := st.Usage(ctx, parts[1], before, int(limit))
 		if err != nil {
 			return walletAPIError(err)
 		}
@@ -222,7 +235,7 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 				TokensCacheRead: e.TokensCacheRead, TokensCacheWrite: e.TokensCacheWrite, TokensCacheWrite1h: e.TokensCacheWrite1h,
 				UpstreamModel: e.UpstreamModel, TraceID: e.TraceID})
 		}
-		if len(rows) == limit {
+		if len(rows) == int(limit) {
 			out.Next = rows[len(rows)-1].ID
 		}
 		return caddykit.WriteJSON(w, out)
@@ -258,6 +271,35 @@ type AccountView struct {
 
 func viewAccount(a wallet.Account) AccountView {
 	return AccountView{ID: a.ID, Balance: a.Balance.String(), Reserved: a.Reserved.String(), Available: a.Available().String(), CreatedAt: a.CreatedAt}
+}
+
+// KeyView is the admin API's view of an API key, in the names the key's
+// creation answers with.
+type KeyView struct {
+	ID        string     `json:"id"`
+	Account   string     `json:"account"`
+	Prefix    string     `json:"prefix"`
+	Label     string     `json:"label"`
+	CreatedAt time.Time  `json:"created_at"`
+	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+}
+
+func viewKey(k wallet.Key) KeyView {
+	return KeyView{ID: k.ID, Account: k.Account, Prefix: k.Prefix, Label: k.Label, CreatedAt: k.CreatedAt, RevokedAt: k.RevokedAt}
+}
+
+// queryInt reads the query parameter name as an integer in [lo, hi]; 0
+// when it is absent.
+func queryInt(r *http.Request, name string, lo, hi int64) (int64, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < lo || n > hi {
+		return 0, caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("%s: want a whole number from %d to %d, got %q", name, lo, hi, v)}
+	}
+	return n, nil
 }
 
 // AuditView is the admin API's audit: the accounts checked and those
@@ -332,6 +374,11 @@ func decodeJSON(r *http.Request, v any) error {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("decoding request body: %w", err)}
+	}
+	// One JSON object and nothing after it: a second one, or garbage, is
+	// a client bug that must not move money on the strength of the first.
+	if err := dec.Decode(&struct{}{}); err != io.EOF {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New("decoding request body: more than one JSON value")}
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
@@ -52,7 +53,7 @@ without touching the database: every subcommand calls the admin API.
 			cmd.Flags().SetInterspersed(false)
 			cmd.RunE = func(cmd *cobra.Command, args []string) error {
 				for _, a := range args[1:] {
-					if isFlagArg(a) {
+					if misplacedFlag(cmd.Flags(), a) {
 						return fmt.Errorf("%s: flags go before the subcommand: caddy llm-wallet [--address <admin>] [--wallet <name>] %s ...", a, args[0])
 					}
 				}
@@ -181,7 +182,7 @@ func runCommand(out io.Writer, admin, name string, args []string, asJSON bool) (
 		if err := need(1); err != nil {
 			return err
 		}
-		var keys []wallet.Key
+		var keys []KeyView
 		if err := adminCall(http.MethodGet, "accounts/"+url.PathEscape(args[1])+"/keys", nil, &keys); err != nil {
 			return err
 		}
@@ -255,10 +256,16 @@ func runCommand(out io.Writer, admin, name string, args []string, asJSON bool) (
 	return fmt.Errorf("unknown subcommand %q; see caddy help llm-wallet", args[0])
 }
 
-// isFlagArg tells a misplaced flag (--address, -a) from a negative amount
-// (-0.50) among a subcommand's arguments.
-func isFlagArg(a string) bool {
-	return len(a) > 1 && a[0] == '-' && (a[1] == '-' || a[1] >= 'a' && a[1] <= 'z' || a[1] >= 'A' && a[1] <= 'Z')
+// misplacedFlag tells one of the command's own flags written after the
+// subcommand (--json, --address=..., -a) from an argument that merely
+// starts with a dash: a negative amount (-0.50), a note ("-refund for
+// outage 123"), an account named -acme.
+func misplacedFlag(fs *pflag.FlagSet, a string) bool {
+	if name, ok := strings.CutPrefix(a, "--"); ok {
+		name, _, _ = strings.Cut(name, "=")
+		return fs.Lookup(name) != nil
+	}
+	return len(a) == 2 && a[0] == '-' && fs.ShorthandLookup(a[1:]) != nil
 }
 
 // human renders an exact decimal amount the way people read money.
