@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -173,6 +174,17 @@ func (e *Engine) attempt(x *exchange, route *chain.Route, budget time.Duration) 
 // read whole and bounded so that a credential the upstream echoed in it is
 // masked before the client sees it.
 func (e *Engine) relayError(ctx context.Context, x *exchange, ch *Channel, res *http.Response, src io.Reader, commit func() bool) attemptResult {
+	if enc := res.Header.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
+		// The transport decodes only the gzip it asked for: a body in any
+		// other encoding cannot be read, so nothing in it could be
+		// masked. The client gets the status, not the body.
+		if !commit() {
+			return attemptResult{verdict: clientGone}
+		}
+		_ = e.refuse(x, provider.Error{Status: res.StatusCode,
+			Message: fmt.Sprintf("the upstream answered %d in an encoding the gateway does not read (%s)", res.StatusCode, e.secrets.Message(enc))})
+		return attemptResult{verdict: passed, status: res.StatusCode}
+	}
 	body, fail := e.readAnswer(ctx, x, res, src)
 	if fail != nil {
 		return *fail
@@ -221,12 +233,14 @@ func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc
 	opts.GateFailover = e.opts.StreamGateFailover
 	opts.IdleTimeout = e.opts.StreamIdleTimeout
 	opts.Hold = e.gateHold
+	opts.Scrub = e.scrubBytes
 	if x.bill != nil {
 		opts.Drop = x.bill.hideUsage
 	}
 	d = e.watchForResume(x, &opts, d)
 	e.learnStall(x, ch, &opts)
 	out := streamgate.Relay(src, cancel, d, opts)
+	out.Deferred = e.scrubBytes(out.Deferred) // written to the client below, or after a failed resume
 	x.trace.gate(out)
 	x.timing.atGate, x.timing.longestGap = out.CommittedAtGate, out.LongestGap
 	// How the stream ended decides whose doing it was, before whether the
@@ -292,7 +306,7 @@ func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc
 		}
 		if status := x.api.ErrorFrameRefusal(out.ErrorData); status != 0 && !continuing {
 			// The upstream refused the request itself: every channel would.
-			_ = e.refuse(x, provider.Error{Status: status, Message: f.message})
+			_ = e.refuse(x, provider.Error{Status: status, Message: e.secrets.Message(f.message)})
 			return attemptResult{verdict: passed, status: status}
 		}
 		return retryWith(f)

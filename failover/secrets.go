@@ -40,6 +40,16 @@ func (e *Engine) copyResponseHeader(ch *Channel, dst, src http.Header) {
 	e.secrets.Header(dst)
 }
 
+// scrubBytes masks secrets in bytes on their way to a client: what a
+// committed stream sends from its error event on (streamgate's Scrub),
+// and an error event held back for a resume.
+func (e *Engine) scrubBytes(b []byte) []byte {
+	if s := e.secrets.String(string(b)); s != string(b) {
+		return []byte(s)
+	}
+	return b
+}
+
 func errString(err error) string {
 	if err == nil {
 		return ""

@@ -194,6 +194,13 @@ type Options struct {
 	// event too large to hold was forwarded as it came; a break inside
 	// one is appended to as without DeferBreak.)
 	DeferBreak bool
+	// Scrub, if set, rewrites what reaches the client from the chunk
+	// that carries an error event after commit on: an upstream's error
+	// may quote what it was sent (a credential), where its content does
+	// not. The rewrite may change lengths; event boundaries are the
+	// caller's to keep. Part of an error event that came in an earlier
+	// chunk has already gone out as read.
+	Scrub func(b []byte) []byte
 }
 
 func (o Options) withDefaults() Options {
@@ -351,6 +358,7 @@ type relay struct {
 	errAfter bool // error frame after commit
 	errData  []byte
 	errEvent []byte // that error frame, held back (DeferBreak)
+	scrub    bool   // an error event came after commit: writes go through opts.Scrub
 
 	// Drop mode: bytes since the last clean boundary carried over from
 	// earlier chunks, the chunk being fed, and the start of its unsunk part.
@@ -632,8 +640,10 @@ func (r *relay) onEvent(ev Event) {
 			r.sawEnd = true
 			r.contentEnded()
 		case ErrorFrame:
-			// Forwarded as is: the client is told, so the stream ended
-			// honestly and needs no appended error.
+			// Forwarded (scrubbed, see Options.Scrub): the client is
+			// told, so the stream ended honestly and needs no appended
+			// error. Its chunk is written after this.
+			r.scrub = r.opts.Scrub != nil
 			r.sawEnd = true
 			r.contentEnded()
 			if !r.errAfter {
@@ -733,6 +743,9 @@ func (r *relay) write(b []byte) bool {
 	}
 	if len(b) == 0 {
 		return true
+	}
+	if r.scrub {
+		b = r.opts.Scrub(b)
 	}
 	n, err := r.dst.Write(b)
 	r.sent += int64(n)

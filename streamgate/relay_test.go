@@ -460,6 +460,48 @@ func TestRelayInBandErrorAfterCommit(t *testing.T) {
 	}
 }
 
+// Scrub rewrites what reaches the client from the chunk of an error event
+// after commit on, and nothing before it, whether the bytes go out as
+// read, in whole events (Drop), or with the deciding first chunk.
+func TestRelayScrubsFromAnErrorAfterCommit(t *testing.T) {
+	const secret = "sk-secret-0123456789"
+	content := sse(`{"choices":[{"index":0,"delta":{"content":"` + secret + `"}}]}`)
+	errEvent := sse(`{"error":{"message":"key ` + secret + ` expired","type":"server_error"}}`)
+	scrub := func(b []byte) []byte { return bytes.ReplaceAll(b, []byte(secret), []byte("[REDACTED]")) }
+	masked := strings.ReplaceAll(errEvent, secret, "[REDACTED]")
+	for _, c := range []struct {
+		name   string
+		opts   Options
+		chunks []string
+	}{
+		{"as read", Options{Scrub: scrub}, []string{content, errEvent}},
+		{"whole events", Options{Scrub: scrub, Drop: isUsageOnly}, []string{content, errEvent}},
+		{"in the deciding chunk", Options{Scrub: scrub}, []string{content + errEvent}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dst := newFakeDown()
+			res, _ := relayWith(t, dst, gate(provider.OpenAIChat, c.opts), func(u *upstream) {
+				for _, ch := range c.chunks {
+					u.send(ch)
+				}
+				u.close()
+			})
+			_, body := dst.snapshot()
+			if res.Outcome != UpstreamError || !res.Committed {
+				t.Fatalf("res %+v", res)
+			}
+			// Content the upstream streamed before its error is its own
+			// and goes out as read; the error is scrubbed.
+			if c.name != "in the deciding chunk" && body != content+masked {
+				t.Fatalf("body %q\nwant %q", body, content+masked)
+			}
+			if strings.HasSuffix(body, errEvent) || !strings.HasSuffix(body, masked) {
+				t.Fatalf("the error event reached the client unscrubbed: %q", body)
+			}
+		})
+	}
+}
+
 func isUsageOnly(ev Event) bool { return bytes.Contains(ev.Data, []byte(`"choices":[]`)) }
 
 func TestRelayDropHidesUsageChunk(t *testing.T) {

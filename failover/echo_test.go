@@ -1,0 +1,106 @@
+package failover
+
+import (
+	"bytes"
+	"compress/flate"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
+	"github.com/llmfailover/caddy-llm-failover/provider"
+)
+
+// Upstreams that echo a channel's credential where it used to get past
+// the mask: in a refusal inside a stream, in an error event after
+// content, in an error body the transport did not decode. Each was a
+// defect found by an audit of bad upstream input; badinput_test.go has
+// the rest, and uses these helpers.
+
+const echoedKey = "upstream-secret-4f1c9a0b7d2e"
+
+// badEngine: channel "bad" (credential header hk: echoedKey) then, if
+// backup, a healthy channel answering "Hello from backup".
+func badEngine(t *testing.T, o Options, ad provider.Adapter, hk string, bad fu.Behavior, backup bool) *Engine {
+	chs := []testChannel{{name: uniqueName("bad"), url: upstream(t, bad).URL, adapter: ad}}
+	if backup {
+		chs = append(chs, testChannel{name: uniqueName("ok"), url: upstream(t, fu.OKNamed("backup")).URL, adapter: ad})
+	}
+	p := testPlan(t, o, nil, chs...)
+	if hk != "" {
+		p.Channels[0].Header.Set(hk, echoedKey)
+	}
+	return testEngine(t, p)
+}
+
+// send serves one request; false when it is still being served after 10s.
+func send(e *Engine, path string, body []byte) (*httptest.ResponseRecorder, bool) {
+	w, done := httptest.NewRecorder(), make(chan struct{})
+	go func() {
+		defer close(done)
+		serveDirect(e, w, httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body)))
+	}()
+	select {
+	case <-done:
+		return w, true
+	case <-time.After(10 * time.Second):
+		return nil, false
+	}
+}
+
+func sse(body string) fu.BehaviorFunc {
+	return func(w http.ResponseWriter, r *http.Request, _ int64) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = w.Write([]byte(strings.ReplaceAll(body, "KEY", r.Header.Get("X-Api-Key")+r.Header.Get("Authorization"))))
+	}
+}
+
+func TestStreamRefusalMasksEchoedKey(t *testing.T) {
+	e := badEngine(t, Options{}, new(provider.Anthropic), "X-Api-Key", sse(`event: error
+data: {"type":"error","error":{"type":"invalid_request_error","message":"bad x-api-key KEY"}}
+
+`), false)
+	w, _ := send(e, "/v1/messages", fu.MessagesRequest("m", true))
+	if w.Code != 400 || strings.Contains(w.Body.String(), echoedKey) {
+		t.Fatalf("status %d: %s", w.Code, w.Body)
+	}
+}
+
+// D2: an error event after content is forwarded unmasked.
+func TestErrorFrameAfterContentMasksEchoedKey(t *testing.T) {
+	e := badEngine(t, Options{}, nil, "Authorization", sse(`data: {"choices":[{"index":0,"delta":{"content":"Hello"}}]}
+
+data: {"error":{"message":"upstream auth KEY expired","type":"server_error"}}
+
+`), false)
+	w, _ := send(e, "/v1/chat/completions", fu.ChatRequest("m", true))
+	if strings.Contains(w.Body.String(), echoedKey) {
+		t.Fatalf("key reached the client: %s", w.Body)
+	}
+}
+
+// D3: a 4xx in an encoding the transport did not decode is masked blind.
+func TestCompressedErrorBodyMasksEchoedKey(t *testing.T) {
+	e := badEngine(t, Options{}, nil, "Authorization", fu.BehaviorFunc(func(w http.ResponseWriter, r *http.Request, _ int64) {
+		var b bytes.Buffer
+		zw, _ := flate.NewWriter(&b, flate.DefaultCompression)
+		fmt.Fprintf(zw, `{"error":{"message":"invalid key %s","type":"invalid_request_error"}}`, r.Header.Get("Authorization"))
+		_ = zw.Close()
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Encoding", "deflate")
+		w.WriteHeader(400)
+		_, _ = w.Write(b.Bytes())
+	}), false)
+	w, _ := send(e, "/v1/chat/completions", fu.ChatRequest("m", false))
+	// A body the gateway cannot read is not passed on: the client gets
+	// the status, in its API's format, unencoded.
+	if w.Code != 400 || w.Header().Get("Content-Encoding") != "" || !strings.Contains(w.Body.String(), `"error"`) ||
+		strings.Contains(w.Body.String(), echoedKey) {
+		t.Fatalf("status %d, Content-Encoding %q: %q", w.Code, w.Header().Get("Content-Encoding"), w.Body)
+	}
+}
+
+// D4: a 101 to a POST that asked for no upgrade.
