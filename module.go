@@ -85,7 +85,8 @@ type Handler struct {
 	// users' data, and a trace store is rarely where they may be kept.
 	TraceContent int64 `json:"trace_content,omitempty"`
 	// RetryStatus are the upstream statuses that fail over. Network errors
-	// and timeouts always do. Default: 408 429 500 502 503 504 529.
+	// and timeouts always do, and so does a status outside 100-599 or a
+	// 101. Default: 408, 429 and every 5xx.
 	RetryStatus []int `json:"retry_status,omitempty"`
 	// RetrySame, when set, retries a channel once after a transient
 	// failure before the chain moves on. Off by default.

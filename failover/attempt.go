@@ -25,6 +25,7 @@ var (
 	errBudget        = errors.New("candidate time budget exhausted")
 	errHeaderTimeout = errors.New("no response headers within header_timeout")
 	errFirstByte     = errors.New("no response byte within first_byte_timeout")
+	errErrorBody     = fmt.Errorf("an error answer's body did not come within %s", errorBodyWait)
 )
 
 // attempt sends the request to one channel and, if its answer is good,
@@ -93,8 +94,15 @@ func (e *Engine) attempt(x *exchange, route *chain.Route, budget time.Duration) 
 	x.timing.headersAt = time.Now()
 	defer res.Body.Close()
 
-	if res.StatusCode < len(e.retry) && e.retry[res.StatusCode] {
-		return retryWith(statusFailure(x.api, res))
+	switch s := res.StatusCode; {
+	case s < 200 || s > 599:
+		// No answer: a 101 hands the connection over (its body would
+		// never end; closing it ends the connection), and a status
+		// outside HTTP's range is a broken upstream. The channel's
+		// failure, its body unread.
+		return retryWith(&failure{reason: reasonStatus, status: s, detail: "not an answer's status"})
+	case e.retry[s]:
+		return retryWith(e.errorAnswer(x, res, cancel))
 	}
 	if x.mode == modeContinue && (res.StatusCode != http.StatusOK || !ch.Adapter.IsStream(res.Header)) {
 		// A continuation joins a stream the client already has: anything
@@ -102,7 +110,7 @@ func (e *Engine) attempt(x *exchange, route *chain.Route, budget time.Duration) 
 		// answer. A refused prefill says the model wants the instructed
 		// form: learned for the channel's model, and asked again at once
 		// (candidate).
-		f := statusFailure(x.api, res)
+		f := e.errorAnswer(x, res, cancel)
 		if form == provider.Prefill && provider.PrefillRefused(f.status, f.message) {
 			f.reason = reasonPrefillRefused
 			if model := upstreamModel(route, x.req.Model); ch.health.LearnRefusesPrefill(model) {
@@ -147,7 +155,7 @@ func (e *Engine) attempt(x *exchange, route *chain.Route, budget time.Duration) 
 		// No LLM API redirects; a channel that does is misconfigured or
 		// compromised, and its Location must not steer the client.
 		return retryWith(&failure{reason: reasonRedirect, status: res.StatusCode})
-	case res.StatusCode < 200 || res.StatusCode >= 300:
+	case res.StatusCode >= 300:
 		// Not retryable and not a success: every channel would say the
 		// same, so the client gets this answer, secrets masked.
 		return e.relayError(ctx, x, ch, res, src, commit)
@@ -461,6 +469,19 @@ func causeFailure(ctx context.Context) *failure {
 		return &failure{reason: reasonFirstByte, detail: cause.Error(), timeout: true}
 	}
 	return nil
+}
+
+// errorBodyWait bounds the wait for a retryable error answer's body, read
+// only to quote its message: an upstream that sends a 503's headers and
+// then nothing must not hold the request for the candidate's budget.
+const errorBodyWait = 2 * time.Second
+
+// errorAnswer is statusFailure within errorBodyWait: past it the attempt
+// is cancelled, the read ends with what came, and the walk moves on.
+func (e *Engine) errorAnswer(x *exchange, res *http.Response, cancel context.CancelCauseFunc) *failure {
+	t := time.AfterFunc(errorBodyWait, func() { cancel(errErrorBody) })
+	defer t.Stop()
+	return statusFailure(x.api, res)
 }
 
 // statusFailure reads (a bounded part of) a retryable error answer so that

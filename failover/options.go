@@ -23,9 +23,17 @@ const (
 )
 
 // DefaultRetryStatus are the statuses that walk the chain: timeouts, rate
-// limits and server errors. Every other status is the same answer from
-// every channel and goes straight back to the client.
-var DefaultRetryStatus = []int{408, 429, 500, 502, 503, 504, 529}
+// limits and every server error (a CDN's 520-527 and Anthropic's 529
+// included: each is one channel's failure, another may answer). Every
+// other status is the same answer from every channel and goes straight
+// back to the client.
+var DefaultRetryStatus = func() []int {
+	s := []int{408, 429}
+	for code := 500; code <= 599; code++ {
+		s = append(s, code)
+	}
+	return s
+}()
 
 // Values of stream_resume.
 const (
