@@ -247,6 +247,11 @@ func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc
 	}
 	d = e.watchForResume(x, &opts, d)
 	e.learnStall(x, ch, &opts)
+	if opts.StallFloor == 0 {
+		// Pings alone do not keep a committed stream alive: content that
+		// stops for stream_idle_timeout ends it, as silence would.
+		opts.StallFloor = e.opts.StreamIdleTimeout
+	}
 	out := streamgate.Relay(src, cancel, d, opts)
 	out.Deferred = e.scrubBytes(out.Deferred) // written to the client below, or after a failed resume
 	x.trace.gate(out)

@@ -103,22 +103,18 @@ func (e *Engine) firstContentCeiling(x *exchange) time.Duration {
 }
 
 // learnStall sets a committed stream's stall limit from the channel's
-// longest pauses, when adaptive_deadlines is on: the learned limit, or
-// until there is one, the stall detector a resumable stream already has
-// (or stream_idle_timeout), so that the pauses are measured. (A
-// hedge_after quantile needs only first contents: without
-// adaptive_deadlines pauses are not measured.)
+// longest pauses, when adaptive_deadlines is on and a limit is learned;
+// until then the stream keeps the stall detector it has (relayStream),
+// which measures the pauses. (A hedge_after quantile needs only first
+// contents: without adaptive_deadlines pauses are not measured.)
 func (e *Engine) learnStall(x *exchange, ch *Channel, opts *streamgate.Options) {
 	if e.opts.Adaptive == nil {
 		return
 	}
 	d := ch.health.Latency.Deadline(latency.Gap, x.sizeClass(), *e.opts.Adaptive, e.opts.StreamIdleTimeout, time.Now())
-	switch {
-	case d.Learned:
+	if d.Learned {
 		opts.StallFloor = d.Limit
 		x.timing.stall = &d
-	case opts.StallFloor == 0:
-		opts.StallFloor = e.opts.StreamIdleTimeout
 	}
 }
 

@@ -142,6 +142,10 @@ func TestCheckBody(t *testing.T) {
 		{`{"id":"chatcmpl-1","choices":[`, ErrMalformedBody},
 		{``, ErrMalformedBody},
 		{`[1,2]`, nil},
+		// Google's array-wrapped error, sent with a 200 too.
+		{` [{"error":{"code":429,"message":"Resource has been exhausted","status":"RESOURCE_EXHAUSTED"}}]`, ErrErrorBody},
+		{`[{"error":null,"data":1}]`, nil},
+		{`[[0.1,0.2]]`, nil},
 	}
 	for _, tt := range tests {
 		err := OpenAIChat.CheckBody([]byte(tt.body))

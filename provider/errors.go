@@ -77,6 +77,9 @@ func (API) CheckBody(body []byte) error {
 	}
 	t := scanTop(body)
 	if !t.ok {
+		if first, ok := googleWrapped(body); ok && scanTop(first).err {
+			return fmt.Errorf("%w: an array of error objects", ErrErrorBody)
+		}
 		return nil // valid JSON but not an object: nothing to unmask
 	}
 	switch {
@@ -111,14 +114,12 @@ func (API) UpstreamMessage(body []byte) string {
 
 func upstreamMessage(body []byte) string {
 	b := trimWS(body)
-	// Google wraps its error objects in an array:
-	// [{"error":{"code":429,"message":"...","status":"RESOURCE_EXHAUSTED"}}].
 	if len(b) > 0 && b[0] == '[' {
-		arr, ok := jsonscan.Array(b)
-		if _, ok = arr.Next(); !ok || arr.Peek() != '{' {
+		first, ok := googleWrapped(b)
+		if !ok {
 			return ""
 		}
-		errVal, _, ok := messageMembers(arr.Value())
+		errVal, _, ok := messageMembers(first)
 		if !ok || len(errVal) == 0 {
 			return ""
 		}
@@ -134,6 +135,21 @@ func upstreamMessage(body []byte) string {
 	}
 	msg, _ := jsonString(msgVal)
 	return msg
+}
+
+// googleWrapped is the first element of the array in b when it is an
+// object: Google wraps its error objects in an array,
+// [{"error":{"code":429,"message":"...","status":"RESOURCE_EXHAUSTED"}}],
+// and may do so with a 200.
+func googleWrapped(b []byte) ([]byte, bool) {
+	arr, ok := jsonscan.Array(trimWS(b))
+	if !ok {
+		return nil, false
+	}
+	if _, ok = arr.Next(); !ok || arr.Peek() != '{' {
+		return nil, false
+	}
+	return arr.Value(), true
 }
 
 // messageMembers finds the "error" and "message" members of the object in
