@@ -90,6 +90,10 @@ func TestCreditBodyIsOneObject(t *testing.T) {
 			t.Errorf("credit with body %s: %d, want 400: %s", body, st, ans)
 		}
 	}
+	// Past the admin API's 1 MiB a body is too large, not malformed.
+	if st, _ := rawWallet(t, http.MethodPost, "accounts/acme/credit", `{"amount":"5","note":"`+strings.Repeat("x", 1<<20)+`"}`); st != http.StatusRequestEntityTooLarge {
+		t.Errorf("a 1 MiB credit body: %d, want 413", st)
+	}
 	var v walletapp.AccountView
 	mustWalletCall(t, http.MethodGet, "accounts/acme", nil, &v)
 	if v.Balance != "0" {

@@ -373,7 +373,12 @@ func decodeJSON(r *http.Request, v any) error {
 	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 1<<20))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("decoding request body: %w", err)}
+		status := http.StatusBadRequest
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			status = http.StatusRequestEntityTooLarge
+		}
+		return caddy.APIError{HTTPStatus: status, Err: fmt.Errorf("decoding request body: %w", err)}
 	}
 	// One JSON object and nothing after it: a second one, or garbage, is
 	// a client bug that must not move money on the strength of the first.
