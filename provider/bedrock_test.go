@@ -545,6 +545,11 @@ func TestBedrockEventStreamBroken(t *testing.T) {
 		{"no bytes", "bedrock event stream: malformed chunk", frame(t, `{"p":"x"}`, ":message-type", "event", ":event-type", "chunk")},
 		{"not JSON", "bedrock event stream: malformed chunk", frame(t, `bytes`, ":message-type", "event", ":event-type", "chunk")},
 		{"bytes not base64", "bedrock event stream: malformed chunk", frame(t, `{"bytes":"%%%"}`, ":message-type", "event", ":event-type", "chunk")},
+		// A length under the empty frame's 16 bytes once panicked (a
+		// slice past a buffer of that length).
+		{"a length of 0", "bedrock event stream: a frame of 0 bytes", make([]byte, 16)},
+		{"a length of 3", "bedrock event stream: a frame of 3 bytes", append([]byte{0, 0, 0, 3}, make([]byte, 12)...)},
+		{"a length of 15", "bedrock event stream: a frame of 15 bytes", append([]byte{0, 0, 0, 15}, make([]byte, 12)...)},
 	} {
 		got, err := readSSE(&Bedrock{logger: zap.NewNop()}, eventStreamResponse(first, tt.rest))
 		if err == nil || !strings.HasPrefix(err.Error(), tt.err) || errors.Is(err, io.EOF) {

@@ -35,6 +35,11 @@ var bedrockExceptions = map[string]string{
 // none comes near this.
 const maxFrame = 1 << 20
 
+// minFrame is the length of a frame with no headers and no payload: the
+// prelude (total length, headers length, prelude checksum) and the
+// message checksum, 4 bytes each.
+const minFrame = 16
+
 // eventStreamSSE reads AWS event-stream frames and yields one SSE event
 // per frame. An exception ends the stream after its error event.
 type eventStreamSSE struct {
@@ -78,6 +83,10 @@ func (e *eventStreamSSE) next() ([]byte, error) {
 	if n > maxFrame {
 		return nil, fmt.Errorf("bedrock event stream: a frame of %d bytes, over the %d a frame may have", n, maxFrame)
 	}
+	if n < minFrame {
+		// Shorter than its own prelude and checksum: no frame at all.
+		return nil, fmt.Errorf("bedrock event stream: a frame of %d bytes, under the %d of an empty one", n, minFrame)
+	}
 	if e.hold.Hold(int64(n)) {
 		e.hold.Release(int64(n))
 		return nil, fmt.Errorf("bedrock event stream: %w", ErrMemoryBudget)
@@ -86,7 +95,7 @@ func (e *eventStreamSSE) next() ([]byte, error) {
 	if cap(e.frame) < int(n) {
 		e.frame = make([]byte, n)
 	}
-	frame := e.frame[:max(n, 4)]
+	frame := e.frame[:n]
 	copy(frame, prelude[:])
 	if _, err := io.ReadFull(e.src, frame[4:]); err != nil {
 		return nil, fmt.Errorf("bedrock event stream: %w", err)
