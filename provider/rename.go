@@ -8,12 +8,17 @@ import (
 )
 
 // RestoreModel returns src with the value of every "model" member of its
-// JSON (a whole body, or the data of each server-sent event) replaced by
-// client, the name the client asked for, so that a route's upstream_model
-// stays the gateway's business. It rewrites bytes as they stream: a
-// "model" key can only appear unescaped as a key of the JSON itself, never
-// inside a string, so no parsing is needed. Only a "model" member whose
-// value has not fully arrived is held back, bounded by maxModelValue.
+// JSON (a whole body, or the data of each server-sent event) that is not
+// inside an array replaced by client, the name the client asked for, so
+// that a route's upstream_model stays the gateway's business. The answer's
+// own model is never inside an array (at the top, or in Anthropic's
+// message_start "message" or a Responses event's "response"); what is,
+// is content: a tool call's input such as {"model":"gpt-4o"} is the
+// model's output and stays as it came. It rewrites bytes as they stream:
+// a "model" key can only appear unescaped as a key of the JSON itself,
+// never inside a string, so a scan of strings and brackets is all the
+// parsing needed. Only a "model" member whose value has not fully arrived
+// is held back, bounded by maxModelValue.
 func RestoreModel(src io.Reader, client string) io.Reader {
 	quoted, _ := json.Marshal(client)
 	return &modelRestorer{src: src, client: quoted}
@@ -32,6 +37,39 @@ type modelRestorer struct {
 	out    []byte // processed bytes; out[off:] not yet returned
 	off    int
 	eof    error
+	// Where the bytes moved to out leave the JSON: arrays open, inside a
+	// string, after a backslash in one.
+	arrays     int
+	inStr, esc bool
+}
+
+// scan advances the JSON state over b, bytes moved to out unchanged.
+func (m *modelRestorer) scan(b []byte) {
+	for _, c := range b {
+		switch {
+		case m.esc:
+			m.esc = false
+		case m.inStr:
+			switch c {
+			case '\\':
+				m.esc = true
+			case '"':
+				m.inStr = false
+			}
+		case c == '"':
+			m.inStr = true
+		case c == '[':
+			m.arrays++
+		case c == ']' && m.arrays > 0:
+			m.arrays--
+		}
+	}
+}
+
+// emit moves b to out.
+func (m *modelRestorer) emit(b []byte) {
+	m.scan(b)
+	m.out = append(m.out, b...)
 }
 
 func (m *modelRestorer) Read(p []byte) (int, error) {
@@ -65,18 +103,28 @@ func (m *modelRestorer) process(final bool) {
 			break
 		}
 		i += pos
+		m.emit(in[pos:i])
+		pos = i
+		if m.inStr || m.arrays > 0 {
+			// Inside a string (a value "model" followed by more), or
+			// inside an array: not the answer's model.
+			m.emit(in[i : i+len(modelKey)])
+			pos = i + len(modelKey)
+			continue
+		}
 		vs, ve, complete := modelValue(in, i+len(modelKey))
 		if !complete && !final && len(in)-i <= maxModelValue {
-			m.out = append(m.out, in[pos:i]...)
 			m.keep(in[i:])
 			return
 		}
 		if vs < 0 || !complete {
-			m.out = append(m.out, in[pos:i+len(modelKey)]...)
+			m.emit(in[i : i+len(modelKey)])
 			pos = i + len(modelKey)
 			continue
 		}
-		m.out = append(append(m.out, in[pos:vs]...), m.client...)
+		m.emit(in[i:vs])
+		m.scan(in[vs:ve]) // a whole string: in and out of it
+		m.out = append(m.out, m.client...)
 		pos = ve
 	}
 	// A tail that begins the key is held for the next read.
@@ -89,7 +137,7 @@ func (m *modelRestorer) process(final bool) {
 			}
 		}
 	}
-	m.out = append(m.out, in[pos:len(in)-hold]...)
+	m.emit(in[pos : len(in)-hold])
 	m.keep(in[len(in)-hold:])
 }
 

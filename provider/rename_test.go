@@ -23,6 +23,41 @@ func TestRestoreModel(t *testing.T) {
 	}
 }
 
+// A "model" inside an array is content, not the answer's model: a tool
+// call's input (Anthropic's tool_use "input" is raw JSON) stays as the
+// model wrote it, while the answer's own model is rewritten wherever the
+// API puts it. An audit found tool arguments rewritten to the client's
+// model name on every renamed route (Bedrock, Vertex).
+func TestRestoreModelLeavesContentAlone(t *testing.T) {
+	const up, client = "us.anthropic.claude-sonnet-4-5-20250929-v1:0", "claude-sonnet-4-5"
+	for _, c := range []struct{ name, in, want string }{
+		{"tool input",
+			`{"id":"msg_1","model":"` + up + `","content":[{"type":"tool_use","name":"switch_model","input":{"model":"gpt-4o","opts":[{"model":"x"}]}}],"stop_reason":"tool_use"}`,
+			`{"id":"msg_1","model":"` + client + `","content":[{"type":"tool_use","name":"switch_model","input":{"model":"gpt-4o","opts":[{"model":"x"}]}}],"stop_reason":"tool_use"}`},
+		{"a model after the array",
+			`{"content":[{"input":{"model":"gpt-4o"}}],"model":"` + up + `"}`,
+			`{"content":[{"input":{"model":"gpt-4o"}}],"model":"` + client + `"}`},
+		{"brackets inside strings",
+			`{"text":"a ] [ \"]\" b","model":"` + up + `","content":[{"text":"[[","input":{"model":"k"}}]}`,
+			`{"text":"a ] [ \"]\" b","model":"` + client + `","content":[{"text":"[[","input":{"model":"k"}}]}`},
+		{"responses event",
+			"data: " + `{"type":"response.created","response":{"model":"` + up + `","output":[]}}` + "\n\n" +
+				"data: " + `{"type":"response.output_item.done","item":{"arguments":"{\"model\":\"gpt\"}"}}` + "\n\n",
+			"data: " + `{"type":"response.created","response":{"model":"` + client + `","output":[]}}` + "\n\n" +
+				"data: " + `{"type":"response.output_item.done","item":{"arguments":"{\"model\":\"gpt\"}"}}` + "\n\n"},
+	} {
+		for name, src := range map[string]io.Reader{
+			"whole":        strings.NewReader(c.in),
+			"byte by byte": iotest.OneByteReader(strings.NewReader(c.in)),
+		} {
+			got, err := io.ReadAll(RestoreModel(src, client))
+			if err != nil || string(got) != c.want {
+				t.Errorf("%s, %s: got %s, %v\nwant %s", c.name, name, got, err, c.want)
+			}
+		}
+	}
+}
+
 func FuzzRestoreModel(f *testing.F) {
 	f.Add([]byte(`{"model":"a","x":{"model":"b"}}`))
 	f.Fuzz(func(t *testing.T, in []byte) {
