@@ -86,7 +86,7 @@ type Handler struct {
 	TraceContent int64 `json:"trace_content,omitempty"`
 	// RetryStatus are the upstream statuses that fail over. Network errors
 	// and timeouts always do, and so does a status outside 100-599 or a
-	// 101. Default: 408, 429 and every 5xx.
+	// 101. Default: 408, 424 (Bedrock's model error), 429 and every 5xx.
 	RetryStatus []int `json:"retry_status,omitempty"`
 	// RetrySame, when set, retries a channel once after a transient
 	// failure before the chain moves on. Off by default.

@@ -56,7 +56,7 @@ func TestSwitchingProtocolsFailsOver(t *testing.T) {
 
 // D5: statuses that are neither an answer nor a client error.
 func TestOddStatusesFailOver(t *testing.T) {
-	for _, line := range []string{"000 Zero", "520 Unknown Error", "522 Origin Connection Time-out", "524 A Timeout Occurred", "505 HTTP Version Not Supported", "600 Weird"} {
+	for _, line := range []string{"000 Zero", "424 Failed Dependency", "520 Unknown Error", "522 Origin Connection Time-out", "524 A Timeout Occurred", "505 HTTP Version Not Supported", "600 Weird"} {
 		t.Run(line, func(t *testing.T) {
 			defer func() {
 				if p := recover(); p != nil {

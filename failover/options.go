@@ -23,12 +23,13 @@ const (
 )
 
 // DefaultRetryStatus are the statuses that walk the chain: timeouts, rate
-// limits and every server error (a CDN's 520-527 and Anthropic's 529
-// included: each is one channel's failure, another may answer). Every
-// other status is the same answer from every channel and goes straight
-// back to the client.
+// limits, every server error (a CDN's 520-527 and Anthropic's 529
+// included: each is one channel's failure, another may answer) and 424,
+// Bedrock's ModelErrorException (the model behind it failed). Every other
+// status is the same answer from every channel and goes straight back to
+// the client.
 var DefaultRetryStatus = func() []int {
-	s := []int{408, 429}
+	s := []int{408, 424, 429}
 	for code := 500; code <= 599; code++ {
 		s = append(s, code)
 	}

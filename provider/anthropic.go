@@ -99,8 +99,13 @@ func anthropicType(status int) string {
 		return "request_too_large"
 	case http.StatusTooManyRequests:
 		return "rate_limit_error"
-	case http.StatusGatewayTimeout:
+	case http.StatusGatewayTimeout, http.StatusRequestTimeout:
 		return "timeout_error"
+	case http.StatusFailedDependency:
+		// Bedrock's ModelErrorException: the model failed, not the
+		// request (its stream form, modelStreamErrorException, is an
+		// api_error too).
+		return "api_error"
 	case http.StatusServiceUnavailable, 529:
 		return "overloaded_error"
 	}

@@ -583,6 +583,12 @@ func TestBedrockResponseBody(t *testing.T) {
 			`{"type":"error","error":{"type":"rate_limit_error","message":"Too many requests, please wait before trying again."}}`, 0},
 		{"denied, AWS's capital Message", 403, "application/json", `{"Message":"` + denied + `"}`,
 			`{"type":"error","error":{"type":"permission_error","message":"` + denied + `"}}`, 0},
+		// The model failed or timed out: the types its stream form has,
+		// never "fix your request".
+		{"model error", 424, "application/json", `{"message":"Received server error (500) from model."}`,
+			`{"type":"error","error":{"type":"api_error","message":"Received server error (500) from model."}}`, 0},
+		{"model timeout", 408, "application/json", `{"message":"Model has timed out in processing the request."}`,
+			`{"type":"error","error":{"type":"timeout_error","message":"Model has timed out in processing the request."}}`, 0},
 		{"an error without a message", 500, "application/json", `{"__type":"InternalFailure"}`, "", 0},
 		{"not JSON", 502, "text/html", "<html>502</html>", "", 0},
 		{"2xx JSON", 200, "application/json", `{"type":"message","content":[]}`, "", 0},
