@@ -17,7 +17,29 @@ var (
 	ErrMalformed = errors.New("request body is not a valid JSON object")
 	// ErrNoModel means the body has no string "model" field.
 	ErrNoModel = errors.New(`request body has no "model" field`)
+	// ErrAmbiguous means the body names a field the gateway routes or
+	// bills by in a way JSON parsers read differently: a limit given
+	// twice (most keep the last, the gateway would have to guess), or a
+	// key that differs from one only in case (Go's encoding/json, behind
+	// Ollama and LocalAI, matches keys regardless of case). The upstream
+	// could then run another model, or write past the bound the wallet
+	// reserved.
+	ErrAmbiguous = errors.New("request body is ambiguous")
 )
+
+// guardedKeys are the top-level fields the gateway routes or bills by,
+// which must mean the same to it and to any upstream.
+var guardedKeys = []string{"model", "stream", "max_tokens", "max_completion_tokens", "max_output_tokens", "n"}
+
+// caseVariant reports the guarded key that key differs from only in case.
+func caseVariant(key []byte) (string, bool) {
+	for _, g := range guardedKeys {
+		if len(key) == len(g) && string(key) != g && strings.EqualFold(string(key), g) {
+			return g, true
+		}
+	}
+	return "", false
+}
 
 // Request holds the top-level fields of a request body that routing and
 // billing depend on. Everything else stays opaque.
@@ -61,6 +83,14 @@ func (API) ParseRequest(body []byte) (Request, error) {
 		return req, ErrMalformed
 	}
 	foundModel := false
+	var limits [4]bool // max_tokens, max_completion_tokens, max_output_tokens, n: seen
+	once := func(i int, key []byte) error {
+		if limits[i] {
+			return fmt.Errorf("%w: %q is given twice", ErrAmbiguous, key)
+		}
+		limits[i] = true
+		return nil
+	}
 	err := eachTopLevel(body, func(key []byte, start, end int) error {
 		val := body[start:end]
 		switch string(key) {
@@ -78,6 +108,9 @@ func (API) ParseRequest(body []byte) (Request, error) {
 		case "stream":
 			req.Stream = string(val) == "true"
 		case "max_tokens", "max_completion_tokens", "max_output_tokens":
+			if err := once(limitIndex(key), key); err != nil {
+				return err
+			}
 			n, set, err := limitValue(string(key), val, MaxTokenLimit)
 			if err != nil {
 				return err
@@ -86,6 +119,9 @@ func (API) ParseRequest(body []byte) (Request, error) {
 				req.MaxOutput = n
 			}
 		case "n":
+			if err := once(3, key); err != nil {
+				return err
+			}
 			n, set, err := limitValue("n", val, MaxChoices)
 			if err != nil {
 				return err
@@ -121,6 +157,10 @@ func (API) ParseRequest(body []byte) (Request, error) {
 		case "stream_options":
 			req.HasStreamOptions = val[0] == '{'
 			req.IncludeUsage = req.HasStreamOptions && includeUsage(val)
+		default:
+			if g, ok := caseVariant(key); ok {
+				return fmt.Errorf("%w: %q differs from %q only in case, and some upstreams read it as %q", ErrAmbiguous, key, g, g)
+			}
 		}
 		return nil
 	})
@@ -270,6 +310,17 @@ func (e *LimitError) Error() string {
 		v = v[:40] + "..."
 	}
 	return fmt.Sprintf("invalid %q: %s %s", e.Field, v, e.Reason)
+}
+
+// limitIndex is a token limit key's place in ParseRequest's seen limits.
+func limitIndex(key []byte) int {
+	switch string(key) {
+	case "max_tokens":
+		return 0
+	case "max_completion_tokens":
+		return 1
+	}
+	return 2
 }
 
 // limitValue reads a limit that JSON may write as any number with an

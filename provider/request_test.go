@@ -125,6 +125,7 @@ func TestParseRequestFields(t *testing.T) {
 		{"string values containing braces", `{"system":"}{\"model\":\"evil\"}][","model":"good","stop":["}","]"]}`,
 			Request{Model: "good", N: 1}},
 		{"duplicate model: last wins like encoding/json", `{"model":"first","model":"second"}`, Request{Model: "second", N: 1}},
+		{"two limit fields: the larger bounds", `{"model":"m","max_tokens":10,"max_completion_tokens":20}`, Request{Model: "m", MaxOutput: 20, N: 1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -164,7 +165,15 @@ func TestParseRequestErrors(t *testing.T) {
 		{"model array", `{"model":["x"]}`, ErrNoModel},
 		{"model bool", `{"model":true}`, ErrNoModel},
 		{"model empty", `{"model":""}`, ErrNoModel},
-		{"Model capitalised", `{"Model":"gpt-4o"}`, ErrNoModel},
+		// Go's encoding/json (Ollama, LocalAI) reads a key regardless of
+		// case, and most parsers keep the last of a repeated key: what the
+		// gateway routes or bills by must mean the same upstream.
+		{"Model capitalised", `{"Model":"gpt-4o"}`, ErrAmbiguous},
+		{"model and MODEL", `{"model":"m","MODEL":"expensive"}`, ErrAmbiguous},
+		{"max_tokens twice", `{"model":"m","max_tokens":16,"max_tokens":null}`, ErrAmbiguous},
+		{"MAX_TOKENS", `{"model":"m","max_tokens":16,"MAX_TOKENS":100000}`, ErrAmbiguous},
+		{"n twice", `{"model":"m","n":1,"n":8}`, ErrAmbiguous},
+		{"Stream", `{"model":"m","Stream":true}`, ErrAmbiguous},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
