@@ -439,6 +439,21 @@ func requestID(x *exchange) string {
 	return x.id
 }
 
+// cachePartsFit reports whether u's cache classes are parts of its input:
+// none negative, together no more than it. (Input is already known to be
+// within its bound, so the differences cannot overflow.)
+func cachePartsFit(u provider.Usage) bool {
+	if u.CacheRead < 0 || u.CacheWrite < 0 || u.CacheWrite1h < 0 {
+		return false
+	}
+	left := u.Input - u.CacheRead
+	if left < 0 {
+		return false
+	}
+	left -= u.CacheWrite
+	return left >= 0 && u.CacheWrite1h <= left
+}
+
 // charge explains a settlement that is not simply the upstream's report:
 // kind is a metric label, note goes on the ledger row ("" for a plain
 // report).
@@ -448,8 +463,10 @@ type charge struct{ kind, note string }
 // attempt that served, or one half of a resumed answer).
 //
 //   - A plausible report wins: what the upstream reported.
-//   - An implausible one (negative, or above what the request could use) is
-//     charged at the request's bound, the most it could have cost.
+//   - An implausible one (negative, above what the request could use,
+//     cached parts that are negative or more than the input, or counts
+//     that cannot be read) is charged at the request's bound, the most it
+//     could have cost, every input token at the plain price.
 //   - A missing count is estimated: the output from the content actually
 //     delivered (the meter's decoded deltas, see provider.TokenEstimator),
 //     the input from the request's text, each capped at its bound. A
@@ -458,10 +475,19 @@ type charge struct{ kind, note string }
 // Settle caps the charge at the reservation either way, so no path can
 // overdraw.
 func (b *bill) billable(a *billedAnswer, u provider.Usage) (in, out int64, c charge) {
-	if u.Input < 0 || u.Output < 0 || u.Input > a.inputBound || u.Output > a.outputBound {
+	switch {
+	case u.Garbled:
+		return a.inputBound, a.outputBound, charge{"implausible", fmt.Sprintf(
+			"implausible usage reported (a count that is not an integer in range; the request allows at most %d in, %d out): charged at the bound",
+			a.inputBound, a.outputBound)}
+	case u.Input < 0 || u.Output < 0 || u.Input > a.inputBound || u.Output > a.outputBound:
 		return a.inputBound, a.outputBound, charge{"implausible", fmt.Sprintf(
 			"implausible usage reported (%d in, %d out; the request allows at most %d in, %d out): charged at the bound",
 			u.Input, u.Output, a.inputBound, a.outputBound)}
+	case u.InputKnown && !cachePartsFit(u):
+		return a.inputBound, a.outputBound, charge{"implausible", fmt.Sprintf(
+			"implausible usage reported (%d in, of which %d read from the cache and %d+%d written to it, %d out): charged at the bound of %d in, %d out",
+			u.Input, u.CacheRead, u.CacheWrite, u.CacheWrite1h, u.Output, a.inputBound, a.outputBound)}
 	}
 	in, out = u.Input, u.Output
 	if u.InputKnown && u.OutputKnown {

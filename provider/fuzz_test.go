@@ -326,12 +326,17 @@ func FuzzOpenAIUsage(f *testing.F) {
 		var c struct {
 			Usage *openAIUsage `json:"usage"`
 		}
-		if json.Unmarshal(data, &c) == nil && c.Usage != nil {
+		err := json.Unmarshal(data, &c)
+		if err == nil && c.Usage != nil {
 			want.set(c.Usage.PromptTokens, c.Usage.CompletionTokens)
 			if c.Usage.PromptTokens != nil {
 				want.CacheRead = c.Usage.cached()
 			}
 		}
+		// A report json cannot read (a count of the wrong type or out of
+		// range) is garbled, not absent.
+		var typeErr *json.UnmarshalTypeError
+		want.Garbled = errors.As(err, &typeErr) && typeErr.Field != "" // not a document that is no object
 		if got != want {
 			t.Fatalf("walk %+v, unmarshal %+v for %q", got, want, data)
 		}

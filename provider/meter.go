@@ -3,6 +3,7 @@ package provider
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"strconv"
 
 	"github.com/llmfailover/caddy-llm-failover/internal/jsonscan"
@@ -21,6 +22,12 @@ type Usage struct {
 	InputKnown, OutputKnown bool
 
 	CacheRead, CacheWrite, CacheWrite1h int64
+
+	// Garbled: the answer carried a usage report that could not be read
+	// (a count that is a fraction, a string or out of int64's range). It
+	// is no report the gateway may estimate around: the caller charges
+	// it as an implausible one.
+	Garbled bool
 }
 
 // PlainInput is the input read neither from nor into a cache (never
@@ -239,6 +246,7 @@ func openAIUsageBody(u *Usage, data []byte) {
 			c = new(openAIUsage)
 		}
 		if !c.decode(v) && json.Unmarshal(v, c) != nil {
+			u.Garbled = true
 			return
 		}
 	}
@@ -430,7 +438,9 @@ var responsesUsageFormat = usageFormat{
 				Usage *responsesUsage `json:"usage"`
 			} `json:"response"`
 		}
-		if json.Unmarshal(data, &c) == nil && c.Response != nil && c.Response.Usage != nil {
+		if err := json.Unmarshal(data, &c); err != nil {
+			u.Garbled = u.Garbled || garbledReport(err, data)
+		} else if c.Response != nil && c.Response.Usage != nil {
 			c.Response.Usage.setOn(u)
 		}
 	},
@@ -438,7 +448,9 @@ var responsesUsageFormat = usageFormat{
 		var c struct {
 			Usage *responsesUsage `json:"usage"`
 		}
-		if json.Unmarshal(body, &c) == nil && c.Usage != nil {
+		if err := json.Unmarshal(body, &c); err != nil {
+			u.Garbled = u.Garbled || garbledReport(err, body)
+		} else if c.Usage != nil {
 			c.Usage.setOn(u)
 		}
 	},
@@ -448,8 +460,8 @@ var responsesUsageFormat = usageFormat{
 
 type anthropicUsage struct {
 	InputTokens              *int64 `json:"input_tokens"`
-	CacheCreationInputTokens int64  `json:"cache_creation_input_tokens"`
-	CacheReadInputTokens     int64  `json:"cache_read_input_tokens"`
+	CacheCreationInputTokens *int64 `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     *int64 `json:"cache_read_input_tokens"`
 	OutputTokens             *int64 `json:"output_tokens"`
 	// CacheCreation splits cache_creation_input_tokens by lifetime.
 	CacheCreation *struct {
@@ -461,17 +473,24 @@ type anthropicUsage struct {
 // setInput counts cached tokens as input: Anthropic reports them separately
 // from input_tokens, yet the model processed them and the upstream bills
 // them, each class at its own price. Writes the report does not split by
-// lifetime are 5-minute ones, the default.
+// lifetime are 5-minute ones, the default. A cache count the report
+// leaves out is the one an earlier report gave: message_delta may repeat
+// input_tokens without the cache fields message_start had.
 func (a *anthropicUsage) setInput(u *Usage) {
 	if a.InputTokens == nil {
 		return
 	}
-	u.Input, u.InputKnown = *a.InputTokens+a.CacheCreationInputTokens+a.CacheReadInputTokens, true
-	u.CacheRead, u.CacheWrite, u.CacheWrite1h = a.CacheReadInputTokens, a.CacheCreationInputTokens, 0
-	if c := a.CacheCreation; c != nil && c.Ephemeral1h > 0 {
-		u.CacheWrite1h = min(c.Ephemeral1h, a.CacheCreationInputTokens)
-		u.CacheWrite = a.CacheCreationInputTokens - u.CacheWrite1h
+	if a.CacheReadInputTokens != nil {
+		u.CacheRead = *a.CacheReadInputTokens
 	}
+	if w := a.CacheCreationInputTokens; w != nil {
+		u.CacheWrite, u.CacheWrite1h = *w, 0
+		if c := a.CacheCreation; c != nil && c.Ephemeral1h > 0 {
+			u.CacheWrite1h = min(c.Ephemeral1h, *w)
+			u.CacheWrite = *w - u.CacheWrite1h
+		}
+	}
+	u.Input, u.InputKnown = *a.InputTokens+u.CacheRead+u.CacheWrite+u.CacheWrite1h, true
 }
 
 var anthropicUsageFormat = usageFormat{
@@ -484,7 +503,8 @@ var anthropicUsageFormat = usageFormat{
 			} `json:"message"`
 			Usage *anthropicUsage `json:"usage"`
 		}
-		if json.Unmarshal(data, &c) != nil {
+		if err := json.Unmarshal(data, &c); err != nil {
+			u.Garbled = u.Garbled || garbledReport(err, data)
 			return
 		}
 		if name == "" {
@@ -517,9 +537,19 @@ var anthropicUsageFormat = usageFormat{
 		var c struct {
 			Usage *anthropicUsage `json:"usage"`
 		}
-		if json.Unmarshal(body, &c) == nil && c.Usage != nil {
+		if err := json.Unmarshal(body, &c); err != nil {
+			u.Garbled = u.Garbled || garbledReport(err, body)
+		} else if c.Usage != nil {
 			c.Usage.setInput(u)
 			u.set(nil, c.Usage.OutputTokens)
 		}
 	},
+}
+
+// garbledReport tells a usage report json could not read (a count of the
+// wrong type or out of range: *json.UnmarshalTypeError) from data that
+// is no JSON object at all, which reports nothing.
+func garbledReport(err error, data []byte) bool {
+	var typeErr *json.UnmarshalTypeError
+	return errors.As(err, &typeErr) && bytes.Contains(data, []byte(`"usage"`))
 }

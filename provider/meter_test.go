@@ -134,7 +134,10 @@ func TestMeterBodies(t *testing.T) {
 		{"repeated usage merges", OpenAIChat, `{"usage":{"prompt_tokens":1},"usage":{"completion_tokens":2}}`, Usage{Input: 1, Output: 2, InputKnown: true, OutputKnown: true}},
 		{"broken after usage", OpenAIChat, `{"usage":{"prompt_tokens":1,"completion_tokens":2},"x":}`, Usage{Input: 0, Output: 0, InputKnown: false, OutputKnown: false}},
 		{"trailing garbage", OpenAIChat, `{"usage":{"prompt_tokens":1,"completion_tokens":2}} x`, Usage{Input: 0, Output: 0, InputKnown: false, OutputKnown: false}},
-		{"usage not an object", OpenAIChat, `{"usage":7}`, Usage{Input: 0, Output: 0, InputKnown: false, OutputKnown: false}},
+		{"usage not an object", OpenAIChat, `{"usage":7}`, Usage{Garbled: true}},
+		{"a count out of range", OpenAIChat, `{"usage":{"prompt_tokens":100,"completion_tokens":1e30}}`, Usage{Garbled: true}},
+		{"a count as a string", OpenAIResponses, `{"usage":{"input_tokens":"100","output_tokens":5}}`, Usage{Garbled: true}},
+		{"a fractional count", AnthropicMessages, `{"usage":{"input_tokens":10.5,"output_tokens":5}}`, Usage{Garbled: true}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
