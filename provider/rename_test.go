@@ -71,3 +71,26 @@ func FuzzRestoreModel(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkRestoreModel is the restorer over an Anthropic stream of 200
+// text deltas on a renamed route, read as the gate reads: what every byte
+// of such a route's answers costs.
+func BenchmarkRestoreModel(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"model\":\"us.anthropic.claude-sonnet-4-5-20250929-v1:0\",\"content\":[],\"usage\":{\"input_tokens\":12,\"output_tokens\":1}}}\n\n")
+	for range 200 {
+		sb.WriteString("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello there, this is a \\\"token\\\" or two.\"}}\n\n")
+	}
+	in := sb.String()
+	buf := make([]byte, 16<<10)
+	b.SetBytes(int64(len(in)))
+	b.ReportAllocs()
+	for b.Loop() {
+		r := RestoreModel(strings.NewReader(in), "claude-sonnet-4-5")
+		for {
+			if _, err := r.Read(buf); err != nil {
+				break
+			}
+		}
+	}
+}
