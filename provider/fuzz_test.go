@@ -40,6 +40,26 @@ func topLevelKeys(body []byte) (keys []string, ok bool) {
 	return keys, true
 }
 
+// ambiguousKeys is the oracle for ErrAmbiguous: a limit given twice, or a
+// key that differs from a guarded one only in case.
+func ambiguousKeys(keys []string) bool {
+	count := map[string]int{}
+	for _, k := range keys {
+		count[k]++
+		for _, g := range []string{"model", "stream", "max_tokens", "max_completion_tokens", "max_output_tokens", "n"} {
+			if k != g && strings.EqualFold(k, g) {
+				return true
+			}
+		}
+	}
+	for _, limit := range []string{"max_tokens", "max_completion_tokens", "max_output_tokens", "n"} {
+		if count[limit] > 1 {
+			return true
+		}
+	}
+	return false
+}
+
 func FuzzParseRequest(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`,
@@ -51,6 +71,8 @@ func FuzzParseRequest(f *testing.F) {
 		` { "model" : "m" , "max_completion_tokens" : 9 } `,
 		`{"model":"m","max_tokens":1e5,"n":8.0}`,
 		`{"model":"m","max_tokens":"100"}`,
+		`{"model":"m","maX_tokens":9}`,
+		`{"model":"m","n":1,"n":2}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -65,7 +87,7 @@ func FuzzParseRequest(f *testing.F) {
 			t.Fatalf("invalid JSON %q: err = %v, want ErrMalformed", body, err)
 		}
 		var le *LimitError
-		if err != nil && !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrNoModel) && !errors.As(err, &le) {
+		if err != nil && !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrNoModel) && !errors.Is(err, ErrAmbiguous) && !errors.As(err, &le) {
 			t.Fatalf("unexpected error %v", err)
 		}
 
@@ -109,6 +131,12 @@ func FuzzParseRequest(f *testing.F) {
 		if !isObject {
 			if err == nil {
 				t.Fatalf("non-object %q parsed as %+v", body, r)
+			}
+			return
+		}
+		if errors.Is(err, ErrAmbiguous) {
+			if !ambiguousKeys(keys) {
+				t.Fatalf("%q refused as ambiguous (%v), but no guarded key is repeated or differs only in case", body, err)
 			}
 			return
 		}

@@ -31,10 +31,13 @@ var (
 // which must mean the same to it and to any upstream.
 var guardedKeys = []string{"model", "stream", "max_tokens", "max_completion_tokens", "max_output_tokens", "n"}
 
-// caseVariant reports the guarded key that key differs from only in case.
+// caseVariant reports the guarded key that key differs from only in case,
+// Unicode's simple folding included, as encoding/json matches it: "ſtream"
+// (long s) and "max_to\u212aens" (Kelvin sign) are "stream" and "max_tokens"
+// to a Go upstream, though their bytes are longer.
 func caseVariant(key []byte) (string, bool) {
 	for _, g := range guardedKeys {
-		if len(key) == len(g) && string(key) != g && strings.EqualFold(string(key), g) {
+		if string(key) != g && strings.EqualFold(string(key), g) {
 			return g, true
 		}
 	}

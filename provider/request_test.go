@@ -174,6 +174,8 @@ func TestParseRequestErrors(t *testing.T) {
 		{"MAX_TOKENS", `{"model":"m","max_tokens":16,"MAX_TOKENS":100000}`, ErrAmbiguous},
 		{"n twice", `{"model":"m","n":1,"n":8}`, ErrAmbiguous},
 		{"Stream", `{"model":"m","Stream":true}`, ErrAmbiguous},
+		{"long s in stream", `{"model":"m","\u017ftream":true}`, ErrAmbiguous},
+		{"Kelvin sign in max_tokens", `{"model":"m","max_tokens":16,"max_to\u212aens":100000}`, ErrAmbiguous},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
