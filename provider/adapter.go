@@ -205,11 +205,12 @@ func newRequest(ctx context.Context, c Call) (*http.Request, error) {
 	if err := CheckPath(r.URL.EscapedPath()); err != nil {
 		return nil, err
 	}
-	u := &url.URL{Scheme: base.Scheme, Host: base.Host, Path: base.Path + r.URL.Path, RawQuery: r.URL.RawQuery}
+	u := &url.URL{Scheme: base.Scheme, Host: base.Host, Path: base.Path + r.URL.Path, RawQuery: clientQuery(r.URL.RawQuery)}
 	if base.RawQuery != "" {
+		q := u.RawQuery
 		u.RawQuery = base.RawQuery
-		if r.URL.RawQuery != "" {
-			u.RawQuery += "&" + r.URL.RawQuery
+		if q != "" {
+			u.RawQuery += "&" + q
 		}
 	}
 	out.URL = u

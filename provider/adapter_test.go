@@ -66,7 +66,7 @@ func clientRequest(t *testing.T, target, body string, hdr http.Header) *http.Req
 func TestNewRequest(t *testing.T) {
 	base, _ := url.Parse("https://up.example.com/api/x?key=1")
 	body := `{"model":"m","stream":true}`
-	r := clientRequest(t, "http://gw.local/v1/chat/completions?a=b", body, http.Header{
+	r := clientRequest(t, "http://gw.local/v1/chat/completions?Access_Token=client&a=b", body, http.Header{
 		"Authorization":   {"Bearer client"},
 		"Connection":      {"keep-alive, X-Hop"},
 		"X-Hop":           {"1"},

@@ -68,8 +68,8 @@ func (a *Azure) NewRequest(ctx context.Context, c Call) (*http.Request, error) {
 	tail := apiTail(c.Client.URL.Path)
 	if a.dated() {
 		q := url.Values{"api-version": {a.APIVersion}}.Encode()
-		if c.Client.URL.RawQuery != "" {
-			q = c.Client.URL.RawQuery + "&" + q
+		if cq := clientQuery(c.Client.URL.RawQuery); cq != "" {
+			q = cq + "&" + q
 		}
 		if c.API == OpenAIResponses {
 			// The Responses API has no deployment in its path: the body's
@@ -81,7 +81,7 @@ func (a *Azure) NewRequest(ctx context.Context, c Call) (*http.Request, error) {
 			req.URL = upstreamURL(c.Base, prefix+dep+tail, prefix+url.PathEscape(dep)+tail, q)
 		}
 	} else {
-		req.URL = upstreamURL(c.Base, withPrefix(c.Base.Path, "/openai/v1")+tail, "", c.Client.URL.RawQuery)
+		req.URL = upstreamURL(c.Base, withPrefix(c.Base.Path, "/openai/v1")+tail, "", clientQuery(c.Client.URL.RawQuery))
 	}
 	if a.APIKey != "" {
 		req.Header.Set("Api-Key", a.APIKey)

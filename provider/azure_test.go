@@ -88,7 +88,7 @@ func TestAzureNewRequest(t *testing.T) {
 		{"dated", "2024-10-21", "https://r.openai.azure.com", "/v1/chat/completions", chat, "gpt4o-prod", OpenAIChat,
 			"https://r.openai.azure.com/openai/deployments/gpt4o-prod/chat/completions?api-version=2024-10-21",
 			`{"model":"gpt4o-prod","messages":[{"role":"user","content":"hi"}]}`},
-		{"dated keeps the client's query", "2025-04-01-preview", "https://r.openai.azure.com", "/v1/chat/completions?a=b", chat, "gpt4o-prod", OpenAIChat,
+		{"dated keeps the client's query", "2025-04-01-preview", "https://r.openai.azure.com", "/v1/chat/completions?a=b&api-key=client-q", chat, "gpt4o-prod", OpenAIChat,
 			"https://r.openai.azure.com/openai/deployments/gpt4o-prod/chat/completions?a=b&api-version=2025-04-01-preview",
 			`{"model":"gpt4o-prod","messages":[{"role":"user","content":"hi"}]}`},
 		{"dated base ending in /openai", "2024-10-21", "https://r.openai.azure.com/openai", "/v1/completions", `{"model":"davinci","prompt":"x"}`, "", OpenAICompletions,

@@ -51,7 +51,7 @@ func (g *Gemini) NewRequest(ctx context.Context, c Call) (*http.Request, error) 
 	if err != nil {
 		return nil, err
 	}
-	req.URL = upstreamURL(c.Base, withPrefix(c.Base.Path, geminiPrefix)+apiTail(c.Client.URL.Path), "", c.Client.URL.RawQuery)
+	req.URL = upstreamURL(c.Base, withPrefix(c.Base.Path, geminiPrefix)+apiTail(c.Client.URL.Path), "", clientQuery(c.Client.URL.RawQuery))
 	if g.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+g.APIKey)
 	}

@@ -62,7 +62,7 @@ func TestGeminiNewRequest(t *testing.T) {
 		api                                             API
 		wantURL, wantBody                               string
 	}{
-		{"chat", http.MethodPost, "https://generativelanguage.googleapis.com", "/v1/chat/completions?a=b", chat, "gemini-2.5-flash", OpenAIChat,
+		{"chat", http.MethodPost, "https://generativelanguage.googleapis.com", "/v1/chat/completions?a=b&key=client-q", chat, "gemini-2.5-flash", OpenAIChat,
 			"https://generativelanguage.googleapis.com/v1beta/openai/chat/completions?a=b",
 			`{"model":"gemini-2.5-flash","messages":[{"role":"user","content":"hi"}],"stream":true}`},
 		{"base with the prefix", http.MethodPost, "https://generativelanguage.googleapis.com/v1beta/openai", "/v1/chat/completions", chat, "", OpenAIChat,

@@ -134,7 +134,7 @@ func (v *Vertex) NewRequest(ctx context.Context, c Call) (*http.Request, error) 
 	}
 	prefix := withPrefix(c.Base.Path, "/v1/projects/"+v.Project+"/locations/"+v.Region)
 	if c.API == OpenAIChat {
-		req.URL = upstreamURL(c.Base, prefix+"/endpoints/openapi/chat/completions", "", c.Client.URL.RawQuery)
+		req.URL = upstreamURL(c.Base, prefix+"/endpoints/openapi/chat/completions", "", clientQuery(c.Client.URL.RawQuery))
 	} else {
 		model := modelOf(c)
 		verb := ":rawPredict"
