@@ -82,6 +82,26 @@ data: {"error":{"message":"upstream auth KEY expired","type":"server_error"}}
 	}
 }
 
+// An error event after content whose echoed key is split across two
+// reads: the first half went out as read before the event was known for
+// an error.
+func TestSplitErrorFrameAfterContentMasksEchoedKey(t *testing.T) {
+	e := badEngine(t, Options{}, nil, "Authorization", fu.BehaviorFunc(func(w http.ResponseWriter, r *http.Request, _ int64) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		event := `data: {"error":{"message":"upstream auth ` + r.Header.Get("Authorization") + ` expired","type":"server_error"}}` + "\n\n"
+		half := strings.Index(event, echoedKey) + len(echoedKey)/2
+		for _, part := range []string{`data: {"choices":[{"index":0,"delta":{"content":"Hello"}}]}` + "\n\n", event[:half], event[half:]} {
+			_, _ = w.Write([]byte(part))
+			w.(http.Flusher).Flush()
+			time.Sleep(20 * time.Millisecond)
+		}
+	}), false)
+	w, _ := send(e, "/v1/chat/completions", fu.ChatRequest("m", true))
+	if body := w.Body.String(); !strings.Contains(body, "Hello") || strings.Contains(body, echoedKey[:len(echoedKey)/2]) {
+		t.Fatalf("(part of) the key reached the client: %s", body)
+	}
+}
+
 // D3: a 4xx in an encoding the transport did not decode is masked blind.
 func TestCompressedErrorBodyMasksEchoedKey(t *testing.T) {
 	e := badEngine(t, Options{}, nil, "Authorization", fu.BehaviorFunc(func(w http.ResponseWriter, r *http.Request, _ int64) {

@@ -194,12 +194,14 @@ type Options struct {
 	// event too large to hold was forwarded as it came; a break inside
 	// one is appended to as without DeferBreak.)
 	DeferBreak bool
-	// Scrub, if set, rewrites what reaches the client from the chunk
-	// that carries an error event after commit on: an upstream's error
-	// may quote what it was sent (a credential), where its content does
-	// not. The rewrite may change lengths; event boundaries are the
-	// caller's to keep. Part of an error event that came in an earlier
-	// chunk has already gone out as read.
+	// Scrub, if set, rewrites what reaches the client from an error
+	// event after commit on: an upstream's error may quote what it was
+	// sent (a credential), where its content does not. Bytes then reach
+	// the client in whole events (as with Drop), so an error event split
+	// across reads is rewritten whole, never half sent before it is
+	// known for one. The rewrite may change lengths; event boundaries are
+	// the caller's to keep. (An event too large to hold was forwarded as
+	// it came.)
 	Scrub func(b []byte) []byte
 }
 
@@ -449,7 +451,9 @@ func Relay(src io.Reader, cancel context.CancelCauseFunc, dst Downstream, opts O
 }
 
 // wholeEvents reports whether bytes go to the client in whole events.
-func (r *relay) wholeEvents() bool { return r.opts.Drop != nil || r.opts.DeferBreak }
+func (r *relay) wholeEvents() bool {
+	return r.opts.Drop != nil || r.opts.DeferBreak || r.opts.Scrub != nil
+}
 
 func (r *relay) now() int64 { return int64(time.Since(r.start)) + 1 }
 
@@ -571,8 +575,15 @@ func (r *relay) feedDrop(c []byte) (wrote bool, boundary int) {
 			// holds the whole answer). holdChunk flushes it all at once.
 			r.commitUnflushed()
 		}
-		r.sink(r.pending)
-		r.sink(c[r.ws:b])
+		if len(r.pending) > 0 && r.scrub {
+			// An error event split across reads goes out in one piece,
+			// so that Scrub sees all of it.
+			r.pending = append(r.pending, c[r.ws:b]...)
+			r.sink(r.pending)
+		} else {
+			r.sink(r.pending)
+			r.sink(c[r.ws:b])
+		}
 		r.pending = r.pending[:0]
 		r.ws = b
 	}

@@ -502,6 +502,29 @@ func TestRelayScrubsFromAnErrorAfterCommit(t *testing.T) {
 	}
 }
 
+// An error event after commit split across reads, anywhere in the
+// secret it quotes, reaches the client scrubbed whole: no prefix of the
+// secret goes out before the event is known for an error.
+func TestRelayScrubsAnErrorSplitAcrossReads(t *testing.T) {
+	const secret = "sk-secret-0123456789"
+	content := sse(`{"choices":[{"index":0,"delta":{"content":"hi"}}]}`)
+	errEvent := sse(`{"error":{"message":"key ` + secret + ` expired","type":"server_error"}}`)
+	scrub := func(b []byte) []byte { return bytes.ReplaceAll(b, []byte(secret), []byte("[REDACTED]")) }
+	want := content + strings.ReplaceAll(errEvent, secret, "[REDACTED]")
+	for i := 1; i < len(errEvent); i++ {
+		dst := newFakeDown()
+		res, _ := relayWith(t, dst, gate(provider.OpenAIChat, Options{Scrub: scrub}), func(u *upstream) {
+			u.send(content)
+			u.send(errEvent[:i])
+			u.send(errEvent[i:])
+			u.close()
+		})
+		if _, body := dst.snapshot(); res.Outcome != UpstreamError || body != want {
+			t.Fatalf("split at %d: res %+v\nbody %q\nwant %q", i, res, body, want)
+		}
+	}
+}
+
 func isUsageOnly(ev Event) bool { return bytes.Contains(ev.Data, []byte(`"choices":[]`)) }
 
 func TestRelayDropHidesUsageChunk(t *testing.T) {
