@@ -25,6 +25,7 @@ type JobView struct {
 	Failures    uint64    `json:"failures"`
 	NextDue     time.Time `json:"next_due,omitzero"`
 	Overdue     bool      `json:"overdue"`
+	Hung        bool      `json:"hung"`
 	Heartbeats  int       `json:"heartbeats"`
 }
 
@@ -34,7 +35,7 @@ func jobsView() []JobView {
 		v := JobView{
 			Job: s.Name, Running: s.Running, LastStart: s.LastStart, LastSuccess: s.LastSuccess,
 			LastError: s.LastError, LastErrorAt: s.LastErrorAt, DurationMS: float64(s.Duration.Microseconds()) / 1000,
-			Runs: s.Runs, Failures: s.Failures, NextDue: s.NextDue, Overdue: s.Overdue, Heartbeats: s.Heartbeats,
+			Runs: s.Runs, Failures: s.Failures, NextDue: s.NextDue, Overdue: s.Overdue, Hung: s.Hung, Heartbeats: s.Heartbeats,
 		}
 		if s.Every > 0 {
 			v.Every = s.Every.String()

@@ -58,9 +58,16 @@ func Ready() (unready, degraded []string) {
 		if s.LastSuccess.IsZero() {
 			last = "never"
 		}
-		if now.Sub(s.LastStart) <= 2*s.Every {
+		switch {
+		case s.Hung:
+			// Most likely waiting on what it talks to (a database that
+			// accepts connections and never answers), which every
+			// instance shares: as a failing job, degraded.
+			degraded = append(degraded, fmt.Sprintf("job %s is hung in a run started %s (last success %s)",
+				s.Name, s.LastStart.UTC().Format(time.RFC3339), last))
+		case now.Sub(s.LastStart) <= 2*s.Every:
 			degraded = append(degraded, fmt.Sprintf("job %s is failing (last success %s)", s.Name, last))
-		} else {
+		default:
 			unready = append(unready, fmt.Sprintf("job %s is overdue (last success %s)", s.Name, last))
 		}
 	}

@@ -208,6 +208,27 @@ func TestReadiness(t *testing.T) {
 	if res.StatusCode != 503 || !strings.Contains(string(body), "job ready_test_overdue is overdue") {
 		t.Fatalf("overdue job: %d %q", res.StatusCode, body)
 	}
+	// A job hung in a run is late too, but what it waits on (a database
+	// that never answers) is shared: degraded, not unready.
+	hung := caddykit.Jobs.Job("ready_test_hung", time.Millisecond)
+	_ = hung.Run(t.Context(), succeed)
+	release, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = hung.Run(context.Background(), func(context.Context) (jobs.Summary, error) { <-release; return "", nil })
+	}()
+	t.Cleanup(func() {
+		close(release)
+		<-done
+		_ = caddykit.Jobs.Job(hung.Name(), time.Hour).Run(context.Background(), succeed)
+	})
+	time.Sleep(30 * time.Millisecond)
+	_, body = getBody(t, url)
+	i := strings.Index(string(body), "degraded:")
+	if i < 0 || !strings.Contains(string(body)[i:], "job ready_test_hung is hung in a run") ||
+		strings.Contains(string(body), "ready_test_hung is overdue") {
+		t.Fatalf("hung job: %q", body)
+	}
 }
 
 // The prober's job reports the schedule it keeps: it runs a round every

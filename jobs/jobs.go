@@ -104,10 +104,14 @@ type Status struct {
 	// NextDue is when the next run is expected (last start + every),
 	// zero for on-demand jobs and jobs that never ran.
 	NextDue time.Time
-	// Overdue is set when the job is more than one interval late: it is
-	// not running and its last success (or, if none, its first
-	// registration) is older than twice its interval.
+	// Overdue is set when the job is more than one interval late: its
+	// last success (or, if none, its first registration) is older than
+	// twice its interval, and it is not running, or its run has lasted
+	// more than hungAfter intervals (Hung).
 	Overdue bool
+	// Hung is set when the run under way has lasted more than hungAfter
+	// intervals.
+	Hung bool
 	// Heartbeats counts the receivers attached (never their URLs).
 	Heartbeats int
 }
@@ -242,6 +246,13 @@ func (j *Job) Run(ctx context.Context, fn func(context.Context) (Summary, error)
 	return err
 }
 
+// hungAfter is how many intervals a run may last before it counts as hung.
+// A run may well last longer than one: the prober ticks four times a
+// route's interval and waits for its probes, each bounded by that
+// interval. One that lasts ten is stuck on something, and the job is as
+// late as one that stopped.
+const hungAfter = 10
+
 // Status returns the job's record at now.
 func (j *Job) Status(now time.Time) Status {
 	j.mu.Lock()
@@ -251,7 +262,8 @@ func (j *Job) Status(now time.Time) Status {
 	if j.every > 0 && !s.LastStart.IsZero() {
 		s.NextDue = s.LastStart.Add(j.every)
 	}
-	if j.every > 0 && !j.running && !(j.acquired && j.owners == 0) {
+	s.Hung = j.every > 0 && j.running && now.Sub(s.LastStart) > hungAfter*j.every
+	if j.every > 0 && (!j.running || s.Hung) && !(j.acquired && j.owners == 0) {
 		since := s.LastSuccess
 		if since.IsZero() {
 			since = j.created

@@ -272,3 +272,41 @@ func TestDeadReceiverDoesNotDelayOthers(t *testing.T) {
 		t.Errorf("the live receiver's ping took %v behind a dead one", took)
 	}
 }
+
+// A run that hangs is as late as a job that stopped running: its last
+// success ages past two intervals while it is "running", and the jobs
+// view, the overdue gauge and readiness must say so.
+func TestHungRunIsOverdue(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	reg := NewRegistry(nil)
+	reg.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	job := reg.Job("history_flush", 5*time.Second)
+	_ = job.Run(context.Background(), func(context.Context) (Summary, error) { return "", nil })
+	started, release := make(chan struct{}), make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = job.Run(context.Background(), func(context.Context) (Summary, error) {
+			close(started)
+			<-release
+			return "", nil
+		})
+	}()
+	<-started
+	defer func() { close(release); <-done }()
+	if st := job.Status(now.Add(time.Second)); !st.Running || st.Overdue || st.Hung {
+		t.Fatalf("a run under way within its interval: %+v", st)
+	}
+	// A run may last a few intervals (a prober round waits for probes
+	// each bounded by four of its ticks): not late yet.
+	if st := job.Status(now.Add(45 * time.Second)); st.Overdue || st.Hung {
+		t.Fatalf("a run under way for nine intervals: %+v", st)
+	}
+	mu.Lock()
+	now = now.Add(time.Hour)
+	mu.Unlock()
+	if st := reg.Statuses(); len(st) != 1 || !st[0].Overdue || !st[0].Hung {
+		t.Fatalf("a run hung for an hour, no success in 720 intervals, is not overdue: %+v", st)
+	}
+}
