@@ -158,6 +158,23 @@ func (h *Hold) release() {
 	}
 }
 
+// interrupted replaces the hold with what a probe cut short by the
+// prober's own stop cost, and records no result: it says nothing of
+// the channel.
+func (h *Hold) interrupted(cost wallet.Micros, at time.Time) {
+	l, c := h.l, h.route
+	l.mu.Lock()
+	r := l.record(c.Channel)
+	roll(r, c.Channel, at)
+	r.Held -= h.amount
+	r.Spent += cost
+	l.mu.Unlock()
+	if h.slot != nil {
+		<-h.slot
+	}
+	spend.WithLabelValues(c.Channel).Add(float64(cost) / 1e6)
+}
+
 // settle records the probe's result and replaces its hold with its real
 // cost.
 func (h *Hold) settle(res Result, at time.Time) {

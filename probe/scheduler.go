@@ -222,6 +222,13 @@ func (s *Scheduler) Round(ctx context.Context) (jobs.Summary, error) {
 					h.release()
 					return // the trial slots are taken by clients
 				}
+				if ctx.Err() != nil {
+					// The prober stopped (a reload, a shutdown) under the
+					// probe: what it cost is spent, but it found nothing
+					// about the channel.
+					h.interrupted(res.Cost, time.Now())
+					return
+				}
 				s.mu.Lock()
 				s.last[key] = now
 				s.mu.Unlock()

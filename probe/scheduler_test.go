@@ -357,3 +357,34 @@ func TestSchedulerRoundFailsWhenProbesCannotCheck(t *testing.T) {
 		t.Fatalf("round whose probe found its channel down: %v", err)
 	}
 }
+
+// A probe cut short because the prober itself stopped (a reload, a
+// shutdown: the round's context ended) found nothing about its channel:
+// its cost is spent, but it is no failed probe in the channel's probe
+// history, its last result or the round's counts.
+func TestProbeInterruptedByStopIsNoFailure(t *testing.T) {
+	target := newFakeTarget(mustPlan(t, time.Millisecond, ""), "a")
+	ctx, cancel := context.WithCancel(context.Background())
+	target.onProbe = cancel
+	// What the engine reports for an attempt whose context ended.
+	target.result = Result{Outcome: Failed, Reason: "stopped", Cost: 50_000}
+	ledger := NewLedger()
+	s := NewScheduler([]Target{target}, ledger, nil, zap.NewNop())
+	summary, _ := s.Round(ctx)
+	if target.count("a") != 1 {
+		t.Fatalf("%d probes sent", target.count("a"))
+	}
+	if strings.Contains(string(summary), "1 failed") {
+		t.Errorf("round summary counts the interrupted probe as failed: %s", summary)
+	}
+	if w := ledger.History().Channel("a", time.Now(), time.Hour).Windows[time.Hour]; w.Down != 0 {
+		t.Errorf("the channel's probe history has %d down from a probe the prober's stop interrupted", w.Down)
+	}
+	rec, _ := ledger.View("a", time.Now())
+	if rec.Outcome == Failed {
+		t.Errorf("the channel's last probe reads %q (%s)", rec.Outcome, rec.Reason)
+	}
+	if rec.Spent != 50_000 {
+		t.Errorf("what the interrupted probe cost is not spent: %s", rec.Spent)
+	}
+}
