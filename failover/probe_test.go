@@ -1,9 +1,16 @@
 package failover
 
 import (
+	"context"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/zap"
+
+	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 	"github.com/llmfailover/caddy-llm-failover/probe"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
 )
@@ -31,4 +38,40 @@ func TestProbeRoutesTellTheirMaxCost(t *testing.T) {
 	if routes[1].MaxCost < out || routes[1].MaxCost <= 0 {
 		t.Errorf("a priced route's probe may cost %s, below its output alone (%s)", routes[1].MaxCost, out)
 	}
+}
+
+// A synthetic check is counted by probes_total and kept in the probes'
+// own history; caddy_llm_failover_attempts_total counts real traffic,
+// as the status page's channel windows do: a channel nobody uses but
+// whose probes pass must not show a success rate made of probes.
+func TestProbesAreNotCountedAsTrafficAttempts(t *testing.T) {
+	up := upstream(t, fu.OK())
+	name := uniqueName("probed")
+	e := testEngine(t, testPlan(t, Options{}, func(m *Model) {
+		plan, err := probe.NewPlan(time.Minute, 0, "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Probe = &plan
+	}, testChannel{name: name, url: up.URL}))
+	s := probe.NewScheduler([]probe.Target{prober{e}}, probe.NewLedger(), nil, zap.NewNop())
+	if _, err := s.Round(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	hits(t, up, 1)
+	if n := testutil.ToFloat64(attemptsTotal.WithLabelValues("m", name, string(outcomeOK))); n != 0 {
+		t.Errorf("attempts_total{outcome=ok} counts %v probe(s) as traffic", n)
+	}
+	if h := histogramCount(t, attemptDuration.WithLabelValues(name).(prometheus.Histogram)); h != 0 {
+		t.Errorf("attempt_duration_seconds observed %d probe(s) as traffic", h)
+	}
+}
+
+func histogramCount(t *testing.T, h prometheus.Histogram) uint64 {
+	t.Helper()
+	var m dto.Metric
+	if err := h.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetHistogram().GetSampleCount()
 }

@@ -301,10 +301,15 @@ func (e *Engine) record(x *exchange, route *chain.Route, res attemptResult, took
 			requestsTotal.WithLabelValues(x.req.Model, "served").Inc()
 		}
 	}
-	attemptsTotal.WithLabelValues(x.req.Model, ch.Name, string(outcome)).Inc()
+	if x.mode != modeSynthetic {
+		// Traffic only, as the status page's channel windows: a probe is
+		// counted by probes_total (package probe), and a channel nobody
+		// uses must not show a success rate made of its probes.
+		attemptsTotal.WithLabelValues(x.req.Model, ch.Name, string(outcome)).Inc()
+		attemptDuration.WithLabelValues(ch.Name).Observe(took.Seconds())
+	}
 	countInput(x, ch.Name, res)
 	countGenAI(x, ch, route, res, took)
-	attemptDuration.WithLabelValues(ch.Name).Observe(took.Seconds())
 	e.app.Attempted(failoverapp.Attempt{Model: x.req.Model, UpstreamModel: upstreamModel(route, x.req.Model), Channel: ch.Name,
 		Number: x.attempts, Outcome: string(outcome), UpstreamStatus: status, Took: took})
 	var ttft time.Duration
