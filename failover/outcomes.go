@@ -80,12 +80,20 @@ func (e *Engine) recordHistory(x *exchange, ch *Channel, res attemptResult, outc
 // recordServed adds what the client of an answered request got to its
 // model's history: the model's status on the status page is what its
 // clients saw, its channels' what their attempts saw. A client that left
-// says nothing.
+// says nothing there; requests_total counts every ending.
 func (e *Engine) recordServed(x *exchange, res attemptResult) {
 	q := history.Attempt{At: time.Now(), Model: x.req.Model, Class: history.Success, OutputTokens: outputTokens(x.meter)}
 	q.InputTokens, q.CacheReadTokens = reportedInput(x.meter)
 	if !x.committedAt.IsZero() {
 		q.TTFT = x.committedAt.Sub(x.start)
+	}
+	switch res.verdict {
+	case clientGone:
+		requestsTotal.WithLabelValues(x.req.Model, string(outcomeClientGone)).Inc()
+	case broken: // the client saw its stream end in an error
+		requestsTotal.WithLabelValues(x.req.Model, "broken").Inc()
+	default:
+		requestsTotal.WithLabelValues(x.req.Model, "served").Inc()
 	}
 	switch {
 	case res.verdict == clientGone:

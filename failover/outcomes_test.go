@@ -3,6 +3,9 @@ package failover
 import (
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 	"github.com/llmfailover/caddy-llm-failover/provider"
 )
 
@@ -29,6 +32,35 @@ func TestReportedInput(t *testing.T) {
 	} {
 		if all, cached := reportedInput(tc.m); all != tc.all || cached != tc.cached {
 			t.Errorf("%s: %d input, %d cache read; want %d, %d", tc.name, all, cached, tc.all, tc.cached)
+		}
+	}
+}
+
+// requests_total says how each request ended as its client saw it, as the
+// status page's model windows do: a committed stream that broke off is
+// "broken", not "served", and is counted once.
+func TestRequestsTotalCountsHowRequestsEnded(t *testing.T) {
+	count := func(outcome string) float64 { return testutil.ToFloat64(requestsTotal.WithLabelValues("m", outcome)) }
+	for _, tc := range []struct {
+		name     string
+		answer   fu.Behavior
+		stream   bool
+		outcome  string
+		notCount string
+	}{
+		{"served", fu.OK(), true, "served", "broken"},
+		{"broken", fu.CutMidStream(), true, "broken", "served"},
+	} {
+		e := testEngine(t, testPlan(t, Options{}, nil, testChannel{name: uniqueName(tc.name), url: upstream(t, tc.answer).URL}))
+		before, other := count(tc.outcome), count(tc.notCount)
+		if _, ok := send(e, "/v1/chat/completions", fu.ChatRequest("m", tc.stream)); !ok {
+			t.Fatalf("%s: no answer", tc.name)
+		}
+		if d := count(tc.outcome) - before; d != 1 {
+			t.Errorf("%s: requests_total{outcome=%q} rose by %v, want 1", tc.name, tc.outcome, d)
+		}
+		if d := count(tc.notCount) - other; d != 0 {
+			t.Errorf("%s: requests_total{outcome=%q} rose by %v, want 0", tc.name, tc.notCount, d)
 		}
 	}
 }

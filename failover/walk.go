@@ -294,13 +294,6 @@ func (e *Engine) record(x *exchange, route *chain.Route, res attemptResult, took
 	if x.bill != nil && res.verdict == retry {
 		x.bill.attemptFailed(ch.Name, upstreamModel(route, x.req.Model), string(res.fail.reason))
 	}
-	if x.mode == modeChain || x.mode == modeLastResort {
-		if res.verdict == served || res.verdict == passed || res.verdict == broken {
-			// A continuation's request was counted when its first
-			// stream was committed.
-			requestsTotal.WithLabelValues(x.req.Model, "served").Inc()
-		}
-	}
 	if x.mode != modeSynthetic {
 		// Traffic only, as the status page's channel windows: a probe is
 		// counted by probes_total (package probe), and a channel nobody
