@@ -722,12 +722,24 @@ func (s *sqlStore) Renew(ctx context.Context) error {
 	now := s.now()
 	b.mu.Lock()
 	extend := false
+	var live map[string]bool // accounts with a live reservation, once needed
 	for a, l := range b.leases {
-		if l.amount == 0 && l.held == 0 && l.grow == nil && l.shrinking.n == 0 && l.unsure == 0 && now.Sub(l.lastReserve) >= leaseIdleAfter {
-			// Forget an empty, idle lease, so that the map holds only the
-			// accounts in use (its row, if any, is deleted at Close).
-			delete(b.leases, a)
-			continue
+		if l.amount == 0 && l.held == 0 && l.grow == nil && l.shrinking.n == 0 && l.settling.n == 0 && l.unsure == 0 && now.Sub(l.lastReserve) >= leaseIdleAfter {
+			if live == nil {
+				// A reservation of nothing (a model priced at zero) holds
+				// nothing, yet its settlement looks its lease up.
+				live = make(map[string]bool, len(b.res))
+				for _, r := range b.res {
+					live[r.Account] = true
+				}
+			}
+			if !live[a] {
+				// Forget an empty, idle lease, so that the map holds only
+				// the accounts in use (its row, if any, is deleted at
+				// Close).
+				delete(b.leases, a)
+				continue
+			}
 		}
 		if now.Sub(l.extended) >= b.ttl/3 {
 			extend = true

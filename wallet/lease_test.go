@@ -673,3 +673,39 @@ func TestSettleOnAnotherInstance(t *testing.T) {
 		}
 	})
 }
+
+// A reservation of nothing (a model priced at zero: the wallet only
+// authenticates) holds nothing in its lease, so an idle Renew finds the
+// lease empty. It must not forget the lease while that reservation is
+// live: its Settle looks the lease up.
+func TestZeroReservationOutlivesIdleRenew(t *testing.T) {
+	forEachStore(t, func(t *testing.T, st Store) {
+		s := st.(*sqlStore)
+		clock := &fakeClock{t: time.Now()}
+		s.now = clock.now
+		ctx := context.Background()
+		mustAccount(t, s, "a", 1_000_000)
+		r := Reservation{ID: testReservationID(), Account: "a", Amount: 0}
+		if err := s.Reserve(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		// The request streams for a few seconds; Renew runs every second.
+		for range 3 {
+			clock.advance(time.Second)
+			if err := s.Renew(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					t.Fatalf("Settle panicked: %v", p)
+				}
+			}()
+			if _, err := s.Settle(ctx, r.ID, Entry{Cost: 0}); err != nil {
+				t.Fatal(err)
+			}
+		}()
+		wantCleanAudit(t, s)
+	})
+}
