@@ -87,6 +87,14 @@ type bill struct {
 	live func()
 }
 
+// chargeNothingFor makes a hedge's reservation the second of x's race:
+// it charges for no answer of its own (the answer served is x.bill's), so
+// closing it releases it, unless hedgeDecided charges it for the loser.
+func (b *bill) chargeNothingFor(x *exchange) {
+	b.x = x
+	b.channel, b.upstreamModel, b.meter = "", "", nil
+}
+
 // billedAnswer is one upstream answer a ledger row charges, with what its
 // usage is judged against.
 type billedAnswer struct {

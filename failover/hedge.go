@@ -237,7 +237,16 @@ func (e *Engine) race(x *exchange, routes []*chain.Route, ticket breaker.Ticket,
 		if rn.panicked != nil {
 			// On the request's own goroutine, as for an attempt that is
 			// not hedged: Caddy recovers it, and every deferred release
-			// (the bill, the idempotent run) runs.
+			// (the bill, the idempotent run) runs. The hedge's own
+			// reservation is no deferred release's: released here, or
+			// its keep-alive would hold the client's money until the
+			// store closes.
+			if second != nil {
+				if hb := second.x.bill; hb != nil && hb != x.bill {
+					hb.chargeNothingFor(x)
+					hb.close()
+				}
+			}
 			panic(rn.panicked)
 		}
 	}
@@ -371,8 +380,7 @@ func (e *Engine) settleRace(x *exchange, r *race, runners []*runner, end raceEnd
 		if winner == runners[1] {
 			x.bill.channel, x.bill.upstreamModel, x.bill.meter = hb.channel, hb.upstreamModel, hb.meter
 		}
-		hb.x = x
-		hb.channel, hb.upstreamModel, hb.meter = "", "", nil
+		hb.chargeNothingFor(x)
 	}
 	if winner != nil && loser != nil {
 		role := "first"

@@ -70,3 +70,44 @@ func TestWalletPanicReleasesReservation(t *testing.T) {
 		t.Fatalf("settled %d times: %+v", settled, rows)
 	}
 }
+
+// A hedged request holds two reservations; a panic in either raced
+// attempt must release both, as it does for an unhedged request. The
+// hedge's reservation is kept alive while it is open, so one left open
+// is held until the store closes.
+func TestWalletPanicInHedgedRaceReleasesBothReservations(t *testing.T) {
+	a := upstream(t, fu.SlowFirstToken(2*time.Second).Named("a").WithUsage(10, 5))
+	b := upstream(t, fu.OKNamed("b").WithUsage(10, 5))
+	e := testEngine(t, testPlan(t, Options{Hedge: HedgeOptions{Budget: 1}}, func(m *Model) {
+		m.Price = wallet.Price{Input: 1_000_000, Output: 1_000_000}
+		m.MaxOutput = 1000
+		m.Hedge = &HedgeRule{After: 50 * time.Millisecond}
+	}, testChannel{name: uniqueName("hpanic-a"), url: a.URL}, testChannel{name: uniqueName("hpanic-b"), url: b.URL}))
+	ctx, st, secret := withTestWallet(t, e)
+
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(string(fu.ChatRequest("m", true))))
+	req.Header.Set("Authorization", "Bearer "+secret)
+	w := panicWriter{httptest.NewRecorder()}
+	req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, &caddyhttp.Server{})
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the writer did not panic")
+			}
+		}()
+		_ = e.ServeHTTP(w, req)
+	}()
+	hits(t, b, 1) // the hedge was sent, and its answer hit the writer
+
+	var acct wallet.Account
+	eventually(t, 5*time.Second, "both reservations' money back in the account", func() bool {
+		var err error
+		if acct, err = st.Account(ctx, "acct"); err != nil {
+			t.Fatal(err)
+		}
+		return acct.Reserved == 0
+	})
+	if acct.Reserved != 0 {
+		t.Fatalf("reservation leaked: reserved %s", acct.Reserved)
+	}
+}
