@@ -68,7 +68,8 @@ type Request struct {
 	StoredContext string
 	// Effects names the field through which the request has effects or
 	// state upstream beyond its answer ("store", "background", a stored
-	// context's field, "tools" naming a server-side tool, "mcp_servers"),
+	// context's field, "tools" naming a server-side tool, "mcp_servers",
+	// "web_search_options"),
 	// or is "" when it has none; StoreOff: it sent "store": false. Two
 	// copies of such a request (a hedge) would do those things twice.
 	Effects  string
@@ -152,6 +153,12 @@ func (API) ParseRequest(body []byte) (Request, error) {
 		case "mcp_servers":
 			if !jsonscan.IsEmpty(val) && !jsonscan.IsNull(val) {
 				req.effect("mcp_servers")
+			}
+		case "web_search_options":
+			// Chat Completions' web search, run by the upstream: an
+			// empty object turns it on.
+			if !jsonscan.IsNull(val) {
+				req.effect("web_search_options")
 			}
 		case "tools":
 			if serverTools(val) {

@@ -418,3 +418,23 @@ func TestParseRequestEffects(t *testing.T) {
 		t.Error("store false not seen")
 	}
 }
+
+// Chat Completions' web search is no tools entry but a field of its own
+// (web_search_options; an empty object turns it on): the upstream runs
+// the search, so such a request has effects upstream and is never sent
+// twice at once (a hedge).
+func TestParseRequestEffectsWebSearchOptions(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"model":"gpt-4o-search-preview","web_search_options":{}}`:                            "web_search_options",
+		`{"model":"gpt-4o-search-preview","web_search_options":{"search_context_size":"low"}}`: "web_search_options",
+		`{"model":"m","web_search_options":null}`:                                              "",
+	} {
+		req, err := OpenAIChat.ParseRequest([]byte(body))
+		if err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		if req.Effects != want {
+			t.Errorf("%s: effects %q, want %q", body, req.Effects, want)
+		}
+	}
+}
