@@ -267,7 +267,16 @@ func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc
 	case streamgate.Truncated, streamgate.Stalled:
 		if out.Outcome == streamgate.Truncated && cancelledByClient(x, out.Err) {
 			// The read failed because the client left and took the
-			// upstream request with it.
+			// upstream request with it. A break held back for a resume
+			// is still written, as the gate writes it when none is held:
+			// the writer may record the answer for the client's retry
+			// (an idempotent run's grace ran out), which must end with
+			// the error, not as if complete.
+			if out.Deferred != nil {
+				if _, err := client.Write(out.Deferred); err == nil {
+					_ = client.Flush()
+				}
+			}
 			return attemptResult{verdict: clientGone}
 		}
 		f := &failure{reason: reasonTruncated}

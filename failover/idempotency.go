@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -100,28 +101,49 @@ func (e *Engine) beginIdempotent(x *exchange) (answered bool, run *idempotentRun
 		return false, nil
 	}
 	x.client.account, x.client.keyID = account, keyID
-	id, fp := idempotency.ID(e.wallet.w.Name()+"\x00"+account+"\x00"+keyID, key), idempotency.Fingerprint(x.body)
+	id, fp := idempotency.ID(e.wallet.w.Name()+"\x00"+account+"\x00"+keyID, key), idempotency.Fingerprint(x.r.Method+" "+x.r.URL.Path, x.body)
 	table := e.app.Idempotency()
-	verdict, f, answer := table.Begin(id, fp, time.Now())
-	if verdict != idempotency.Run {
-		idempotentTotal.WithLabelValues(x.req.Model, [...]string{"ran", "followed", "replayed", "mismatch", "unstored"}[verdict]).Inc()
-	}
-	switch verdict {
-	case idempotency.Mismatch:
-		_ = e.refuse(x, provider.Error{Status: http.StatusUnprocessableEntity, Code: "idempotency_key_reused",
-			Message: "this Idempotency-Key was used with a different request body; a key names one request"})
-		return true, nil
-	case idempotency.Unstored:
-		e.refuseUnstored(x)
-		return true, nil
-	case idempotency.Replay:
-		idempotency.WriteAnswer(x.w, answer)
-		return true, nil
-	case idempotency.Follow:
-		if !f.Follow(x.r.Context(), x.w) {
-			e.refuseUnstored(x)
+	var f *idempotency.Flight
+	for f == nil {
+		verdict, flight, answer := table.Begin(id, fp, time.Now())
+		if verdict != idempotency.Run {
+			idempotentTotal.WithLabelValues(x.req.Model, [...]string{"ran", "followed", "replayed", "mismatch", "unstored"}[verdict]).Inc()
 		}
-		return true, nil
+		switch verdict {
+		case idempotency.Mismatch:
+			_ = e.refuse(x, provider.Error{Status: http.StatusUnprocessableEntity, Code: "idempotency_key_reused",
+				Message: "this Idempotency-Key was used with a different request body; a key names one request"})
+			return true, nil
+		case idempotency.Unstored:
+			e.refuseUnstored(x)
+			return true, nil
+		case idempotency.Replay:
+			idempotency.WriteAnswer(x.w, answer)
+			return true, nil
+		case idempotency.Follow:
+			started, err := flight.Follow(x.r.Context(), x.w)
+			switch {
+			case errors.Is(err, idempotency.ErrNoAnswer):
+				// The run ended without answering anyone (its client
+				// left and its grace ran out first): nothing to share,
+				// and nothing was kept. This request asks again, and
+				// runs the call itself unless another did meanwhile.
+				continue
+			case err != nil:
+				// The first run's answer outgrew max_answer after this
+				// duplicate began following it: the rest was never kept.
+				// A clean end would hand the client a truncated answer as
+				// whole; the response is cut instead, so the client sees
+				// the failure (and its retry gets 409).
+				e.logger.Warn("idempotent duplicate cut: the answer it followed outgrew max_answer",
+					zap.String("model", x.req.Model))
+				panic(http.ErrAbortHandler)
+			case !started:
+				e.refuseUnstored(x)
+			}
+			return true, nil
+		}
+		f = flight
 	}
 	run = e.startRun(x, f)
 	run.id, run.fingerprint = id, fp

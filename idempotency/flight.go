@@ -2,9 +2,21 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strconv"
 )
+
+// ErrIncomplete is Follow's report that the answer it was following
+// outgrew what is held after it began: the rest can never be given, so
+// the caller must cut the response (a clean end would pass a truncated
+// answer off as whole).
+var ErrIncomplete = errors.New("idempotency: the followed answer outgrew what is held; the rest cannot be given")
+
+// ErrNoAnswer is Follow's report that the run it followed ended without
+// answering at all (its client left, and its grace ran out first): w got
+// nothing, and the call was not kept, so the caller may begin it again.
+var ErrNoAnswer = errors.New("idempotency: the followed run ended without an answer")
 
 // Recorder is the ResponseWriter the first run of a call writes to: it
 // passes everything to the client while the client is there, and keeps
@@ -138,8 +150,11 @@ func replayHeader(h http.Header) http.Header {
 // Follow answers w with f: the status and headers once the first run has
 // them, what it sent so far, then what it sends, until it ends or ctx
 // does. It reports false when it could not start: the first run's answer
-// outgrew what is held before w joined (the caller answers 409).
-func (f *Flight) Follow(ctx context.Context, w http.ResponseWriter) bool {
+// outgrew what is held before w joined (the caller answers 409), or
+// with ErrNoAnswer, the run ended without answering; and ErrIncomplete
+// when it outgrew it after w began (the caller cuts w's response: what
+// w got is not the whole answer).
+func (f *Flight) Follow(ctx context.Context, w http.ResponseWriter) (bool, error) {
 	rc := http.NewResponseController(w)
 	sent, started := 0, false
 	for {
@@ -148,7 +163,7 @@ func (f *Flight) Follow(ctx context.Context, w http.ResponseWriter) bool {
 		f.watched = true
 		f.mu.Unlock()
 		if !started && overflow {
-			return false
+			return false, nil
 		}
 		if !started && (status != 0 && (len(body) > 0 || done)) {
 			if done && !overflow {
@@ -161,18 +176,25 @@ func (f *Flight) Follow(ctx context.Context, w http.ResponseWriter) bool {
 		}
 		if started && sent < len(body) {
 			if _, err := w.Write(body[sent:]); err != nil {
-				return true
+				return true, nil
 			}
 			sent = len(body)
 			_ = rc.Flush()
 		}
+		if started && overflow {
+			// What was held is sent; the rest was never kept.
+			return true, ErrIncomplete
+		}
 		if done {
-			return true
+			if !started {
+				return false, ErrNoAnswer
+			}
+			return true, nil
 		}
 		select {
 		case <-changed:
 		case <-ctx.Done():
-			return true
+			return true, nil
 		}
 	}
 }

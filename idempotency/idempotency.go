@@ -34,11 +34,16 @@ func ID(identity, key string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// Fingerprint identifies a request body: a key reused with another body
-// is a client's mistake, never a replay.
-func Fingerprint(body []byte) string {
-	sum := sha256.Sum256(body)
-	return hex.EncodeToString(sum[:16])
+// Fingerprint identifies a request: its endpoint (method and path) and
+// its body. A key reused with another body is a client's mistake, never a
+// replay; so is the same body sent to another endpoint (chat and legacy
+// completions, messages and count_tokens), whose answer has another shape.
+func Fingerprint(endpoint string, body []byte) string {
+	h := sha256.New()
+	h.Write([]byte(endpoint))
+	h.Write([]byte{0})
+	h.Write(body)
+	return hex.EncodeToString(h.Sum(nil)[:16])
 }
 
 // Answer is what a client got: status, the headers the gateway passed,
@@ -217,14 +222,16 @@ func (t *Table) sweepLocked(now time.Time) int {
 // (a tombstone when it overflowed); without, the call is forgotten and a
 // duplicate runs it again (a failure is not kept). Followers see the end.
 func (t *Table) Finish(f *Flight, keep bool, lim Limits, now time.Time) {
+	// Under t.mu, so that a follower woken by the end finds the flight
+	// gone (and the answer kept) when it asks again.
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	f.mu.Lock()
 	f.done = true
 	a := &Answer{Status: f.status, Header: f.header, Body: f.body}
 	overflow := f.overflow
 	f.notifyLocked()
 	f.mu.Unlock()
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	if t.flights[f.id] == f {
 		delete(t.flights, f.id)
 	}

@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -31,7 +32,7 @@ func record(t *testing.T, f *Flight, status int, body string) *httptest.Response
 func TestTableLifecycle(t *testing.T) {
 	tb := NewTable()
 	now := time.Unix(1_800_000_000, 0)
-	id, fp := ID("acct", "k1"), Fingerprint([]byte(`{"a":1}`))
+	id, fp := ID("acct", "k1"), Fingerprint("POST /v1/chat/completions", []byte(`{"a":1}`))
 	if ID("acct", "k1") == ID("acct2", "k1") || ID("a", "bk") == ID("ab", "k") {
 		t.Fatal("IDs of different clients or keys collide")
 	}
@@ -42,7 +43,7 @@ func TestTableLifecycle(t *testing.T) {
 	if v, g, _ := tb.Begin(id, fp, now); v != Follow || g != f {
 		t.Fatalf("a duplicate during the run: %v", v)
 	}
-	if v, _, _ := tb.Begin(id, Fingerprint([]byte(`{"a":2}`)), now); v != Mismatch {
+	if v, _, _ := tb.Begin(id, Fingerprint("POST /v1/chat/completions", []byte(`{"a":2}`)), now); v != Mismatch {
 		t.Fatalf("another body during the run: %v", v)
 	}
 	record(t, f, 200, `{"ok":true}`)
@@ -51,7 +52,7 @@ func TestTableLifecycle(t *testing.T) {
 	if v != Replay || a.Status != 200 || string(a.Body) != `{"ok":true}` || a.Header.Get("Content-Type") != "application/json" || a.Header.Get("Date") != "" {
 		t.Fatalf("after the run: %v %+v", v, a)
 	}
-	if v, _, _ := tb.Begin(id, Fingerprint([]byte(`{"a":2}`)), now); v != Mismatch {
+	if v, _, _ := tb.Begin(id, Fingerprint("POST /v1/chat/completions", []byte(`{"a":2}`)), now); v != Mismatch {
 		t.Fatalf("another body after the run: %v", v)
 	}
 	// Past the retention, the key is free again.
@@ -117,8 +118,8 @@ func TestFollow(t *testing.T) {
 	got := make(chan *httptest.ResponseRecorder)
 	go func() {
 		fw := httptest.NewRecorder()
-		if !f.Follow(context.Background(), fw) {
-			t.Error("could not follow")
+		if started, err := f.Follow(context.Background(), fw); !started || err != nil {
+			t.Errorf("could not follow: %v", err)
 		}
 		got <- fw
 	}()
@@ -134,8 +135,35 @@ func TestFollow(t *testing.T) {
 	r = NewRecorder(httptest.NewRecorder(), f, maxAnswer, func(int64) bool { return true })
 	r.WriteHeader(200)
 	_, _ = r.Write(make([]byte, maxAnswer+1))
-	if f.Follow(context.Background(), httptest.NewRecorder()) {
+	if started, _ := f.Follow(context.Background(), httptest.NewRecorder()); started {
 		t.Error("followed an answer that outgrew the bound")
+	}
+}
+
+// A follower that began before the answer outgrew the bound is told its
+// answer is incomplete (its caller cuts the response), never ended as if
+// it had the whole answer.
+func TestFollowerOfAnAnswerThatOutgrowsTheBound(t *testing.T) {
+	const maxAnswer = 32
+	tb := NewTable()
+	_, f, _ := tb.Begin("id", "fp", time.Now())
+	r := NewRecorder(httptest.NewRecorder(), f, maxAnswer, func(int64) bool { return true })
+	r.WriteHeader(200)
+	_, _ = r.Write([]byte("data: 1\n\n"))
+	type result struct {
+		started bool
+		err     error
+	}
+	got := make(chan result)
+	go func() {
+		started, err := f.Follow(context.Background(), httptest.NewRecorder())
+		got <- result{started, err}
+	}()
+	time.Sleep(20 * time.Millisecond)
+	_, _ = r.Write(make([]byte, maxAnswer))
+	tb.Finish(f, true, Limits{Retention: time.Minute, MaxStored: 1 << 20}, time.Now())
+	if res := <-got; !res.started || !errors.Is(res.err, ErrIncomplete) {
+		t.Fatalf("follower: started %v, err %v; want ErrIncomplete", res.started, res.err)
 	}
 }
 
@@ -198,5 +226,27 @@ func TestTableStaysWithinItsBound(t *testing.T) {
 		if first, at, ok := tb.expiry.First(); ok && (tb.answers[first] == nil || !at.Equal(soonest)) {
 			t.Fatalf("step %d: the queue's first is %s at %v, the soonest kept expires at %v", i, first, at, soonest)
 		}
+	}
+}
+
+// A follower of a run that ends without answering anyone gets nothing
+// written and ErrNoAnswer, and the call is not kept: asked again, the
+// table lets it run.
+func TestFollowerOfARunThatEndsWithoutAnswer(t *testing.T) {
+	tb := NewTable()
+	_, f, _ := tb.Begin("id", "fp", time.Now())
+	got := make(chan error)
+	fw := httptest.NewRecorder()
+	go func() {
+		_, err := f.Follow(context.Background(), fw)
+		got <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	tb.Finish(f, false, Limits{Retention: time.Minute, MaxStored: 1 << 20}, time.Now())
+	if err := <-got; !errors.Is(err, ErrNoAnswer) || fw.Body.Len() != 0 {
+		t.Fatalf("follower: %v, wrote %q", err, fw.Body.String())
+	}
+	if v, _, _ := tb.Begin("id", "fp", time.Now()); v != Run {
+		t.Fatalf("asked again: verdict %d, want Run", v)
 	}
 }

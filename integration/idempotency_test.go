@@ -312,3 +312,128 @@ func TestIdempotentBrokenStreamReplayedAsDelivered(t *testing.T) {
 		t.Errorf("%d runs on a, %d on b, %d charges", a.Hits(), b.Hits(), charges(t, "idem"))
 	}
 }
+
+// A duplicate that joined a stream under way must never get a clean end
+// of a stream it did not get whole. When the first run's answer outgrows
+// max_answer after the duplicate started following it, the duplicate's
+// response is cut (the client sees an error), not ended as if complete
+// with the rest of the answer missing.
+func TestIdempotentFollowerOfAnOverflowingStreamIsNeverTruncatedCleanly(t *testing.T) {
+	pieces := []string{"alpha", strings.Repeat(" beta", 60), strings.Repeat(" gamma", 60), " delta"}
+	resume := make(chan struct{})
+	a := upstream(t, fu.OKNamed("a").WithPieces(pieces...).WithPauseAfter(1, resume).WithUsage(10, 5))
+	b := upstream(t, fu.OK())
+	secret := idempotentGateway(t, a, b, "max_answer 1KiB")
+	body := fu.ChatRequest("m", true)
+	firstDone := make(chan []byte)
+	go func() {
+		_, _, got := do(t, keyed(t, secret, "overflow", body))
+		firstDone <- got
+	}()
+	eventually(t, 5*time.Second, "the first stream under way", func() bool { return a.Hits() == 1 })
+	res, err := http.DefaultClient.Do(keyed(t, secret, "overflow", body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var second []byte
+	buf := make([]byte, 512)
+	for !bytes.Contains(second, []byte("alpha")) {
+		n, err := res.Body.Read(buf)
+		second = append(second, buf[:n]...)
+		if err != nil {
+			t.Fatalf("the duplicate ended before the first piece: %v\n%s", err, second)
+		}
+	}
+	close(resume)
+	rest, err := io.ReadAll(res.Body)
+	second = append(second, rest...)
+	first := <-firstDone
+	if fu.StreamText(mustSSE(t, first)) != strings.Join(pieces, "") {
+		t.Fatalf("the first run's own answer:\n%s", first)
+	}
+	if err == nil && !bytes.Equal(first, second) {
+		t.Fatalf("the duplicate ended cleanly with %d of the answer's %d bytes (text %q of %q)",
+			len(second), len(first), fu.StreamText(mustSSE(t, second)), strings.Join(pieces, ""))
+	}
+	waitUnreserved(t, "idem")
+	if a.Hits() != 1 {
+		t.Errorf("%d upstream runs", a.Hits())
+	}
+}
+
+// A duplicate that follows a run which then ends without any answer (its
+// client left and the grace period ran out before the upstream answered)
+// must not get an empty 200: there was no answer to share, so the
+// duplicate is answered on its own (a run of its own, or an error),
+// never with a success that carries nothing.
+func TestIdempotentFollowerOfARunThatEndsWithoutAnswer(t *testing.T) {
+	a := upstream(t, fu.SlowHeaders(1500*time.Millisecond, fu.OKNamed("a").WithUsage(10, 5)))
+	b := upstream(t, fu.OK())
+	secret := idempotentGateway(t, a, b, "grace 300ms")
+	body := fu.ChatRequest("m", false)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		res, err := http.DefaultClient.Do(keyed(t, secret, "no-answer", body).WithContext(ctx))
+		if err == nil {
+			res.Body.Close()
+		}
+	}()
+	eventually(t, 5*time.Second, "the first run under way", func() bool { return a.Hits() == 1 })
+	cancel() // the first client leaves; its run has 300ms of grace
+	status, h, got := do(t, keyed(t, secret, "no-answer", body))
+	if status == 200 && len(got) == 0 {
+		t.Fatalf("the duplicate got an empty 200 (headers %v)", h)
+	}
+	if status == 200 && !bytes.Contains(got, []byte("choices")) {
+		t.Fatalf("the duplicate got a 200 that is no answer: %q", got)
+	}
+}
+
+// A stream that may be resumed (stream_resume continue) holds its break
+// back; when its idempotent run is ended by the grace period mid-stream
+// (its client left), what was recorded must still end honestly: its
+// client's retry is answered with the kept answer, which must not be a
+// truncated stream ending as if complete (no [DONE], no error event).
+func TestIdempotentResumableStreamCutByGraceIsNotKeptAsComplete(t *testing.T) {
+	pieces := []string{"one", " two", " three", " four", " five", " six", " seven", " eight", " nine", " ten"}
+	a := upstream(t, fu.OKNamed("a").WithPieces(pieces...).WithEventDelay(150*time.Millisecond).WithUsage(10, 5))
+	b := upstream(t, fu.OK())
+	gatewayWith(t, storeOption("sqlite "+t.TempDir()+"/w.db"),
+		walletChannels+"\t\tstream_resume continue\n\t\tidempotency {\n\t\t\tgrace 300ms\n\t\t}\n", a.URL, b.URL)
+	secret, _ := newWalletAccount(t, "idem", "1000")
+	body := fu.ChatRequest("m", true)
+	ctx, cancel := context.WithCancel(context.Background())
+	res, err := http.DefaultClient.Do(keyed(t, secret, "grace-cut", body).WithContext(ctx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	_, _ = res.Body.Read(buf) // the stream has started
+	cancel()
+	res.Body.Close()
+	waitUnreserved(t, "idem") // the run ended (its grace ran out mid-stream)
+	status, _, again := do(t, keyed(t, secret, "grace-cut", body))
+	if status == 200 && !bytes.Contains(again, []byte("[DONE]")) && !bytes.Contains(again, []byte(`"error"`)) {
+		t.Fatalf("the retry got a truncated stream that ends as if complete:\n%s", again)
+	}
+}
+
+// A key names one request: the same key and body sent to another
+// endpoint is another request, never answered with the first endpoint's
+// kept answer (a chat completion replayed to a legacy completions call).
+func TestIdempotentKeyIsNotReplayedToAnotherEndpoint(t *testing.T) {
+	a := upstream(t, fu.OKNamed("a").WithUsage(10, 5))
+	b := upstream(t, fu.OK())
+	secret := idempotentGateway(t, a, b, "")
+	body := fu.ChatRequest("m", false)
+	if status, _, got := do(t, keyed(t, secret, "endpoint", body)); status != 200 {
+		t.Fatalf("chat: %d %s", status, got)
+	}
+	waitUnreserved(t, "idem")
+	req := newPost(t, context.Background(), "/v1/completions", body, append(bearer(secret), "Idempotency-Key", "endpoint")...)
+	status, h, got := do(t, req)
+	if h.Get("Idempotent-Replayed") == "true" {
+		t.Fatalf("the chat answer was replayed to /v1/completions: %d %s", status, got)
+	}
+}
