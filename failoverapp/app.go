@@ -70,6 +70,7 @@ type App struct {
 	status     *statusState
 	history    HistoryBackend
 	historyKey string
+	holder     *historyHolder // the open store Start attached, nil without one
 	leaderDSN  string
 	released   bool // Cleanup gave the status reference back
 	started    bool // Start ran (Cleanup without it after validation warns instead)

@@ -184,7 +184,10 @@ type historyHolder struct {
 // memory.
 func (a *App) startHistory() error {
 	if a.history == nil {
-		a.status.attach(nil)
+		// The store of the config this one replaces, if any, stays
+		// attached until that config releases it (its last flush then
+		// writes what it recorded): this config may yet be refused by an
+		// app that starts after this one, and then that config runs on.
 		return nil
 	}
 	key := a.history.PoolKey()
@@ -207,8 +210,31 @@ func (a *App) startHistory() error {
 		return fmt.Errorf("opening the %s history store: %w", a.history.Kind(), err)
 	}
 	a.historyKey = key
-	a.status.attach(v.(*historyHolder))
+	a.holder = v.(*historyHolder)
+	a.status.attach(a.holder)
 	return nil
+}
+
+// restoreHistory gives the history back to the running config's store
+// when this config attached its own and is not the one running: an app
+// that started after this one failed, Caddy stopped this one, and the
+// config it was to replace runs on. Without it that config's history
+// flushed nowhere (or into the refused config's store) from then on.
+func (a *App) restoreHistory() {
+	a.mu.Lock()
+	mine := a.holder
+	a.mu.Unlock()
+	if mine == nil || a.status.attached() != mine {
+		return
+	}
+	act := active()
+	if act == nil || act == a {
+		return
+	}
+	act.mu.Lock()
+	theirs := act.holder
+	act.mu.Unlock()
+	a.status.attach(theirs)
 }
 
 // connect opens the store. A remote one that does not answer within
@@ -266,6 +292,7 @@ const historyStartWait = 3 * time.Second
 
 // releaseHistory gives this config's store reference back.
 func (a *App) releaseHistory() {
+	a.restoreHistory()
 	a.mu.Lock()
 	key := a.historyKey
 	a.historyKey = ""

@@ -142,3 +142,63 @@ func TestReloadRetiresTheJobsItRemoves(t *testing.T) {
 		t.Fatalf("%d probes after a reload that removed them", got)
 	}
 }
+
+// A reload that is refused when the config starts leaves the running
+// config's history store in place: what is recorded afterwards is still
+// flushed to it and survives a restart. The refused config's app had
+// started before the app that failed (Caddy starts apps in no set order,
+// and stops, never restarts, the others): it had attached its own
+// history (here: memory only) in the running config's place, dropping
+// the changes not yet flushed, and the running config never flushed
+// again, so its history stopped at the refused reload.
+func TestRefusedReloadKeepsTheHistoryStore(t *testing.T) {
+	if testing.Short() {
+		t.Skip("in-process Caddy tests are skipped with -short")
+	}
+	up := upstream(t, fu.OK())
+	channel := uniqueName("keepstore")
+	db := filepath.Join(t.TempDir(), "history.db")
+	running := lifecycleConfig(up.URL, channel, "history sqlite "+db, "")
+	tc := caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: adminPort})
+	tc.InitServer(running, "caddyfile")
+	chat := func(n int) {
+		t.Helper()
+		for range n {
+			if res, body := post(t, "/v1/chat/completions", fu.ChatRequest("m", false)); res.StatusCode != 200 {
+				t.Fatalf("status %d: %s", res.StatusCode, body)
+			}
+		}
+	}
+	chat(2)
+
+	// The wallet app of this config cannot open its SQLite file (under a
+	// regular file), so the config fails when it starts. Loaded a few
+	// times, the llm_failover app starts before the wallet app in some.
+	notDir := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(notDir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// One without a history store, one with another.
+	other := filepath.Join(t.TempDir(), "other.db")
+	var refused []string
+	for _, globals := range []string{"", "history sqlite " + other} {
+		refused = append(refused, strings.Replace(lifecycleConfig(up.URL, channel, globals, ""), "\tgrace_period 1ns\n",
+			"\tgrace_period 1ns\n"+walletOptions("sqlite "+filepath.Join(notDir, "w.db"))+"\n", 1))
+	}
+	for i := range 12 {
+		if code, body := loadCaddyfile(t, refused[i%2]); code == http.StatusOK {
+			t.Fatalf("a config whose wallet store cannot be opened was loaded: %s", body)
+		}
+	}
+	chat(3)
+	time.Sleep(6 * time.Second) // a flush (every 5 s)
+
+	// "Restart": a config without llm_failover drops the in-memory
+	// history; loaded again, the history is what the store kept.
+	tc.InitServer(testGlobals("")+fmt.Sprintf("http://localhost:%d {\n\trespond \"down for maintenance\"\n}\n", httpPort), "caddyfile")
+	tc.InitServer(running, "caddyfile")
+	v := fetchStatus(t, adminURL+"/llm_failover/status")
+	if w := channelWindow(t, v, channel, "5m"); w.Attempts != 5 || w.Successes != 5 {
+		t.Fatalf("%s after the restart: %+v, want the 5 attempts, 2 before the refused reloads and 3 after", channel, w)
+	}
+}
