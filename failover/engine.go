@@ -186,7 +186,7 @@ func New(ctx caddy.Context, p Plan) (*Engine, error) {
 			latency.Gap:          e.opts.StreamIdleTimeout,
 		}
 		for _, ch := range e.channels {
-			ch.health.Learn(failoverapp.Learning{Config: *a, Ceilings: ceilings})
+			e.app.Learn(ch.health, failoverapp.Learning{Config: *a, Ceilings: ceilings})
 			ch.slowdown = a
 		}
 	}

@@ -78,6 +78,9 @@ type App struct {
 	mu       sync.Mutex
 	handlers int // Handler's count
 	channels []*registeredChannel
+	// learning is how this config's handlers learn their channels'
+	// deadlines (Learn), applied at Start.
+	learning map[*Channel]*Learning
 	models   []Model
 	probes   []probe.Target
 	doctors  []Doctor
@@ -172,6 +175,7 @@ func (a *App) Start() (err error) {
 	defer a.mu.Unlock()
 	for _, c := range a.channels {
 		c.ch.Breaker.SetConfig(c.cfg)
+		c.ch.learning.Store(a.learning[c.ch])
 	}
 	a.started = true
 	a.warnConfigRisks()

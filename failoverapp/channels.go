@@ -79,8 +79,19 @@ type Learning struct {
 	Ceilings [latency.NumKinds]time.Duration
 }
 
-// Learn records that a handler learns the channel's deadlines this way.
-func (c *Channel) Learn(l Learning) { c.learning.Store(&l) }
+// Learn registers that a handler of this config learns the channel's
+// deadlines this way. Like the breaker settings, it applies when the
+// config starts: a config that is refused changes nothing, and one in
+// which no handler learns them clears what an earlier config set, so
+// that the views and metrics show no deadline that is not applied.
+func (a *App) Learn(ch *Channel, l Learning) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.learning == nil {
+		a.learning = map[*Channel]*Learning{}
+	}
+	a.learning[ch] = &l
+}
 
 // Learned is the channel's learned deadlines, per kind and size class
 // with observations, for the status page, its JSON and the metrics; nil

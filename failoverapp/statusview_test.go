@@ -44,7 +44,7 @@ func TestWindowCacheReadShare(t *testing.T) {
 func learningChannel(name string) *Channel {
 	ch := &Channel{Name: name, Breaker: breaker.New(breaker.Config{Failures: 3, Window: time.Minute, Cooldown: time.Minute, Trials: 1}),
 		Latency: latency.NewLearner()}
-	ch.Learn(Learning{Config: latency.Config{}.WithDefaults(), Ceilings: [latency.NumKinds]time.Duration{30 * time.Second, 30 * time.Second, time.Minute}})
+	ch.learning.Store(&Learning{Config: latency.Config{}.WithDefaults(), Ceilings: [latency.NumKinds]time.Duration{30 * time.Second, 30 * time.Second, time.Minute}})
 	return ch
 }
 

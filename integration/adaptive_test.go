@@ -368,3 +368,44 @@ func TestAdaptiveStallLimitIsLearned(t *testing.T) {
 		t.Errorf("stalled decisions %+v, want one naming the learned gap limit of 500ms", got)
 	}
 }
+
+// A reload that turns adaptive_deadlines off stops showing learned
+// deadlines for the channel: the metric and the status page no longer
+// claim deadlines the gateway does not apply. The channel kept the last
+// learning config any handler had given it, so after the reload they
+// went on reporting the old config's learned limits while every request
+// waited the configured timeouts.
+func TestReloadWithoutAdaptiveDeadlinesStopsReportingThem(t *testing.T) {
+	a := upstream(t, fu.OKNamed("a"))
+	channel := uniqueName("adoff")
+	body := `
+		channel ` + channel + ` %s
+		model adoff-m {
+			route ` + channel + `
+		}
+		%s`
+	gateway(t, body, a.URL, "adaptive_deadlines {\n\t\t\tmin_samples 5\n\t\t}")
+	for range 8 {
+		if res, b := post(t, "/v1/chat/completions", fu.ChatRequest("adoff-m", true)); res.StatusCode != 200 {
+			t.Fatalf("learning: status %d: %s", res.StatusCode, b)
+		}
+	}
+	metric := `caddy_llm_failover_learned_deadline_seconds{channel="` + channel + `"`
+	metrics := func() string {
+		t.Helper()
+		_, b := getBody(t, adminURL+"/metrics")
+		return string(b)
+	}
+	if !strings.Contains(metrics(), metric) {
+		t.Fatalf("no learned deadline for %s with adaptive_deadlines on", channel)
+	}
+
+	gateway(t, body, a.URL, "")
+	if m := metrics(); strings.Contains(m, metric) {
+		t.Errorf("with adaptive_deadlines off, /metrics still reports learned deadlines of %s", channel)
+	}
+	_, st := getBody(t, adminURL+"/llm_failover/status")
+	if strings.Contains(string(st), `"learned_deadlines"`) && strings.Contains(string(st), `"learned":true`) {
+		t.Errorf("with adaptive_deadlines off, the status still shows learned deadlines: %s", st)
+	}
+}
