@@ -262,3 +262,33 @@ func TestProberJobReportsItsSchedule(t *testing.T) {
 		t.Errorf("%d rounds in a second, at a reported 100ms", runs)
 	}
 }
+
+// A reload does not probe again a channel probed less than an interval
+// ago: the interval is how often an idle channel is probed, whatever the
+// number of reloads. Each config's scheduler started without knowing
+// when the routes were last probed, so every reload probed every quiet
+// channel at once: a config manager that reloads every minute turned a
+// one-hour interval into a probe a minute, each paid at the route's
+// price.
+func TestReloadKeepsTheProbeInterval(t *testing.T) {
+	up := fu.New(fu.OK())
+	defer up.Close()
+	prefix := uniqueName("prReload")
+	probeGateway(t, prefix, "http://"+up.Addr(), "interval 1h")
+	waitFor(t, 3*time.Second, "a first probe", func() bool { return up.Hits() > 0 })
+	time.Sleep(300 * time.Millisecond) // its record
+
+	// Another config with the same model, channel and probe: only an
+	// unrelated route changed.
+	cfg := strings.Replace(probeConfig(prefix, "http://"+up.Addr(), "interval 1h"),
+		"\thandle /status* {", "\thandle /elsewhere* {\n\t\trespond \"elsewhere\"\n\t}\n\thandle /status* {", 1)
+	tc := caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: adminPort})
+	for range 3 {
+		tc.InitServer(cfg, "caddyfile")
+		tc.InitServer(probeConfig(prefix, "http://"+up.Addr(), "interval 1h"), "caddyfile")
+	}
+	time.Sleep(time.Second) // many rounds of the last config's prober
+	if n := up.Hits(); n != 1 {
+		t.Fatalf("%d probes within the interval (1h) across 6 reloads; want the first one only", n)
+	}
+}

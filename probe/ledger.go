@@ -21,11 +21,17 @@ type Ledger struct {
 	channels map[string]*Record
 	// slots lets one probe of unknown cost per channel run at a time.
 	slots map[string]chan struct{}
+	// probed is when each route (model, channel) was last probed, so
+	// that the scheduler of the next config keeps its interval.
+	probed map[probedKey]time.Time
 }
+
+type probedKey struct{ model, channel string }
 
 // NewLedger returns an empty ledger.
 func NewLedger() *Ledger {
-	return &Ledger{history: history.NewRecorder(), channels: map[string]*Record{}, slots: map[string]chan struct{}{}}
+	return &Ledger{history: history.NewRecorder(), channels: map[string]*Record{}, slots: map[string]chan struct{}{},
+		probed: map[probedKey]time.Time{}}
 }
 
 // Record is one channel's last probe and today's probe spend.
@@ -39,6 +45,23 @@ type Record struct {
 	// Held is what the probes in flight may still cost.
 	Held    wallet.Micros
 	Stopped bool // the day's budget is spent; logged once
+}
+
+// noteProbed records that a probe of the route was sent at at.
+func (l *Ledger) noteProbed(model, channel string, at time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if at.After(l.probed[probedKey{model, channel}]) {
+		l.probed[probedKey{model, channel}] = at
+	}
+}
+
+// lastProbed is when a probe of the route was last sent, by any config;
+// the zero time when none was.
+func (l *Ledger) lastProbed(model, channel string) time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.probed[probedKey{model, channel}]
 }
 
 // History is the probes' own history, for the status page.

@@ -101,6 +101,9 @@ func NewScheduler(targets []Target, ledger *Ledger, leader Leader, logger *zap.L
 		}
 		s.targets = append(s.targets, t)
 		for _, c := range routes {
+			// A reload keeps the interval: a route probed by the previous
+			// config is not due again before its interval has passed.
+			s.last[routeKey{len(s.targets) - 1, c.Model, c.Channel}] = ledger.lastProbed(c.Model, c.Channel)
 			if s.every == 0 || c.Plan.Interval < s.every {
 				s.every = c.Plan.Interval
 			}
@@ -232,6 +235,7 @@ func (s *Scheduler) Round(ctx context.Context) (jobs.Summary, error) {
 				s.mu.Lock()
 				s.last[key] = now
 				s.mu.Unlock()
+				s.ledger.noteProbed(c.Model, c.Channel, now)
 				h.settle(res, time.Now())
 				if res.Outcome != Passed {
 					s.logger.Warn("probe did not pass", zap.String("model", c.Model), zap.String("channel", c.Channel),
