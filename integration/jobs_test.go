@@ -191,3 +191,54 @@ func TestUnsetEnvironmentVariableIsNamed(t *testing.T) {
 		})
 	}
 }
+
+// A reload that renames a wallet on the same database (llm_wallet {...}
+// becomes llm_wallet main {...}) keeps the open store, and its jobs go by
+// the new name: the heartbeat of wallet_sweep.main, which the config
+// accepts, is pinged, and the jobs view shows no job of the wallet the
+// reload removed. The store's jobs kept the name of the wallet that had
+// opened it, so the renamed wallet's receiver was never pinged (a
+// Healthchecks-style check then alerts on a healthy sweeper) while the
+// jobs view went on listing wallet_sweep.default.
+func TestReloadRenamingAWalletRenamesItsJobs(t *testing.T) {
+	var mu sync.Mutex
+	var pings []string
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		pings = append(pings, r.URL.Path)
+		mu.Unlock()
+	}))
+	defer recv.Close()
+	up := upstream(t, fu.OK())
+	db := filepath.Join(t.TempDir(), "w.db")
+	gatewayWith(t, walletOptions("sqlite "+db, "\t\treservation_ttl 3s"), `
+		channel a %s
+		model m {
+			route a
+		}
+		wallet
+	`, up.URL)
+	renamed := "\tllm_wallet main {\n\t\tstore sqlite " + db + "\n\t\treservation_ttl 3s\n\t}\n" +
+		failoverOption("heartbeat wallet_sweep.main "+recv.URL+"/ping/main")
+	gatewayWith(t, renamed, `
+		channel a %s
+		model m {
+			route a
+		}
+		wallet main
+	`, up.URL)
+
+	// The sweeper runs every second (a third of reservation_ttl).
+	eventually(t, 5*time.Second, "a ping of the renamed wallet's sweeper heartbeat", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(pings) > 0
+	})
+	names := strings.Join(jobNames(t), " ")
+	if strings.Contains(names, "wallet_sweep.default") || strings.Contains(names, "wallet_leases.default") {
+		t.Fatalf("the jobs view lists the jobs of the wallet the reload removed: %s", names)
+	}
+	if !strings.Contains(names, "wallet_sweep.main") || !strings.Contains(names, "wallet_leases.main") {
+		t.Fatalf("the jobs view misses the renamed wallet's jobs: %s", names)
+	}
+}

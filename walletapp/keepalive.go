@@ -141,7 +141,7 @@ func (h *storeHolder) renewRecovering() {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_ = h.leaseJob.Run(ctx, func(ctx context.Context) (jobs.Summary, error) {
+	_, _ = runJobs(ctx, h.namedJobs(h.leaseJob, LeaseJobPrefix), func(ctx context.Context) (jobs.Summary, error) {
 		if err := h.store.Renew(ctx); err != nil {
 			keepAliveTotal.WithLabelValues("error").Inc()
 			h.logger.Error("renewing credit leases failed; a lease that is not renewed in time is no longer served from",

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
@@ -183,6 +185,7 @@ func (w *Wallet) settle(h *storeHolder, err error) bool {
 	switch {
 	case w.released:
 		if h != nil {
+			h.removeName(w.name)
 			_, _ = stores.Delete(w.backend.PoolKey())
 		}
 		return true
@@ -199,23 +202,26 @@ func (w *Wallet) settle(h *storeHolder, err error) bool {
 // the same database.
 func (w *Wallet) dial() (*storeHolder, error) {
 	key := w.backend.PoolKey()
-	v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
+	v, loaded, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
 		st, err := w.backend.Open(wallet.Options{StatementTimeout: w.statementTimeout, LeaseTTL: w.leaseTTL})
 		if err != nil {
 			return nil, err
 		}
 		wallet.SetObserver(st, storeObserver{logger: w.logger})
+		// The holder's own records of its runs; the jobs view and the
+		// heartbeats get them under the names of the wallets using the
+		// store (addName), which a reload may change.
+		own := jobs.NewRegistry(nil)
 		h := &storeHolder{store: st, kind: w.backend.Kind(), logger: w.logger,
-			job:      caddykit.Jobs.Job(SweepJobPrefix+w.name, SweepEvery),
-			leaseJob: caddykit.Jobs.Job(LeaseJobPrefix+w.name, leaseRenewEvery), opened: time.Now(),
+			job:      own.Job(SweepJobPrefix+w.name, SweepEvery),
+			leaseJob: own.Job(LeaseJobPrefix+w.name, leaseRenewEvery), opened: time.Now(),
 			stop: make(chan struct{}), done: make(chan struct{}), renewed: make(chan struct{}), drained: make(chan struct{})}
 		h.exitFunc = h.exit // made once: a method value per request allocates
 		h.endSettleFunc = h.endSettle
 		h.live.noteTTL(w.ttl) // before the sweeper reads its tick
-		// Released when the store closes: a closed store's jobs
-		// are retired, never overdue (see jobs.Job.Acquire).
-		h.job.Acquire()
-		h.leaseJob.Acquire()
+		// Released when the wallet is: a job no config runs is
+		// retired, never overdue (see jobs.Job.Acquire).
+		h.addName(w.name)
 		go h.sweeper()
 		go h.renewer()
 		return h, nil
@@ -223,7 +229,68 @@ func (w *Wallet) dial() (*storeHolder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening %s store: %w", w.backend.Kind(), err)
 	}
-	return v.(*storeHolder), nil
+	h := v.(*storeHolder)
+	if loaded {
+		h.addName(w.name)
+	}
+	return h, nil
+}
+
+// addName records that the wallet called name uses the store: the
+// store's sweeper and lease renewer run as its jobs (wallet_sweep.<name>,
+// wallet_leases.<name>) until removeName, so that a reload renaming a
+// wallet on the same database renames its jobs, and heartbeats attached
+// by the new name are pinged.
+func (h *storeHolder) addName(name string) {
+	h.namesMu.Lock()
+	defer h.namesMu.Unlock()
+	if h.names == nil {
+		h.names = map[string]int{}
+	}
+	if h.names[name]++; h.names[name] == 1 {
+		caddykit.Jobs.Job(SweepJobPrefix+name, h.live.tick()).Acquire()
+		caddykit.Jobs.Job(LeaseJobPrefix+name, leaseRenewEvery).Acquire()
+	}
+}
+
+// removeName ends an addName.
+func (h *storeHolder) removeName(name string) {
+	h.namesMu.Lock()
+	defer h.namesMu.Unlock()
+	if h.names[name] == 0 {
+		return
+	}
+	if h.names[name]--; h.names[name] == 0 {
+		delete(h.names, name)
+		caddykit.Jobs.Job(SweepJobPrefix+name, 0).Release()
+		caddykit.Jobs.Job(LeaseJobPrefix+name, 0).Release()
+	}
+}
+
+// namedJobs are the jobs named prefix + the name of each wallet using
+// the store, after the holder's own record.
+func (h *storeHolder) namedJobs(own *jobs.Job, prefix string) []*jobs.Job {
+	h.namesMu.Lock()
+	defer h.namesMu.Unlock()
+	out := []*jobs.Job{own}
+	for _, name := range slices.Sorted(maps.Keys(h.names)) {
+		out = append(out, caddykit.Jobs.Job(prefix+name, 0))
+	}
+	return out
+}
+
+// runJobs runs fn once, as a run of every job of js.
+func runJobs(ctx context.Context, js []*jobs.Job, fn func(context.Context) (jobs.Summary, error)) (jobs.Summary, error) {
+	if len(js) == 0 {
+		return fn(ctx)
+	}
+	var summary jobs.Summary
+	err := js[0].Run(ctx, func(ctx context.Context) (jobs.Summary, error) {
+		var err error
+		summary, err = runJobs(ctx, js[1:], fn)
+		return summary, err
+	})
+	return summary, err
 }
 
 // release gives the pooled store back and stops the background attempts.
@@ -242,6 +309,7 @@ func (w *Wallet) release() {
 		close(w.retrying)
 	}
 	if w.holder != nil {
+		w.holder.removeName(w.name)
 		_, _ = stores.Delete(w.backend.PoolKey())
 		return
 	}
@@ -396,6 +464,9 @@ type storeHolder struct {
 	// renewed is closed when the lease renewer has stopped.
 	renewed chan struct{}
 	live    liveSet
+	// names counts the wallets using the store, by name (addName).
+	namesMu sync.Mutex
+	names   map[string]int
 
 	exitFunc      func() // exit, for Enter
 	endSettleFunc func() // endSettle, for beginSettle
@@ -452,7 +523,9 @@ func (h *storeHolder) sweeper() {
 	defer close(h.done)
 	for {
 		tick := h.live.tick()
-		h.job.SetEvery(tick) // the period it keeps, for the jobs view and overdue
+		for _, j := range h.namedJobs(h.job, SweepJobPrefix) {
+			j.SetEvery(tick) // the period it keeps, for the jobs view and overdue
+		}
 		h.sweepRecovering()
 		select {
 		case <-h.stop:
@@ -475,7 +548,7 @@ func (h *storeHolder) sweepRecovering() {
 	h.extend()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_ = h.job.Run(ctx, h.sweep)
+	_, _ = runJobs(ctx, h.namedJobs(h.job, SweepJobPrefix), h.sweep)
 }
 
 // sweep is one run of the sweeper job.
@@ -570,6 +643,13 @@ func (h *storeHolder) close() {
 	if err := h.store.Close(); err != nil {
 		h.logger.Error("closing wallet store", zap.Error(err))
 	}
-	h.job.Release()
-	h.leaseJob.Release()
+	// Every wallet gave its name back before the store was destructed;
+	// whatever is left is retired with the store.
+	h.namesMu.Lock()
+	defer h.namesMu.Unlock()
+	for name := range h.names {
+		caddykit.Jobs.Job(SweepJobPrefix+name, 0).Release()
+		caddykit.Jobs.Job(LeaseJobPrefix+name, 0).Release()
+	}
+	h.names = nil
 }
