@@ -20,6 +20,22 @@ type panicWriter struct{ *httptest.ResponseRecorder }
 
 func (p panicWriter) Write([]byte) (int, error) { panic("boom") }
 
+// serveToPanickingWriter serves a chat request whose writer panics on
+// its first write, and checks that the panic reached the caller.
+func serveToPanickingWriter(t *testing.T, e *Engine, secret string, stream bool) {
+	t.Helper()
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(string(fu.ChatRequest("m", stream))))
+	req.Header.Set("Authorization", "Bearer "+secret)
+	w := panicWriter{httptest.NewRecorder()}
+	req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, &caddyhttp.Server{})
+	defer func() {
+		if recover() == nil {
+			t.Fatal("the writer did not panic")
+		}
+	}()
+	_ = e.ServeHTTP(w, req)
+}
+
 // A panic mid-request must still release the reservation exactly once:
 // the settlement is deferred, and deferred calls run while panicking.
 func TestWalletPanicReleasesReservation(t *testing.T) {
@@ -29,18 +45,7 @@ func TestWalletPanicReleasesReservation(t *testing.T) {
 	}, testChannel{name: uniqueName("panic"), url: up.URL}))
 	ctx, st, secret := withTestWallet(t, e)
 
-	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(string(fu.ChatRequest("m", false))))
-	req.Header.Set("Authorization", "Bearer "+secret)
-	w := panicWriter{httptest.NewRecorder()}
-	req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, &caddyhttp.Server{})
-	func() {
-		defer func() {
-			if recover() == nil {
-				t.Fatal("the writer did not panic")
-			}
-		}()
-		_ = e.ServeHTTP(w, req)
-	}()
+	serveToPanickingWriter(t, e, secret, false)
 
 	// The settled reservation's money goes back to the store's credit
 	// lease at once, and from the lease to the account once it is idle
@@ -85,18 +90,7 @@ func TestWalletPanicInHedgedRaceReleasesBothReservations(t *testing.T) {
 	}, testChannel{name: uniqueName("hpanic-a"), url: a.URL}, testChannel{name: uniqueName("hpanic-b"), url: b.URL}))
 	ctx, st, secret := withTestWallet(t, e)
 
-	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(string(fu.ChatRequest("m", true))))
-	req.Header.Set("Authorization", "Bearer "+secret)
-	w := panicWriter{httptest.NewRecorder()}
-	req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, &caddyhttp.Server{})
-	func() {
-		defer func() {
-			if recover() == nil {
-				t.Fatal("the writer did not panic")
-			}
-		}()
-		_ = e.ServeHTTP(w, req)
-	}()
+	serveToPanickingWriter(t, e, secret, true)
 	hits(t, b, 1) // the hedge was sent, and its answer hit the writer
 
 	var acct wallet.Account

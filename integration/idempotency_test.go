@@ -139,6 +139,36 @@ func TestIdempotentReplayAfterCompletion(t *testing.T) {
 	}
 }
 
+// followMidStream sends body under key and, once the upstream holds the
+// stream after its first piece ("alpha"), a duplicate, read up to that
+// piece: the duplicate certainly joined a stream under way. It returns the
+// duplicate's response (closed at the test's end), what it read, and the
+// first request's answer when it completes.
+func followMidStream(t *testing.T, secret, key string, body []byte, a *fu.Server) (*http.Response, []byte, <-chan []byte) {
+	t.Helper()
+	firstDone := make(chan []byte, 1)
+	go func() {
+		_, _, got := do(t, keyed(t, secret, key, body))
+		firstDone <- got
+	}()
+	eventually(t, 5*time.Second, "the first stream under way", func() bool { return a.Hits() == 1 })
+	res, err := http.DefaultClient.Do(keyed(t, secret, key, body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { res.Body.Close() })
+	var read []byte
+	buf := make([]byte, 512)
+	for !bytes.Contains(read, []byte("alpha")) {
+		n, err := res.Body.Read(buf)
+		read = append(read, buf[:n]...)
+		if err != nil {
+			t.Fatalf("the duplicate ended before the first piece: %v\n%s", err, read)
+		}
+	}
+	return res, read, firstDone
+}
+
 // A duplicate that arrives mid-stream gets the whole stream: what was
 // delivered so far, then the rest as it comes. The upstream holds the
 // stream after its first piece until the duplicate has read that piece,
@@ -151,28 +181,9 @@ func TestIdempotentDuplicateMidStream(t *testing.T) {
 	b := upstream(t, fu.OK())
 	secret := idempotentGateway(t, a, b, "")
 	body := fu.ChatRequest("m", true)
-	firstDone := make(chan []byte)
-	go func() {
-		_, _, got := do(t, keyed(t, secret, "mid", body))
-		firstDone <- got
-	}()
-	eventually(t, 5*time.Second, "the first stream under way", func() bool { return a.Hits() == 1 })
-	res, err := http.DefaultClient.Do(keyed(t, secret, "mid", body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
 	// The duplicate reads up to the first piece while the upstream waits,
 	// then the rest comes.
-	var second []byte
-	buf := make([]byte, 512)
-	for !bytes.Contains(second, []byte("alpha")) {
-		n, err := res.Body.Read(buf)
-		second = append(second, buf[:n]...)
-		if err != nil {
-			t.Fatalf("the duplicate ended before the first piece: %v\n%s", err, second)
-		}
-	}
+	res, second, firstDone := followMidStream(t, secret, "mid", body, a)
 	close(resume)
 	rest, err := io.ReadAll(res.Body)
 	if err != nil {
@@ -325,26 +336,7 @@ func TestIdempotentFollowerOfAnOverflowingStreamIsNeverTruncatedCleanly(t *testi
 	b := upstream(t, fu.OK())
 	secret := idempotentGateway(t, a, b, "max_answer 1KiB")
 	body := fu.ChatRequest("m", true)
-	firstDone := make(chan []byte)
-	go func() {
-		_, _, got := do(t, keyed(t, secret, "overflow", body))
-		firstDone <- got
-	}()
-	eventually(t, 5*time.Second, "the first stream under way", func() bool { return a.Hits() == 1 })
-	res, err := http.DefaultClient.Do(keyed(t, secret, "overflow", body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	var second []byte
-	buf := make([]byte, 512)
-	for !bytes.Contains(second, []byte("alpha")) {
-		n, err := res.Body.Read(buf)
-		second = append(second, buf[:n]...)
-		if err != nil {
-			t.Fatalf("the duplicate ended before the first piece: %v\n%s", err, second)
-		}
-	}
+	res, second, firstDone := followMidStream(t, secret, "overflow", body, a)
 	close(resume)
 	rest, err := io.ReadAll(res.Body)
 	second = append(second, rest...)
