@@ -145,6 +145,16 @@ func (Anthropic) NewRequest(ctx context.Context, c Call) (*http.Request, error) 
 // answers reach the client in their own framing.
 type passThrough struct{}
 
+// noBaseQuery refuses a base URL with a query for the providers that
+// build the whole upstream URL themselves, which would silently drop it.
+// The query is not quoted: it may hold a key.
+func noBaseQuery(provider string, u *url.URL) error {
+	if u.RawQuery != "" || u.ForceQuery {
+		return fmt.Errorf("the %s provider builds the upstream URL's query itself, so the base URL's query would never be sent: drop it", provider)
+	}
+	return nil
+}
+
 // CheckBaseURL refuses a base path ending in /v1: client paths begin with
 // /v1 already, so the upstream would be asked for /v1/v1/....
 func (passThrough) CheckBaseURL(u *url.URL) error {

@@ -10,6 +10,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
 )
 
 func init() {
@@ -36,6 +38,11 @@ func (Azure) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{ID: Namespace + ".azure", New: func() caddy.Module { return new(Azure) }}
 }
 
+// Provision resolves the api_key's placeholders ({env.AZURE_OPENAI_API_KEY}).
+func (a *Azure) Provision(caddy.Context) error {
+	return resolveSecrets("azure", secret{"api_key", &a.APIKey})
+}
+
 // Serves reports the OpenAI APIs Azure OpenAI has.
 func (Azure) Serves(api API) bool { return !api.Anthropic() && api != Unknown }
 
@@ -49,6 +56,9 @@ func (a *Azure) dated() bool { return a.APIVersion != "" && a.APIVersion != "v1"
 // CheckBaseURL refuses an api_version that is neither v1 nor a date, and
 // a base path that would double the client's /v1.
 func (a *Azure) CheckBaseURL(u *url.URL) error {
+	if err := noBaseQuery("azure", u); err != nil {
+		return err
+	}
 	if a.dated() && !azureDate.MatchString(a.APIVersion) {
 		return fmt.Errorf("azure api_version %q is neither v1 nor a date such as 2024-10-21", a.APIVersion)
 	}
@@ -118,10 +128,14 @@ func unmarshalOptions(d *caddyfile.Dispenser, opts map[string]*string) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	seen := caddykit.Seen{}
 	for d.NextBlock(0) {
 		dst, ok := opts[d.Val()]
 		if !ok {
 			return d.Errf("unrecognized provider option '%s'", d.Val())
+		}
+		if err := seen.Once(d, "provider: "); err != nil {
+			return err
 		}
 		if !d.NextArg() {
 			return d.ArgErr()
@@ -149,5 +163,6 @@ var (
 	_ Adapter               = (*Azure)(nil)
 	_ Credentialed          = (*Azure)(nil)
 	_ Hinter                = (*Azure)(nil)
+	_ caddy.Provisioner     = (*Azure)(nil)
 	_ caddyfile.Unmarshaler = (*Azure)(nil)
 )

@@ -74,6 +74,10 @@ func (Bedrock) CaddyModule() caddy.ModuleInfo {
 // Provision sets up the credentials the requests are signed with.
 func (b *Bedrock) Provision(ctx caddy.Context) error {
 	b.logger = ctx.Logger()
+	if err := resolveSecrets("bedrock", secret{"api_key", &b.APIKey}, secret{"access_key_id", &b.AccessKeyID},
+		secret{"secret_access_key", &b.SecretAccessKey}, secret{"session_token", &b.SessionToken}); err != nil {
+		return err
+	}
 	if b.APIKey != "" {
 		return nil
 	}
@@ -105,6 +109,9 @@ func (b *Bedrock) DefaultBaseURL() string {
 // CheckBaseURL refuses a channel without a region or with two kinds of
 // credentials.
 func (b *Bedrock) CheckBaseURL(u *url.URL) error {
+	if err := noBaseQuery("bedrock", u); err != nil {
+		return err
+	}
 	switch {
 	case b.Region == "":
 		return errors.New("the bedrock provider needs a region")

@@ -33,6 +33,11 @@ func (Gemini) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{ID: Namespace + ".gemini", New: func() caddy.Module { return new(Gemini) }}
 }
 
+// Provision resolves the api_key's placeholders ({env.GEMINI_API_KEY}).
+func (g *Gemini) Provision(caddy.Context) error {
+	return resolveSecrets("gemini", secret{"api_key", &g.APIKey})
+}
+
 // Serves reports the OpenAI APIs AI Studio's compatible endpoint has.
 func (Gemini) Serves(api API) bool {
 	return api == OpenAIChat || api == OpenAIEmbeddings || api == OpenAIModels
@@ -43,7 +48,12 @@ func (Gemini) DefaultBaseURL() string { return "https://generativelanguage.googl
 
 // CheckBaseURL refuses a base path ending in /v1, which would never reach
 // /v1beta/openai.
-func (Gemini) CheckBaseURL(u *url.URL) error { return passThrough{}.CheckBaseURL(u) }
+func (Gemini) CheckBaseURL(u *url.URL) error {
+	if err := noBaseQuery("gemini", u); err != nil {
+		return err
+	}
+	return passThrough{}.CheckBaseURL(u)
+}
 
 // NewRequest builds the upstream request of one attempt.
 func (g *Gemini) NewRequest(ctx context.Context, c Call) (*http.Request, error) {
@@ -90,5 +100,6 @@ var (
 	_ Adapter               = (*Gemini)(nil)
 	_ Credentialed          = (*Gemini)(nil)
 	_ Hinter                = (*Gemini)(nil)
+	_ caddy.Provisioner     = (*Gemini)(nil)
 	_ caddyfile.Unmarshaler = (*Gemini)(nil)
 )

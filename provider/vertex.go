@@ -55,6 +55,9 @@ func (Vertex) CaddyModule() caddy.ModuleInfo {
 // Provision loads the credentials and starts keeping a token.
 func (v *Vertex) Provision(ctx caddy.Context) error {
 	var creds *google.Credentials
+	if err := resolveSecrets("vertex", secret{"credentials_file", &v.CredentialsFile}); err != nil {
+		return err
+	}
 	var err error
 	if v.CredentialsFile != "" {
 		var data []byte
@@ -110,6 +113,9 @@ func (v *Vertex) DefaultBaseURL() string {
 // CheckBaseURL refuses a channel without project or region, which shape
 // every path, and a base path ending in /v1.
 func (v *Vertex) CheckBaseURL(u *url.URL) error {
+	if err := noBaseQuery("vertex", u); err != nil {
+		return err
+	}
 	if v.Project == "" || v.Region == "" {
 		return fmt.Errorf("the vertex provider needs project and region")
 	}
