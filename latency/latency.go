@@ -218,7 +218,11 @@ func (l *Learner) Deadline(k Kind, c Class, cfg Config, ceiling time.Duration, n
 	if k == Gap {
 		floor = cfg.StallFloor
 	}
-	limit := max(time.Duration(float64(d.Quantile)*cfg.Factor), floor)
+	// A product beyond a Duration saturates: converting it would not.
+	limit := time.Duration(math.MaxInt64)
+	if p := float64(d.Quantile) * cfg.Factor; p < math.MaxInt64 {
+		limit = max(time.Duration(p), floor)
+	}
 	if ceiling > 0 {
 		limit = min(limit, ceiling)
 	}

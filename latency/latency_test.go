@@ -128,3 +128,24 @@ func BenchmarkObserve(b *testing.B) {
 		l.Observe(FirstContent, Class(i%NumClasses), time.Duration(i%5000)*time.Millisecond, cfg.Window, now)
 	}
 }
+
+// A factor large enough that factor × quantile overflows a Duration (the
+// config allows any factor of at least 1) gives the longest deadline, the
+// ceiling, never the floor: the float-to-int conversion of an overflowing
+// product is not a large number.
+func TestHugeFactorSaturatesAtTheCeiling(t *testing.T) {
+	l := NewLearner()
+	now := time.Now()
+	c := ClassOf(1<<20, 100)
+	for range 100 {
+		l.Observe(FirstContent, c, 2*time.Second, cfg.Window, now)
+	}
+	huge := cfg
+	huge.Factor = 1e300
+	if d := l.Deadline(FirstContent, c, huge, 240*time.Second, now); d.Limit != 240*time.Second {
+		t.Fatalf("factor 1e300: limit %s, want the 240s ceiling", d.Limit)
+	}
+	if d := l.Deadline(FirstContent, c, huge, 0, now); d.Limit < time.Hour {
+		t.Fatalf("factor 1e300, no ceiling: limit %s", d.Limit)
+	}
+}
