@@ -54,6 +54,16 @@ func (Page) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
+// Validate refuses a refresh the page's meta refresh, which counts whole
+// seconds, cannot say: a negative one, or one under a second (it would
+// silently mean never). A JSON config gets the Caddyfile's checks.
+func (p *Page) Validate() error {
+	if r := time.Duration(p.Refresh); r < 0 || (r > 0 && r < time.Second) {
+		return fmt.Errorf("llm_status: refresh %s: want 0 (off) or at least 1s", r)
+	}
+	return nil
+}
+
 // ServeHTTP implements caddyhttp.Handler. It is a terminal handler.
 func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -141,10 +151,16 @@ func (p *Page) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			p.HideChannels = true
 		case "refresh":
 			dur, err := caddykit.DurationOrOffArg(d)
+			if err == nil {
+				err = caddykit.NoMoreArgs(d)
+			}
 			if err != nil {
 				return err
 			}
 			p.Refresh = dur
+			if err := p.Validate(); err != nil {
+				return d.Err(err.Error())
+			}
 		default:
 			return d.Errf("llm_status: unknown option %q", d.Val())
 		}
@@ -156,4 +172,5 @@ func (p *Page) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 var (
 	_ caddyhttp.MiddlewareHandler = (*Page)(nil)
 	_ caddyfile.Unmarshaler       = (*Page)(nil)
+	_ caddy.Validator             = (*Page)(nil)
 )

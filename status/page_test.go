@@ -2,11 +2,15 @@ package status
 
 import (
 	"bytes"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/llmfailover/caddy-llm-failover/failoverapp"
 )
@@ -163,5 +167,29 @@ func TestPageShowsLearnedDeadlines(t *testing.T) {
 	}
 	if strings.Contains(beta, "learned deadline") {
 		t.Errorf("beta has no learned deadlines, yet shows a table: %s", beta)
+	}
+}
+
+// TestPageRefreshChecked: refresh is 0 (off) or a whole number of
+// seconds the meta refresh can say. A JSON config is checked as strictly
+// as the Caddyfile (a negative refresh rendered content="-30"), and a
+// refresh under a second, which the page would silently drop, is refused.
+func TestPageRefreshChecked(t *testing.T) {
+	for _, cfg := range []string{`{"refresh":-30000000000}`, `{"refresh":500000000}`} {
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
+		_, err := ctx.LoadModuleByID("http.handlers.llm_status", json.RawMessage(cfg))
+		cancel()
+		if err == nil {
+			t.Errorf("%s loaded", cfg)
+		}
+	}
+	err := new(Page).UnmarshalCaddyfile(caddyfile.NewTestDispenser("llm_status {\nrefresh 500ms\n}"))
+	if err == nil || !strings.Contains(err.Error(), "Testfile:2") {
+		t.Errorf("refresh 500ms: %v", err)
+	}
+	for _, in := range []string{"llm_status {\nrefresh 0\n}", "llm_status {\nrefresh 30s\n}"} {
+		if err := new(Page).UnmarshalCaddyfile(caddyfile.NewTestDispenser(in)); err != nil {
+			t.Errorf("%q: %v", in, err)
+		}
 	}
 }
