@@ -29,6 +29,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/llmfailover/caddy-llm-failover/internal/caddykit"
+	"github.com/llmfailover/caddy-llm-failover/internal/pgconf"
 	"github.com/llmfailover/caddy-llm-failover/probe"
 )
 
@@ -148,6 +149,11 @@ func (a *App) Provision(ctx caddy.Context) error {
 		// The DSN may be an {env.*} placeholder; it is a secret, never logged.
 		if a.leaderDSN, err = caddykit.Resolve(a.ProbeLeader.DSN); err != nil {
 			return fmt.Errorf("probe_leader DSN: %w", err)
+		}
+		// Like the history's and the wallet's: a DSN that cannot parse
+		// would fail every election, and no instance would probe.
+		if err := pgconf.Validate(a.leaderDSN); err != nil {
+			return fmt.Errorf("probe_leader: %w", err)
 		}
 	}
 	if err := caddykit.ValidateHeartbeats(a.Heartbeats); err != nil {

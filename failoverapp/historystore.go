@@ -70,7 +70,13 @@ func (s *HistorySQLite) Provision(caddy.Context) error {
 	if path == "" {
 		path = filepath.Join(caddy.AppDataDir(), "llm_failover", "history.db")
 	}
-	abs, err := filepath.Abs(caddy.NewReplacer().ReplaceKnown(path, ""))
+	// Resolved like a DSN: an unset {env.*} is an error naming it, never
+	// a path with a hole (/history.db at the root).
+	resolved, err := caddykit.Resolve(path)
+	if err != nil {
+		return fmt.Errorf("history sqlite path: %w", err)
+	}
+	abs, err := filepath.Abs(resolved)
 	if err != nil {
 		return fmt.Errorf("history sqlite path %q: %w", s.Path, err)
 	}

@@ -2,10 +2,12 @@ package failoverapp
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
 	"github.com/llmfailover/caddy-llm-failover/history"
@@ -66,5 +68,34 @@ func TestHistoryReadsDoNotQueueBehindAHungStore(t *testing.T) {
 	proxy.Reset() // the hung connections
 	if rec, _ := s.sources(later.Add(time.Minute)); rec == s.history {
 		t.Error("once the store answers again, the page still shows this instance's history only")
+	}
+}
+
+// TestHistorySQLitePathWithUnsetVariable: an unset variable in the
+// history's path is a load error naming it, not a history.db at the root.
+func TestHistorySQLitePathWithUnsetVariable(t *testing.T) {
+	s := &HistorySQLite{Path: "{env.LLMF_TEST_UNSET_STATE_DIR}/history.db"}
+	err := s.Provision(caddy.Context{})
+	if err == nil || !strings.Contains(err.Error(), "LLMF_TEST_UNSET_STATE_DIR") {
+		t.Fatalf("provisioned at %q (err %v)", s.abs, err)
+	}
+}
+
+// TestProbeLeaderDSNChecked: a probe_leader DSN that cannot parse is a
+// load error, as the history's and the wallet's are; accepted, every
+// election fails and no instance of the fleet ever probes.
+func TestProbeLeaderDSNChecked(t *testing.T) {
+	base, err := caddy.ProvisionContext(&caddy.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := caddy.NewContext(base)
+	defer cancel()
+	_, err = ctx.LoadModuleByID("llm_failover", []byte(`{"probe_leader":{"dsn":"postgres://u:p@db:notaport/x"}}`))
+	if err == nil {
+		t.Fatal("an unparsable probe_leader DSN loaded")
+	}
+	if strings.Contains(err.Error(), "u:p") {
+		t.Fatalf("the error shows the DSN: %v", err)
 	}
 }

@@ -58,7 +58,13 @@ func (s *SQLite) Provision(caddy.Context) error {
 	if path == "" {
 		path = filepath.Join(caddy.AppDataDir(), "llm_failover", "wallet.db")
 	}
-	abs, err := filepath.Abs(caddy.NewReplacer().ReplaceKnown(path, ""))
+	// Resolved like a DSN: an unset {env.*} is an error naming it, never
+	// a path with a hole (/wallet.db at the root).
+	resolved, err := caddykit.Resolve(path)
+	if err != nil {
+		return fmt.Errorf("sqlite path: %w", err)
+	}
+	abs, err := filepath.Abs(resolved)
 	if err != nil {
 		return fmt.Errorf("sqlite path %q: %w", s.Path, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -121,5 +122,23 @@ func TestReleaseWaitsForSettlements(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Cleanup still waits after the settlement ended (or waits for the request being served)")
+	}
+}
+
+// TestSQLitePathWithUnsetVariable: `store sqlite {env.STATE_DIRECTORY}/wallet.db`
+// with the variable unset must not become /wallet.db (an unknown
+// placeholder replaced by nothing): like a DSN's, an unset variable is a
+// load error naming it.
+func TestSQLitePathWithUnsetVariable(t *testing.T) {
+	s := &SQLite{Path: "{env.LLMF_TEST_UNSET_STATE_DIR}/wallet.db"}
+	err := s.Provision(caddy.Context{})
+	if err == nil || !strings.Contains(err.Error(), "LLMF_TEST_UNSET_STATE_DIR") {
+		t.Fatalf("provisioned at %q (err %v)", s.abs, err)
+	}
+	dir := t.TempDir()
+	t.Setenv("LLMF_TEST_STATE_DIR", dir)
+	s = &SQLite{Path: "{env.LLMF_TEST_STATE_DIR}/wallet.db"}
+	if err := s.Provision(caddy.Context{}); err != nil || s.abs != filepath.Join(dir, "wallet.db") {
+		t.Fatalf("path %q, err %v", s.abs, err)
 	}
 }
