@@ -3,6 +3,7 @@ package llmfailover
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -288,7 +289,11 @@ func (h *Handler) unmarshalChannel(d *caddyfile.Dispenser, at map[string]string)
 			if c.Headers == nil {
 				c.Headers = map[string]string{}
 			}
-			c.Headers[http.CanonicalHeaderKey(args[0])] = args[1]
+			field := http.CanonicalHeaderKey(args[0])
+			if _, dup := c.Headers[field]; dup {
+				return d.Errf("channel %q: header %s specified more than once", c.Name, field)
+			}
+			c.Headers[field] = args[1]
 		case "transport":
 			if !d.NextArg() {
 				return d.ArgErr()
@@ -439,7 +444,12 @@ func unmarshalRoute(d *caddyfile.Dispenser) (Route, error) {
 		return r, d.Errf("route needs a channel name")
 	}
 	r.Channel = d.Val()
+	seen := map[string]bool{}
 	for d.NextArg() {
+		if seen[d.Val()] {
+			return r, d.Errf("route %s: %s specified more than once", r.Channel, d.Val())
+		}
+		seen[d.Val()] = true
 		switch d.Val() {
 		case "cost":
 			p, err := priceArgs(d)
@@ -684,7 +694,7 @@ func unmarshalAdaptive(d *caddyfile.Dispenser) (*AdaptiveDeadlines, error) {
 			if !d.NextArg() {
 				return nil, d.ArgErr()
 			}
-			if a.Factor, err = strconv.ParseFloat(d.Val(), 64); err != nil || a.Factor < 1 {
+			if a.Factor, err = strconv.ParseFloat(d.Val(), 64); err != nil || !(a.Factor >= 1) || math.IsInf(a.Factor, 1) {
 				return nil, d.Errf("adaptive_deadlines: factor: want a number of at least 1, got %q", d.Val())
 			}
 			err = caddykit.NoMoreArgs(d)
@@ -731,6 +741,10 @@ func unmarshalHedge(d *caddyfile.Dispenser) (*Hedge, error) {
 			if err != nil || v == d.Val() {
 				return nil, d.Errf("hedge: budget: want a percentage such as 5%%, got %q", d.Val())
 			}
+			if !(pct > 0) {
+				// 0 is the JSON's "default" (5%), never "no hedges".
+				return nil, d.Errf("hedge: budget: want a percentage above 0%%, got %q (to hedge nothing, remove the models' hedge_after)", d.Val())
+			}
 			h.Budget = pct / 100
 		case "charge":
 			h.Charge = d.Val()
@@ -752,7 +766,8 @@ func parseQuantile(s string) (float64, error) {
 	if pct {
 		q /= 100
 	}
-	if err != nil || q <= 0 || q >= 1 {
+	// Negated so that NaN, which fails every comparison, is refused too.
+	if err != nil || !(q > 0 && q < 1) {
 		return 0, fmt.Errorf("want a quantile such as p99 or 0.99, got %q", s)
 	}
 	return q, nil

@@ -458,6 +458,7 @@ func TestPriceCacheClassesCaddyfile(t *testing.T) {
 	err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(`llm_failover {
 		channel a http://127.0.0.1:1
 		model m {
+			policy weighted
 			route a cost 1 2 cache_read 0.1 upstream_model m-1 weight 2
 			price 3 15 cache_read 0.3 cache_write 3.75 cache_write_1h 6
 		}
@@ -531,5 +532,204 @@ func TestAdaptiveAndHedgeCompile(t *testing.T) {
 	}
 	if p, _ := compile(&plain); p.Options.Adaptive != nil || p.Models[0].Hedge != nil || p.Options.Hedge.Budget != 0.05 {
 		t.Errorf("defaults: adaptive %+v, hedge %+v, budget %v", p.Options.Adaptive, p.Models[0].Hedge, p.Options.Hedge.Budget)
+	}
+}
+
+// TestSilentSettingsRefused: a setting the gateway would silently ignore
+// (or turn into another) is a config error naming its line, in the
+// Caddyfile and, where JSON can say it, in JSON.
+func TestSilentSettingsRefused(t *testing.T) {
+	const two = `
+		channel a http://127.0.0.1:9000
+		channel b http://127.0.0.1:9001`
+	cases := []struct{ name, body, want string }{
+		// 0% parses to 0, which the JSON reads as "the default": 5%.
+		{"hedge budget 0%", two + `
+		model m {
+			route a
+			route b
+			hedge_after 1s
+		}
+		hedge {
+			budget 0%
+		}`, "Testfile:"},
+		// A hedge is the model's second candidate; with max_hops 1 there is none.
+		{"hedge_after with max_hops 1", two + `
+		model m {
+			route a
+			route b
+			hedge_after 1s
+		}
+		max_hops 1`, "Testfile:"},
+		// Probes are charged to probe_account only with a wallet.
+		{"probe_account without a wallet", two + `
+		model m {
+			route a
+			probe
+		}
+		probe_account ops`, "Testfile:8"},
+		// weight orders nothing under policy cost.
+		{"weight under policy cost", two + `
+		model m {
+			route a weight 80
+			route b weight 20
+		}`, "Testfile:5"},
+		// The request's URL is built from the base's scheme, host and
+		// path: a userinfo would never be sent.
+		{"base URL with userinfo", `
+		channel a http://user:secret@127.0.0.1:9000
+		model m {
+			route a
+		}`, "Testfile:2"},
+		// Azure builds its own query: the base's would never be sent.
+		{"azure base URL with a query", `
+		channel a https://r.openai.azure.com?api-version=2024-10-21 {
+			provider azure
+		}
+		model m {
+			route a
+		}`, "Testfile:2"},
+		{"channel header repeated", `
+		channel a http://127.0.0.1:9000 {
+			header Authorization "Bearer one"
+			header authorization "Bearer two"
+		}
+		model m {
+			route a
+		}`, "Testfile:4"},
+		{"route option repeated", `
+		channel a http://127.0.0.1:9000
+		model m {
+			route a upstream_model m-2024 upstream_model m-2025
+		}`, "Testfile:4"},
+		{"provider option repeated", `
+		channel a https://r.openai.azure.com {
+			provider azure {
+				api_key one
+				api_key two
+			}
+		}
+		model m {
+			route a
+		}`, "Testfile:5"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d := caddyfile.NewTestDispenser("llm_failover {" + tc.body + "\n}")
+			err := new(Handler).UnmarshalCaddyfile(d)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("want an error naming %q, got %v", tc.want, err)
+			}
+		})
+	}
+}
+
+// TestSilentSettingsRefusedJSON: the same mistakes in a JSON config,
+// which no Caddyfile parser checked.
+func TestSilentSettingsRefusedJSON(t *testing.T) {
+	const two = `"channels":[{"name":"a","base_url":"http://x:1"},{"name":"b","base_url":"http://y:1"}]`
+	cases := map[string]string{
+		"hedge_after with max_hops 1":    `{"max_hops":1,` + two + `,"models":[{"name":"m","hedge_after":"1s","routes":[{"channel":"a"},{"channel":"b"}]}]}`,
+		"weight under policy cost":       `{` + two + `,"models":[{"name":"m","routes":[{"channel":"a","weight":80},{"channel":"b","weight":20}]}]}`,
+		"probe_account without a wallet": `{"probe_account":"ops",` + two + `,"models":[{"name":"m","probe":{},"routes":[{"channel":"a"}]}]}`,
+		"base URL with userinfo":         `{"channels":[{"name":"a","base_url":"http://u:p@x:1"}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
+		"azure base URL with a query":    `{"channels":[{"name":"a","base_url":"https://r.openai.azure.com?api-version=2024-10-21","provider":{"name":"azure"}}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
+		"headers differing in case":      `{"channels":[{"name":"a","base_url":"http://x:1","headers":{"Authorization":"one","authorization":"two"}}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
+	}
+	for name, cfg := range cases {
+		t.Run(name, func(t *testing.T) {
+			var h Handler
+			if err := json.Unmarshal([]byte(cfg), &h); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := compile(&h); err == nil {
+				t.Fatalf("config compiled: %s", cfg)
+			}
+		})
+	}
+}
+
+// TestNotANumberRefused: strconv.ParseFloat reads "NaN" (and "Inf"),
+// which every "< 0" or ">= 1" range check lets through; a NaN quantile,
+// factor or budget would make every learned deadline or hedge budget
+// meaningless.
+func TestNotANumberRefused(t *testing.T) {
+	const two = "channel a http://x:1\nchannel b http://y:1\n"
+	for name, input := range map[string]string{
+		"adaptive quantile NaN":  "adaptive_deadlines {\nquantile NaN\n}",
+		"adaptive quantile pNaN": "adaptive_deadlines {\nquantile pNaN\n}",
+		"adaptive factor NaN":    "adaptive_deadlines {\nfactor NaN\n}",
+		"adaptive factor Inf":    "adaptive_deadlines {\nfactor Inf\n}",
+		"hedge budget NaN%":      "hedge {\nbudget NaN%\n}",
+		"hedge_after pNaN":       "",
+	} {
+		t.Run(name, func(t *testing.T) {
+			model := "model m {\nroute a\nroute b\n}\n"
+			if input == "" {
+				model = "model m {\nroute a\nroute b\nhedge_after pNaN\n}\n"
+			}
+			var h Handler
+			err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("llm_failover {\n" + two + model + input + "\n}"))
+			if err == nil || !strings.Contains(err.Error(), "Testfile:") {
+				t.Fatalf("want an error naming the line, got %v", err)
+			}
+		})
+	}
+	// JSON cannot carry NaN, but an adaptive factor of 1e308 overflows
+	// every deadline it multiplies just the same.
+}
+
+// TestProvisionNullElements: a JSON config with a null channel or model
+// (a generator's hole, a stray comma fixed by hand) is refused with an
+// error, not a nil-pointer panic that takes the config load (or caddy
+// run) down with it.
+func TestProvisionNullElements(t *testing.T) {
+	for name, cfg := range map[string]string{
+		"null channel": `{"channels":[null,{"name":"a","base_url":"http://x:1"}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
+		"null model":   `{"channels":[{"name":"a","base_url":"http://x:1"}],"models":[null,{"name":"m","routes":[{"channel":"a"}]}]}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := provisionContext(t)
+			defer cancel()
+			var err error
+			func() {
+				defer func() {
+					if p := recover(); p != nil {
+						t.Fatalf("panic: %v", p)
+					}
+				}()
+				_, err = ctx.LoadModuleByID("http.handlers.llm_failover", json.RawMessage(cfg))
+			}()
+			if err == nil {
+				t.Fatalf("config loaded: %s", cfg)
+			}
+		})
+	}
+}
+
+// TestChannelHeaderChecked: a header field name or value Go's HTTP client
+// refuses to send makes every request to the channel fail (and its
+// breaker open) at run time; the config is refused when it loads instead.
+// A value's {env.*} is checked once resolved: a key read with its
+// trailing newline is the usual way in.
+func TestChannelHeaderChecked(t *testing.T) {
+	err := new(Handler).UnmarshalCaddyfile(caddyfile.NewTestDispenser("llm_failover {\nchannel a http://127.0.0.1:9000 {\nheader \"X Api Key\" secret\n}\nmodel m {\nroute a\n}\n}"))
+	if err == nil || !strings.Contains(err.Error(), "Testfile:") {
+		t.Errorf("a field name with spaces: %v", err)
+	}
+	t.Setenv("LLMF_TEST_KEY_WITH_NEWLINE", "sk-123\n")
+	for name, cfg := range map[string]string{
+		"field name": `{"channels":[{"name":"a","base_url":"http://x:1","headers":{"X Api Key":"secret"}}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
+		"value":      `{"channels":[{"name":"a","base_url":"http://x:1","headers":{"Authorization":"Bearer {env.LLMF_TEST_KEY_WITH_NEWLINE}"}}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := provisionContext(t)
+			defer cancel()
+			if _, err := ctx.LoadModuleByID("http.handlers.llm_failover", json.RawMessage(cfg)); err == nil {
+				t.Fatalf("config loaded: %s", cfg)
+			} else if strings.Contains(err.Error(), "sk-123") {
+				t.Fatalf("the error shows the key: %v", err)
+			}
+		})
 	}
 }

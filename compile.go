@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/llmfailover/caddy-llm-failover/breaker"
 	"github.com/llmfailover/caddy-llm-failover/chain"
@@ -51,6 +53,17 @@ func routeKey(model, channel string) string { return "route " + model + "\x00" +
 // config: the channels' adapters are decoded, not provisioned, and their
 // headers' placeholders are left for Provision to resolve.
 func compile(h *Handler) (failover.Plan, error) {
+	// A JSON config may hold null elements; nothing below expects one.
+	for i, c := range h.Channels {
+		if c == nil {
+			return failover.Plan{}, mistake("", "channel %d is null", i)
+		}
+	}
+	for i, m := range h.Models {
+		if m == nil {
+			return failover.Plan{}, mistake("", "model %d is null", i)
+		}
+	}
 	opts, err := compileOptions(h)
 	if err != nil {
 		return failover.Plan{}, err
@@ -180,6 +193,9 @@ func compileOptions(h *Handler) (failover.Options, error) {
 	default:
 		return o, mistake(optionKey("auth"), "auth: want off, got %q (wallet keys and account placeholders are set with wallet)", h.Auth)
 	}
+	if h.ProbeAccount != "" && h.Wallet == nil {
+		return o, mistake(optionKey("probe_account"), "probe_account needs a wallet: without one probes are charged to nobody")
+	}
 	if h.Auth == "off" && h.Wallet != nil {
 		return o, mistake(optionKey("auth"), "auth off and a wallet contradict each other: a wallet authenticates every request")
 	}
@@ -281,6 +297,24 @@ func compileChannel(c *Channel) (*failover.Channel, error) {
 	if err != nil {
 		return nil, err
 	}
+	fields := make(map[string]string, len(c.Headers))
+	for k, v := range c.Headers {
+		// Go's HTTP client refuses to send these: every request to the
+		// channel would fail. A value's placeholders are checked once
+		// resolved (Provision).
+		if !httpguts.ValidHeaderFieldName(k) {
+			return nil, fmt.Errorf("header %q: not a valid header field name", k)
+		}
+		if !strings.Contains(v, "{") && !httpguts.ValidHeaderFieldValue(v) {
+			// Not quoted: the value is a credential.
+			return nil, fmt.Errorf("header %s: its value holds a control character (a newline?), which cannot be sent", k)
+		}
+		field := http.CanonicalHeaderKey(k)
+		if other, dup := fields[field]; dup {
+			return nil, fmt.Errorf("headers %q and %q are one header: set it once", min(k, other), max(k, other))
+		}
+		fields[field] = k
+	}
 	return &failover.Channel{Name: c.Name, Base: base, Adapter: adapter, Header: make(http.Header, len(c.Headers)),
 		PropagateTrace: c.PropagateTrace,
 		Extras:         &provider.Extras{Request: c.PassRequestHeaders, Response: c.PassResponseHeaders, RateLimit: c.PassRateLimitHeaders}}, nil
@@ -330,6 +364,9 @@ func compileModel(h *Handler, m *Model, index map[string]int, channels []*failov
 		if len(m.Routes) < 2 {
 			return nil, mistake(at, "model %q: hedge_after needs a second route to hedge on", m.Name)
 		}
+		if maxHops < 2 {
+			return nil, mistake(at, "model %q: hedge_after needs max_hops of at least 2: the hedge is the request's second channel", m.Name)
+		}
 		pm.Hedge = rule
 	}
 	if m.Probe != nil {
@@ -355,6 +392,9 @@ func compileModel(h *Handler, m *Model, index map[string]int, channels []*failov
 		}
 		if r.Weight < 0 {
 			return nil, mistake(rat, "model %q: route %s: weight must not be negative", m.Name, r.Channel)
+		}
+		if r.Weight != 0 && policy != chain.Weighted {
+			return nil, mistake(rat, "model %q: route %s: weight orders routes only under policy weighted (this model's policy is cost)", m.Name, r.Channel)
 		}
 		// The wallet never charges less than the dearest channel could
 		// cost, unless the operator says otherwise.
@@ -508,6 +548,10 @@ func channelBase(c *Channel, adapter provider.Adapter) (*url.URL, error) {
 	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
 		return nil, fmt.Errorf("base URL %q must be an absolute http(s) URL", raw)
 	}
+	if base.User != nil {
+		// Not quoted: the userinfo is a credential.
+		return nil, errors.New("the base URL holds a user or password, which would never be sent: set the channel's credentials with header")
+	}
 	base.Path = strings.TrimSuffix(base.Path, "/")
 	if err := adapter.CheckBaseURL(base); err != nil {
 		return nil, fmt.Errorf("base URL %q: %w", raw, err)
@@ -539,9 +583,9 @@ func compileAdaptive(a *AdaptiveDeadlines) (*latency.Config, error) {
 		return nil, nil
 	}
 	switch {
-	case a.Quantile < 0 || a.Quantile >= 1:
+	case !(a.Quantile >= 0 && a.Quantile < 1):
 		return nil, fmt.Errorf("quantile must be between 0 and 1, got %v", a.Quantile)
-	case a.Factor != 0 && a.Factor < 1:
+	case a.Factor != 0 && !(a.Factor >= 1 && a.Factor <= math.MaxFloat64):
 		return nil, fmt.Errorf("factor must be at least 1, got %v", a.Factor)
 	case a.Floor < 0 || a.StallFloor < 0 || a.Window < 0:
 		return nil, errors.New("floor, stall_floor and window must not be negative")
@@ -560,7 +604,7 @@ func compileHedge(h *Hedge) (failover.HedgeOptions, error) {
 	if h == nil {
 		return o, nil
 	}
-	if h.Budget < 0 || h.Budget > 1 {
+	if !(h.Budget >= 0 && h.Budget <= 1) {
 		return o, fmt.Errorf("budget must be a share of requests between 0 and 100%%, got %v", h.Budget)
 	}
 	o.Budget = h.Budget

@@ -21,6 +21,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/llmfailover/caddy-llm-failover/failover"
 	"github.com/llmfailover/caddy-llm-failover/failoverapp"
@@ -423,6 +424,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			val, err := caddykit.Resolve(v)
 			if err != nil {
 				return fmt.Errorf("channel %q: header %s: %w", c.Name, k, err)
+			}
+			if !httpguts.ValidHeaderFieldValue(val) {
+				// Not quoted: the value is a credential.
+				return fmt.Errorf("channel %q: header %s: its value, resolved, holds a control character (a trailing newline?), which cannot be sent", c.Name, k)
 			}
 			ch.Header.Set(k, val)
 		}
