@@ -197,7 +197,7 @@ func (e *Engine) relayError(ctx context.Context, x *exchange, ch *Channel, res *
 	if fail != nil {
 		return *fail
 	}
-	body = []byte(e.secrets.String(string(body)))
+	body = e.scrubBytes(body)
 	if !commit() {
 		return attemptResult{verdict: clientGone}
 	}
@@ -302,7 +302,7 @@ func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc
 		}
 		e.logger.Warn("committed stream ended abnormally; error event sent to the client",
 			zap.String("model", x.req.Model), zap.String("channel", ch.Name),
-			zap.String("outcome", out.Outcome.String()), zap.Int64("bytes_sent", out.BytesSent), zap.String("error", e.secrets.String(errString(out.Err))))
+			zap.String("outcome", out.Outcome.String()), zap.Int64("bytes_sent", out.BytesSent), zap.String("error", e.scrubString(errString(out.Err))))
 		return attemptResult{verdict: broken, fail: f}
 	case streamgate.UpstreamError:
 		f := &failure{reason: reasonErrorFrame, message: x.api.UpstreamMessage(out.ErrorData), frameStatus: x.api.ErrorFrameStatus(out.ErrorData)}
@@ -328,7 +328,7 @@ func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc
 		}
 		if status := x.api.ErrorFrameRefusal(out.ErrorData); status != 0 && !continuing {
 			// The upstream refused the request itself: every channel would.
-			_ = e.refuse(x, provider.Error{Status: status, Message: e.secrets.Message(f.message)})
+			_ = e.refuse(x, provider.Error{Status: status, Message: e.quote(f.message)})
 			return attemptResult{verdict: passed, status: status}
 		}
 		return retryWith(f)
@@ -510,7 +510,7 @@ func statusFailure(api provider.API, res *http.Response) *failure {
 		f.retryAfter, f.hinted = provider.RateLimitReset(res.Header, now)
 	}
 	if b, err := readSized(io.LimitReader(res.Body, 64<<10), res.ContentLength); err == nil || len(b) > 0 {
-		f.message = api.UpstreamMessage(b)
+		f.message = api.UpstreamMessage(b) // cut by scrubFailure, once masked
 	}
 	return f
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/llmfailover/caddy-llm-failover/chain"
 	"github.com/llmfailover/caddy-llm-failover/failoverapp"
@@ -66,8 +67,8 @@ func (e *Engine) checkRoute(ctx context.Context, m *Model, route *chain.Route, s
 		// One line per problem, no secret: token errors carry the
 		// response on a line of their own, and may quote a key, whole
 		// or in part, as a client's error would be masked.
-		c.Problem = strings.Join(strings.Fields(e.secrets.Message(c.Problem)), " ")
-		c.Hint = e.secrets.String(c.Hint) // our words, quoting paths: exact secrets only
+		c.Problem = terminalLine(e.liveSecrets().String(e.secrets.Message(c.Problem)))
+		c.Hint = terminalLine(e.scrubString(c.Hint)) // our words, quoting paths: exact secrets only
 	}()
 	if !ok {
 		c.Problem = "the channel serves no API a check can be written in"
@@ -99,7 +100,7 @@ func (e *Engine) checkRoute(ctx context.Context, m *Model, route *chain.Route, s
 		return c
 	case res.verdict == passed:
 		c.Status = res.status
-		refusal.Status, refusal.Message = res.status, api.UpstreamMessage(w.body.Bytes())
+		refusal.Status, refusal.Message = res.status, e.quote(api.UpstreamMessage(w.body.Bytes()))
 	case f.reason == reasonErrorFrame || f.reason == reasonErrorBody:
 		c.Status = http.StatusOK
 		where := "its stream carried an error event"
@@ -179,3 +180,11 @@ var (
 	_ failoverapp.Doctor = doctor{}
 	_ http.Flusher       = (*doctorWriter)(nil)
 )
+
+// terminalLine makes s one line fit for the operator's terminal, where
+// `caddy llm-failover doctor` and `drill` print it: white space runs and
+// control characters (an upstream's message may carry escape sequences
+// that would rewrite what the terminal shows) become one space.
+func terminalLine(s string) string {
+	return strings.Join(strings.FieldsFunc(s, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }), " ")
+}

@@ -3,7 +3,6 @@ package failover
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/llmfailover/caddy-llm-failover/chain"
@@ -67,7 +66,7 @@ func (e *Engine) drill(ctx context.Context, m *Model, i int) (run failoverapp.Dr
 	run = failoverapp.DrillRun{Model: m.Name, Failed: failed.Name, Path: []failoverapp.DrillStep{}}
 	defer func() {
 		run.Took = time.Since(start).Round(time.Millisecond).String()
-		run.Problem = strings.Join(strings.Fields(e.secrets.Message(run.Problem)), " ")
+		run.Problem = terminalLine(e.liveSecrets().String(e.secrets.Message(run.Problem)))
 	}()
 	// The request is written in an API the next channel serves: it is
 	// the fallback under test.
@@ -108,7 +107,7 @@ func (e *Engine) drill(ctx context.Context, m *Model, i int) (run failoverapp.Dr
 	case end.answered && end.res.verdict == served && !x.committedAt.IsZero():
 		run.OK = true
 	case end.answered && end.res.verdict == passed:
-		run.Problem = fmt.Sprintf("answered %d: %s", end.res.status, api.UpstreamMessage(w.body.Bytes()))
+		run.Problem = fmt.Sprintf("answered %d: %s", end.res.status, e.quote(api.UpstreamMessage(w.body.Bytes())))
 	case end.last != nil && end.last.reason == reasonDrill:
 		run.Problem = "no other channel was tried: the chain has nothing after it that serves this request"
 	case end.last != nil:

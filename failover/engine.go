@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -139,6 +140,10 @@ type Engine struct {
 	memory    *failoverapp.Memory
 	logger    *zap.Logger
 	secrets   *redact.Secrets
+	// live are the adapters whose credentials change as they run
+	// (Vertex's access tokens), masked as secrets are.
+	live     []provider.LiveCredentialed
+	liveMask atomic.Pointer[liveMask]
 	// idem keeps idempotent calls beyond this process (idempotency.go);
 	// nil when no model is idempotent.
 	idem *failoverapp.IdempotencyStore
@@ -178,6 +183,11 @@ func New(ctx caddy.Context, p Plan) (*Engine, error) {
 		}
 	}
 	e.secrets = redact.NewSecrets(secrets...)
+	for _, ch := range e.channels {
+		if lc, ok := ch.Adapter.(provider.LiveCredentialed); ok {
+			e.live = append(e.live, lc)
+		}
+	}
 	if a := e.opts.Adaptive; a != nil {
 		e.learn = a
 		ceilings := [latency.NumKinds]time.Duration{

@@ -2,6 +2,7 @@ package failover
 
 import (
 	"net/http"
+	"slices"
 
 	"github.com/llmfailover/caddy-llm-failover/internal/redact"
 	"github.com/llmfailover/caddy-llm-failover/provider"
@@ -22,13 +23,50 @@ func (e *Engine) provisionSecrets() {
 }
 
 // scrubFailure masks secrets in what a failure quotes or describes, before
-// it reaches a log line, an event or a client.
+// it reaches a log line, an event or a client. The upstream's message is
+// cut to its bound only once masked: a secret the cut split would pass.
 func (e *Engine) scrubFailure(f *failure) {
 	if f == nil {
 		return
 	}
-	f.message = e.secrets.Message(f.message)
-	f.detail = e.secrets.String(f.detail)
+	f.message = e.quote(f.message)
+	f.detail = e.scrubString(f.detail)
+}
+
+// quote is an upstream's message as the gateway may quote it: secrets and
+// credential shapes masked, then cut to its bound.
+func (e *Engine) quote(msg string) string {
+	return provider.CutMessage(e.liveSecrets().String(e.secrets.Message(msg)))
+}
+
+// scrubString masks the known secrets, the live ones included, in s.
+func (e *Engine) scrubString(s string) string {
+	return e.liveSecrets().String(e.secrets.String(s))
+}
+
+// liveSecrets masks the credentials the channels hold now that change as
+// they run (Vertex's access tokens); nil when no channel has any.
+// The masker is built again only when the tokens changed (hourly).
+func (e *Engine) liveSecrets() *redact.Secrets {
+	if len(e.live) == 0 {
+		return nil
+	}
+	var all []string
+	for _, lc := range e.live {
+		all = append(all, lc.LiveCredentials()...)
+	}
+	if c := e.liveMask.Load(); c != nil && slices.Equal(c.values, all) {
+		return c.secrets
+	}
+	c := &liveMask{values: all, secrets: redact.NewSecrets(all...)}
+	e.liveMask.Store(c)
+	return c.secrets
+}
+
+// liveMask is the masker of one set of live credentials.
+type liveMask struct {
+	values  []string
+	secrets *redact.Secrets
 }
 
 // copyResponseHeader copies the headers of an upstream's answer that a
@@ -38,13 +76,14 @@ func (e *Engine) copyResponseHeader(ch *Channel, dst, src http.Header) {
 	ch.Adapter.CopyResponseHeader(dst, src)
 	ch.Extras.CopyResponse(dst, src)
 	e.secrets.Header(dst)
+	e.liveSecrets().Header(dst)
 }
 
 // scrubBytes masks secrets in bytes on their way to a client: what a
 // committed stream sends from its error event on (streamgate's Scrub),
 // and an error event held back for a resume.
 func (e *Engine) scrubBytes(b []byte) []byte {
-	if s := e.secrets.String(string(b)); s != string(b) {
+	if s := e.scrubString(string(b)); s != string(b) {
 		return []byte(s)
 	}
 	return b

@@ -15,6 +15,7 @@ import (
 
 	"github.com/llmfailover/caddy-llm-failover/breaker"
 	"github.com/llmfailover/caddy-llm-failover/chain"
+	"github.com/llmfailover/caddy-llm-failover/internal/redact"
 	"github.com/llmfailover/caddy-llm-failover/journal"
 	"github.com/llmfailover/caddy-llm-failover/provider"
 	"github.com/llmfailover/caddy-llm-failover/streamgate"
@@ -230,8 +231,10 @@ func (t *requestTrace) startAttempt(x *exchange, ch *Channel, route *chain.Route
 	t.lastChannel = ch.Name
 }
 
-// endAttempt records how the attempt ended and ends its span.
-func (t *requestTrace) endAttempt(x *exchange, res attemptResult) {
+// endAttempt records how the attempt ended and ends its span. What the
+// answer said of itself is the upstream's to choose: secrets masks the
+// channels' credentials in it, as in a quoted message.
+func (t *requestTrace) endAttempt(x *exchange, res attemptResult, secrets *redact.Secrets) {
 	if t == nil || t.attempt == nil {
 		return
 	}
@@ -255,10 +258,14 @@ func (t *requestTrace) endAttempt(x *exchange, res attemptResult) {
 		}
 		d := x.meter.Described()
 		if d.Model != "" {
-			s.SetAttributes(attrResponseModel.String(d.Model))
+			s.SetAttributes(attrResponseModel.String(provider.CutMessage(secrets.Message(d.Model))))
 		}
 		if len(d.FinishReasons) > 0 {
-			s.SetAttributes(attrFinishReasons.StringSlice(d.FinishReasons))
+			reasons := make([]string, len(d.FinishReasons))
+			for i, r := range d.FinishReasons {
+				reasons[i] = provider.CutMessage(secrets.Message(r))
+			}
+			s.SetAttributes(attrFinishReasons.StringSlice(reasons))
 		}
 	}
 	if !x.committedAt.IsZero() {

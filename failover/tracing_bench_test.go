@@ -31,7 +31,7 @@ func BenchmarkUntracedRequestOverhead(b *testing.B) {
 		x.trace.parsed(x)
 		x.trace.refusedWith(0)
 		countGenAI(x, ch, route, res, time.Millisecond)
-		x.trace.endAttempt(x, res)
+		x.trace.endAttempt(x, res, nil)
 		x.trace.end(x)
 	}
 }

@@ -186,7 +186,7 @@ func (e *Engine) try(x *exchange, route *chain.Route, ticket breaker.Ticket, bud
 	began := time.Now()
 	var res attemptResult
 	x.trace.startAttempt(x, e.channels[route.Channel], route, ticket)
-	defer func() { x.trace.endAttempt(x, res) }()
+	defer func() { x.trace.endAttempt(x, res, e.secrets) }()
 	if x.drill != nil && route.Name == x.drill.failed {
 		res = retryWith(&failure{reason: reasonDrill})
 	} else {

@@ -11,6 +11,14 @@ type Credentialed interface {
 	Credentials() []string
 }
 
+// LiveCredentialed is implemented by adapters whose credentials change
+// while they run (an OAuth access token refreshed every hour): they must
+// be masked as the fixed ones are, and are asked for whenever something
+// is masked.
+type LiveCredentialed interface {
+	LiveCredentials() []string
+}
+
 // protocolHeaders are request headers a channel may set that carry no
 // secret: they select API versions and features.
 var protocolHeaders = map[string]bool{

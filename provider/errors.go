@@ -100,16 +100,34 @@ const maxUpstreamMessage = 512
 // Both families' shapes are understood whatever the API: an
 // OpenAI-compatible host may answer an Anthropic path in OpenAI's format.
 // It returns "" when the body is not a recognisable error.
+//
+// The message is cut loosely, maxSecretSpan past the bound: the caller
+// masks secrets in it first, then cuts it to the bound (CutMessage). Cut
+// at the bound before masking, a secret across it would no longer be the
+// configured value, and its first part would pass the mask.
 func (API) UpstreamMessage(body []byte) string {
-	msg := upstreamMessage(body)
-	if len(msg) <= maxUpstreamMessage {
+	return cutAt(upstreamMessage(body), maxUpstreamMessage+maxSecretSpan, "")
+}
+
+// maxSecretSpan is the longest secret UpstreamMessage keeps whole across
+// the bound: longer than any key, token or signature a channel sends.
+const maxSecretSpan = 4096
+
+// CutMessage bounds a message quoted from an upstream to
+// maxUpstreamMessage bytes, on a character boundary.
+func CutMessage(msg string) string { return cutAt(msg, maxUpstreamMessage, "…") }
+
+// cutAt cuts msg to at most n bytes on a character boundary, marking a
+// cut with mark.
+func cutAt(msg string, n int, mark string) string {
+	if len(msg) <= n {
 		return msg
 	}
-	cut := maxUpstreamMessage
+	cut := n
 	for cut > 0 && !utf8.RuneStart(msg[cut]) {
 		cut--
 	}
-	return msg[:cut] + "…"
+	return msg[:cut] + mark
 }
 
 func upstreamMessage(body []byte) string {

@@ -151,7 +151,11 @@ func TestUpstreamMessage(t *testing.T) {
 
 func TestUpstreamMessageIsCapped(t *testing.T) {
 	long := strings.Repeat("é", 1000)
-	got := OpenAIChat.UpstreamMessage([]byte(`{"error":{"message":"` + long + `"}}`))
+	huge := strings.Repeat("é", 1<<16)
+	if got := OpenAIChat.UpstreamMessage([]byte(`{"error":{"message":"` + huge + `"}}`)); len(got) > maxUpstreamMessage+maxSecretSpan || !utf8.ValidString(got) {
+		t.Fatalf("uncut for masking: len %d, valid %v", len(got), utf8.ValidString(got))
+	}
+	got := CutMessage(OpenAIChat.UpstreamMessage([]byte(`{"error":{"message":"` + long + `"}}`)))
 	if len(got) > maxUpstreamMessage+len("…") || !strings.HasSuffix(got, "…") || !utf8.ValidString(got) {
 		t.Fatalf("len %d, valid %v", len(got), utf8.ValidString(got))
 	}

@@ -24,6 +24,7 @@ type tokenKeeper struct {
 
 	mu      sync.Mutex
 	tok     *oauth2.Token
+	prev    string // the access token tok replaced
 	fetched time.Time
 	lastErr error
 }
@@ -101,9 +102,27 @@ func (k *tokenKeeper) fetch() (*oauth2.Token, error) {
 	}
 	if k.tok == nil || tok.AccessToken != k.tok.AccessToken {
 		k.fetched = start
+		if k.tok != nil {
+			k.prev = k.tok.AccessToken
+		}
 	}
 	k.tok, k.lastErr = tok, nil
 	return tok, nil
+}
+
+// recent returns the access tokens requests may have been sent with
+// lately, for masking: the current one and the one before it.
+func (k *tokenKeeper) recent() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []string
+	if k.tok != nil {
+		out = append(out, k.tok.AccessToken)
+	}
+	if k.prev != "" {
+		out = append(out, k.prev)
+	}
+	return out
 }
 
 // token returns a token valid for a request sent now.

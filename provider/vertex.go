@@ -194,8 +194,18 @@ func (v *Vertex) Hint(r Refusal) string {
 }
 
 // Credentials returns the service account's private key (its
-// long-lived secret; access tokens are scrubbed by their own shape).
+// long-lived secret; the access tokens are LiveCredentials).
 func (v *Vertex) Credentials() []string { return v.secrets }
+
+// LiveCredentials returns the access tokens requests were sent with
+// lately: the current one and the one it replaced (an answer to a
+// request sent before a refresh may echo the old one).
+func (v *Vertex) LiveCredentials() []string {
+	if v.tokens == nil {
+		return nil
+	}
+	return v.tokens.recent()
+}
 
 // UnmarshalCaddyfile sets up the adapter from `provider vertex { ... }`.
 func (v *Vertex) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -235,6 +245,7 @@ func setBody(req *http.Request, body []byte) {
 var (
 	_ Adapter               = (*Vertex)(nil)
 	_ Credentialed          = (*Vertex)(nil)
+	_ LiveCredentialed      = (*Vertex)(nil)
 	_ Hinter                = (*Vertex)(nil)
 	_ caddy.Provisioner     = (*Vertex)(nil)
 	_ caddy.CleanerUpper    = (*Vertex)(nil)
