@@ -310,6 +310,22 @@ func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc
 			// The error event was forwarded and ended a stream the client
 			// already has: it cannot fail over, only count against the
 			// channel.
+			if x.api.Anthropic() && out.ErrorName != "error" {
+				// An error without the event name (an OpenAI-compatible
+				// host's `data: {"error":...}`): the Anthropic SDK skips
+				// events without a name, and would end as if the answer
+				// were whole. It is told in its own format.
+				msg := "the upstream ended the stream with an error; the response is incomplete"
+				if f.message != "" {
+					msg = "the upstream ended the stream with an error: " + e.quote(f.message)
+				}
+				ev := x.api.ErrorEvent("", msg)
+				if out.Deferred != nil {
+					out.Deferred = append(out.Deferred, ev...)
+				} else if _, err := client.Write(ev); err == nil {
+					_ = client.Flush()
+				}
+			}
 			if !continuing && e.broke(x, ch, out) {
 				return attemptResult{verdict: broken, fail: f}
 			}

@@ -223,6 +223,9 @@ func renewClaim(st *store.Store, id string, lease time.Duration, stop chan struc
 // refuseUnstored answers a duplicate of a call whose answer was too large
 // to keep: running it again would run it twice.
 func (e *Engine) refuseUnstored(x *exchange) {
+	// The official SDKs retry every 409 unless told not to; each retry
+	// would get this answer again, after their backoff.
+	x.w.Header().Set("X-Should-Retry", "false")
 	_ = e.refuse(x, provider.Error{Status: http.StatusConflict, Code: "idempotency_answer_not_kept",
 		Message: "the request with this Idempotency-Key already ran, and its answer was larger than this gateway keeps (idempotency max_answer); it is not run again: send a new key to run it again"})
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"time"
@@ -46,6 +47,13 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) error {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
 			return e.refuse(x, provider.Error{Status: http.StatusRequestEntityTooLarge, Message: fmt.Sprintf("request body is larger than %d bytes", e.opts.MaxRequestBody)})
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// request_body_timeout: the body was slow, not wrong. A 408,
+			// which the official SDKs retry (docs/errors.md), never a
+			// 400 that tells the client to fix its request.
+			return e.refuse(x, provider.Error{Status: http.StatusRequestTimeout,
+				Message: fmt.Sprintf("the request body did not arrive within %s", e.opts.RequestBodyTimeout)})
 		}
 		// The client went away or sent a broken body: nobody to answer.
 		return e.refuse(x, provider.Error{Status: http.StatusBadRequest, Message: "reading request body: " + err.Error()})
@@ -205,7 +213,8 @@ func exhausted(x *exchange, last *failure) provider.Error {
 		switch {
 		case last.timeout:
 			e.Status = http.StatusGatewayTimeout
-		case last.status >= 400:
+		case last.status >= 400 && last.status <= 599:
+			// A status outside HTTP's range is no answer: a 502.
 			e.Status = last.status
 		case last.frameStatus >= 400:
 			e.Status = last.frameStatus
@@ -269,8 +278,19 @@ func (e *Engine) refuse(x *exchange, pe provider.Error) error {
 	hdr.Set("Content-Type", "application/json")
 	hdr.Set("X-Content-Type-Options", "nosniff")
 	x.w.WriteHeader(pe.Status)
-	_, _ = x.w.Write(x.api.ErrorBody(pe))
+	_, _ = x.w.Write(errorAPI(x).ErrorBody(pe))
 	return nil
+}
+
+// errorAPI is the API whose error format x's refusals use: its path's,
+// except that the model list answers an Anthropic SDK (anthropic-version
+// set, as listModels and provider.ModelList tell it) in Anthropic's
+// format, its errors included.
+func errorAPI(x *exchange) provider.API {
+	if x.api == provider.OpenAIModels && x.r.Header.Get("Anthropic-Version") != "" {
+		return provider.AnthropicMessages
+	}
+	return x.api
 }
 
 func (x *exchange) setVar(key, val string) {

@@ -18,6 +18,7 @@ package streamgate
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -285,6 +286,9 @@ type Result struct {
 	// ErrorData is a copy of the error event's data (UpstreamError), for
 	// logs and for the caller's error body.
 	ErrorData []byte
+	// ErrorName is the event name of the error event that ended a
+	// committed stream ("" for a data-only event).
+	ErrorName string
 	// BytesSent counts body bytes written to the client, excluding an
 	// appended error event.
 	BytesSent int64
@@ -359,6 +363,7 @@ type relay struct {
 	sawEnd   bool // normal end (or in-band error) seen after/at commit
 	errAfter bool // error frame after commit
 	errData  []byte
+	errName  string // the name of the error event after commit
 	errEvent []byte // that error frame, held back (DeferBreak)
 	scrub    bool   // an error event came after commit: writes go through opts.Scrub
 
@@ -659,7 +664,7 @@ func (r *relay) onEvent(ev Event) {
 			r.contentEnded()
 			if !r.errAfter {
 				r.errAfter = true
-				r.errData = append([]byte(nil), ev.Data...)
+				r.errData, r.errName = append([]byte(nil), ev.Data...), ev.Name
 			}
 			if r.opts.DeferBreak && r.chunk != nil && !r.keep && !ev.Overflow {
 				r.errEvent = AppendEvent(nil, ev.Name, ev.Data)
@@ -926,8 +931,9 @@ func (r *relay) finish(readErr error) Result {
 
 	ended := r.sawEnd
 	midEvent := !r.p.AtBoundary()
-	tailErr := false
+	tailErr, tailJSON := false, false
 	unterminated := r.p.Finish(func(ev Event) {
+		tailJSON = json.Valid(ev.Data)
 		switch r.opts.Classify(ev) {
 		case Terminal:
 			ended = true
@@ -935,7 +941,7 @@ func (r *relay) finish(readErr error) Result {
 			ended, tailErr = true, true
 			if !r.errAfter {
 				r.errAfter = true
-				r.errData = append([]byte(nil), ev.Data...)
+				r.errData, r.errName = append([]byte(nil), ev.Data...), ev.Name
 			}
 		}
 	})
@@ -948,9 +954,19 @@ func (r *relay) finish(readErr error) Result {
 	// A deferred break leaves the client at the last whole event: the
 	// unterminated tail is dropped with the rest of the broken attempt.
 	deferred := r.opts.DeferBreak && !ended && !(r.keep && midEvent)
-	if deferred {
+	switch {
+	case deferred:
 		midEvent = false
-	} else if !r.clientGone && len(r.pending) > 0 {
+	case r.clientGone || len(r.pending) == 0:
+	case !ended && !tailJSON && !r.keep:
+		// The upstream broke off inside an event whose data is not whole
+		// (or that has none): ended with a blank line it would reach the
+		// client as an event of its own, and the official SDKs, which
+		// parse every event's data as JSON, would throw on it before
+		// they saw the error event below. It is held, not yet sent:
+		// the client stays at the last whole event.
+		midEvent = false
+	default:
 		// The tail of an unterminated event: never lose upstream bytes.
 		r.write(r.pending)
 		r.flush()
@@ -974,6 +990,7 @@ func (r *relay) finish(readErr error) Result {
 	switch {
 	case ended && r.errAfter:
 		res.Outcome, res.ErrorData, res.Err, res.Deferred = UpstreamError, r.errData, rerr, r.errEvent
+		res.ErrorName = r.errName
 		return res
 	case ended:
 		res.Outcome, res.Err = Complete, rerr
