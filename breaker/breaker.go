@@ -143,7 +143,13 @@ func (b *Breaker) Available(now time.Time) bool {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.stateLocked(n) != HalfOpen || b.inFlight < b.cfg.Trials
+	switch b.stateLocked(n) {
+	case Closed:
+		return true
+	case HalfOpen:
+		return b.inFlight < b.cfg.Trials
+	}
+	return false // tripped or parked since the lock-free check
 }
 
 // Ticket is a request the breaker let through. A trial ticket holds one
@@ -190,8 +196,13 @@ func (b *Breaker) Admit(now time.Time) (Ticket, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.settleLocked(n)
-	if b.stateLocked(n) != HalfOpen {
+	switch b.stateLocked(n) {
+	case Closed:
 		return Ticket{}, true
+	case Open, Parked:
+		// It tripped or was parked after the lock-free check above read
+		// the deadline (a trial failing, or rate limited, just now).
+		return Ticket{}, false
 	}
 	if b.inFlight >= b.cfg.Trials {
 		return Ticket{}, false
@@ -243,6 +254,24 @@ func (b *Breaker) RecordSuccess(now time.Time) Transition {
 	b.settleLocked(n)
 	from := b.stateLocked(n)
 	b.outcomes.add(false)
+	if b.halfOpenLocked(n) {
+		b.setTrippedLocked(false)
+		b.failN, b.failPos = 0, 0
+	}
+	return Transition{From: from, To: b.stateLocked(n)}
+}
+
+// RecordCommitted records that a trial's answer is reaching its client:
+// the channel answers, so a half-open breaker closes at once, as on a
+// success, instead of when the answer ends (a long stream would hold its
+// trial slot, and so every other request off the channel, until then).
+// It records no outcome: the attempt's own is recorded when it ends.
+func (b *Breaker) RecordCommitted(now time.Time) Transition {
+	n := now.UnixNano()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.settleLocked(n)
+	from := b.stateLocked(n)
 	if b.halfOpenLocked(n) {
 		b.setTrippedLocked(false)
 		b.failN, b.failPos = 0, 0
@@ -392,14 +421,25 @@ func (b *Breaker) stateLocked(n int64) State {
 // halfOpenLocked ignores parking: a channel can be parked while its
 // half-open trial is pending, and the trial logic must still apply.
 func (b *Breaker) halfOpenLocked(n int64) bool {
-	return b.tripped && n >= b.openUntil && b.failuresInWindowLocked(n) >= b.cfg.Failures
+	return b.tripped && n >= b.openUntil && !b.staleTripLocked(n)
 }
 
-// settleLocked drops a trip whose failures have aged out of the window
-// without a half-open trial. Left set, it would make later failures that
-// ratio mode deliberately ignored look like a failed trial.
+// staleTripLocked reports whether nothing of the last trip is inside the
+// window any more: neither the trip itself nor Failures failures. A trip
+// that is still inside the window keeps the channel half-open after its
+// cooldown even when fewer than Failures failures are left in it (a
+// synthetic check's Trip is one failure; the oldest of spread failures
+// may age out during the cooldown): the channel gets its trials, not
+// the whole load at once.
+func (b *Breaker) staleTripLocked(n int64) bool {
+	return n-b.openedAt >= int64(b.cfg.Window) && b.failuresInWindowLocked(n) < b.cfg.Failures
+}
+
+// settleLocked drops a trip that has aged out of the window without a
+// half-open trial. Left set, it would make later failures that ratio
+// mode deliberately ignored look like a failed trial.
 func (b *Breaker) settleLocked(n int64) {
-	if b.tripped && n >= b.openUntil && b.failuresInWindowLocked(n) < b.cfg.Failures {
+	if b.tripped && n >= b.openUntil && b.staleTripLocked(n) {
 		b.setTrippedLocked(false)
 	}
 }

@@ -15,8 +15,8 @@
 //   - Closed: traffic flows.
 //   - Open: too many outage failures; the channel is skipped until the
 //     cooldown deadline.
-//   - HalfOpen: the cooldown has passed but the failures that tripped the
-//     breaker are still inside the window. Admit lets through at most
+//   - HalfOpen: the cooldown has passed but the trip, or the failures
+//     that caused it, are still inside the window. Admit lets through at most
 //     Config.Trials concurrent trials (default 1) and refuses every other
 //     request at once, so a channel that is still broken, or now hangs,
 //     holds back only its trials. The first success forgets the old
