@@ -136,6 +136,14 @@ func (e *Engine) attempt(x *exchange, route *chain.Route, budget time.Duration) 
 			return false
 		}
 		x.committedAt = time.Now()
+		if x.ticket.Trial() && res.StatusCode >= 200 && res.StatusCode < 300 {
+			// The trial's answer is reaching its client: the channel
+			// answers. Closed now, not when a long stream ends, so that
+			// its trial slot does not keep every other request off it.
+			if tr := ch.health.Breaker.RecordCommitted(x.committedAt); tr.Changed() {
+				e.app.StateChanged(e.logger, ch.health, tr, string(outcomeOK))
+			}
+		}
 		budgetTimer.Stop()
 		stopLearned()
 		if firstByte != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/llmfailover/caddy-llm-failover/breaker"
 	"github.com/llmfailover/caddy-llm-failover/chain"
 	"github.com/llmfailover/caddy-llm-failover/history"
 	"github.com/llmfailover/caddy-llm-failover/provider"
@@ -179,7 +180,10 @@ type exchange struct {
 	start                 time.Time
 	deadline              time.Time
 	attempts              int
-	bill                  *bill
+	// ticket is the current attempt's breaker ticket: a trial's commit
+	// closes its half-open channel (attempt.go).
+	ticket breaker.Ticket
+	bill   *bill
 	// meter counts the current attempt's usage (the bill's meter when a
 	// wallet bills the request).
 	meter *provider.Meter

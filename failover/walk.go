@@ -171,6 +171,8 @@ func (e *Engine) candidate(x *exchange, route *chain.Route, ticket breaker.Ticke
 // is freed however the attempt ends, panics included.
 func (e *Engine) try(x *exchange, route *chain.Route, ticket breaker.Ticket, budget time.Duration) attemptResult {
 	defer ticket.Done()
+	x.ticket = ticket
+	defer func() { x.ticket = breaker.Ticket{} }()
 	x.attempts++
 	if x.race == nil {
 		// A raced attempt's count is set when the race is decided: Caddy's
