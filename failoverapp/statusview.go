@@ -313,6 +313,7 @@ func worse(a, b string) string {
 // channel or its URL, for a public page.
 func (a *App) statusView(now time.Time, title string, hide bool) StatusView {
 	snap := a.Snapshot(now)
+	a.closedByClock(snap, now)
 	v := StatusView{Title: title, GeneratedAt: now.UTC(), Status: StatusOperational, Hidden: hide}
 	legend := map[string]bool{}
 	for _, w := range statusWindows {
@@ -429,4 +430,24 @@ func probeViewOf(channel string, now time.Time) *ProbeView {
 	return &ProbeView{Windows: windowsOf(probes.History().Channel(channel, now, durations()...)),
 		LastAt: rec.At.UTC(), LastResult: string(rec.Outcome), LastReason: rec.Reason,
 		SpentToday: rec.Spent.String(), BudgetStopped: rec.Stopped}
+}
+
+// closedByClock ends the incident of a channel whose breaker closed by
+// the clock: its trip left the window with no trial sent (nothing was
+// sent to it), a change no call returned, so no transition ended it.
+// Channels sharing a name share an incident: it ends when all of them
+// are closed.
+func (a *App) closedByClock(snap Snapshot, now time.Time) {
+	closed := map[string]bool{}
+	for _, c := range snap.Channels {
+		ok, seen := closed[c.Name]
+		closed[c.Name] = (ok || !seen) && c.Health.State == breaker.Closed
+	}
+	for name, ok := range closed {
+		if ok && a.status.history.ChannelSeenClosed(name, now) {
+			a.status.mu.Lock()
+			a.status.since[name] = now
+			a.status.mu.Unlock()
+		}
+	}
 }

@@ -153,6 +153,23 @@ func (r *Recorder) ChannelClosed(channel string, at time.Time) {
 	r.end(ScopeChannel, channel, at)
 }
 
+// ChannelSeenClosed ends the channel's ongoing incident when its breaker
+// was seen closed at at, a close no transition reported (the clock's);
+// an incident that began after at is left alone. It reports whether it
+// ended one.
+func (r *Recorder) ChannelSeenClosed(channel string, at time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	key := incidentKey(ScopeChannel, channel)
+	in := r.open[key]
+	if in == nil || in.Start.After(at) {
+		return false
+	}
+	in.End = at
+	delete(r.open, key)
+	return true
+}
+
 // NoWorkingChannel is the reason of a model's incident: none of its
 // channels could be sent anything.
 const NoWorkingChannel = "no_working_channel"

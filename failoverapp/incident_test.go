@@ -1,0 +1,52 @@
+package failoverapp
+
+import (
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/llmfailover/caddy-llm-failover/breaker"
+	"github.com/llmfailover/caddy-llm-failover/chain"
+	"github.com/llmfailover/caddy-llm-failover/history"
+	"github.com/llmfailover/caddy-llm-failover/journal"
+	"github.com/llmfailover/caddy-llm-failover/latency"
+)
+
+// A channel that opened and then got no traffic (a backup its primary no
+// longer needs) closes by the clock once its trip leaves the window, with
+// no call reporting it. The status page showed its incident ongoing for
+// ever after (and counted every later attempt into it), next to the
+// channel shown closed and serving.
+func TestChannelIncidentEndsWhenTheBreakerClosesByTheClock(t *testing.T) {
+	now := time.Now()
+	ch := &Channel{Name: "idle-backup", Breaker: breaker.New(breaker.Config{}), Latency: latency.NewLearner()}
+	m, err := chain.New("m", chain.Cost, 1, []chain.Route{{Channel: 0, Name: ch.Name}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &App{logger: zap.NewNop(), status: &statusState{history: history.NewRecorder(), journal: journal.New(journal.DefaultSize),
+		since: map[string]time.Time{}, started: now}}
+	a.channels = []*registeredChannel{{ch: ch}}
+	a.Model(Model{Chain: m, Channels: []*Channel{ch}})
+
+	var tr breaker.Transition
+	for range 3 {
+		tr = ch.Breaker.RecordFailure(now)
+	}
+	if tr != (breaker.Transition{From: breaker.Closed, To: breaker.Open}) {
+		t.Fatalf("transition %+v, want closed->open", tr)
+	}
+	a.transitioned(ch, tr, "status")
+
+	later := now.Add(10 * time.Minute) // cooldown and window long past, no traffic
+	v := a.statusView(later, "t", false)
+	if got := v.Models[0].Channels[0].State; got != breaker.Closed.String() {
+		t.Fatalf("channel state %s, want closed", got)
+	}
+	for _, in := range v.Incidents {
+		if in.Kind == history.ScopeChannel && in.Subject == ch.Name && in.Ongoing {
+			t.Fatalf("the channel's incident is still ongoing (since %s) while its breaker is closed", in.Start)
+		}
+	}
+}
