@@ -158,8 +158,9 @@ type Options struct {
 	// pause again; the floor keeps an early, short gap from making the
 	// limit hair-trigger. As for IdleTimeout, time spent writing to a
 	// slow client does not count, and once the stream's normal end (or an
-	// error event) has been seen no content is due. 0 turns it off, at
-	// no cost.
+	// error event) has been seen no content is due: what trails it then
+	// has IdleTimeout, pings or not, and a stream cut then has ended
+	// (Complete). 0 turns it off, at no cost.
 	StallFloor time.Duration
 	// StallFactor scales the longest content gap seen into the stall
 	// limit (see StallFloor); <= 0 means 8. It is unused when StallFloor
@@ -329,14 +330,18 @@ type relay struct {
 
 	// Content stall detection (StallFloor > 0). readWait is the time (ns)
 	// the Relay goroutine spent blocked in completed Reads since commit or
-	// the last Content event; stallLimit is the current limit in ns, or
-	// -1 once no content is due. lastContent and maxGap (wall clock, ns
+	// the last Content event (or end marker, once the end was seen);
+	// stallLimit is the current limit in ns. lastContent and maxGap (wall clock, ns
 	// since start +1) belong to the Relay goroutine, or to whoever holds
 	// mu before commit.
 	readWait    atomic.Int64
 	stallLimit  atomic.Int64
 	lastContent int64
 	maxGap      int64
+	// endSeen: the stream's normal end (or an error event) was seen; the
+	// stall limit is then IdleTimeout, for what trails it (contentEnded).
+	// It belongs to the Relay goroutine (under mu before commit).
+	endSeen bool
 
 	mu          sync.Mutex
 	committed   bool
@@ -707,7 +712,7 @@ func (r *relay) sawContent() {
 			if f := int64(r.opts.StallFactor); gap <= math.MaxInt64/f {
 				limit = f * gap
 			}
-			if r.stallLimit.Load() >= 0 { // not once no content is due
+			if !r.endSeen { // not once no content is due
 				r.stallLimit.Store(max(limit, int64(r.opts.StallFloor)))
 			}
 		}
@@ -871,9 +876,18 @@ func (r *relay) onStall() {
 
 // contentEnded stops the content clock: the stream's normal end or an
 // error event was seen, so no more content is due.
+//
+// What trails the end (a usage chunk, [DONE], the close) may take its
+// time, but not for ever: pings and comments reset IdleTimeout, so an
+// upstream that ends its answer and then only keeps the connection alive
+// would otherwise hold the stream, and the client, indefinitely. From the
+// end on, the limit is IdleTimeout of waiting without another end marker
+// or content; a stream cut by it has ended (Complete), nothing appended.
 func (r *relay) contentEnded() {
 	if r.opts.StallFloor > 0 {
-		r.stallLimit.Store(-1)
+		r.endSeen = true
+		r.readWait.Store(0)
+		r.stallLimit.Store(int64(r.opts.IdleTimeout))
 	}
 }
 
