@@ -427,10 +427,6 @@ func (e *Engine) readAnswer(ctx context.Context, x *exchange, res *http.Response
 	return body, nil
 }
 
-// answerPiece is how much of a whole answer is written under one write
-// deadline (writeAnswer).
-const answerPiece = 256 << 10
-
 // writeAnswer sends a whole answer to the client.
 func (e *Engine) writeAnswer(x *exchange, ch *Channel, res *http.Response, body []byte) attemptResult {
 	hdr := x.w.Header()
@@ -440,21 +436,14 @@ func (e *Engine) writeAnswer(x *exchange, ch *Channel, res *http.Response, body 
 	// Written within stream_idle_timeout a piece, as a stream's pieces
 	// are: a client that stops reading, TCP open, must not hold the
 	// answer's bytes, the goroutine and the reservation for ever, and a
-	// slow but reading client of a large answer is not cut. Each piece is
-	// flushed under its deadline (an answer of one piece still leaves
-	// with its headers in one write), so nothing is left for the server
-	// to write, unbounded, after the handler returns.
+	// slow but reading client of a large answer is not cut. Not flushed:
+	// the handler returns at once (a billed answer's settlement is
+	// written after it, see bill.close), and the server sends headers and
+	// a small body in one write.
 	out := &idleWriter{w: x.w, rc: http.NewResponseController(x.w), idle: e.opts.StreamIdleTimeout}
 	defer out.done()
-	for len(body) > 0 {
-		n := min(len(body), answerPiece)
-		if _, err := out.Write(body[:n]); err != nil {
-			return attemptResult{verdict: clientGone}
-		}
-		if err := out.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			return attemptResult{verdict: clientGone}
-		}
-		body = body[n:]
+	if _, err := out.writePieces(body); err != nil {
+		return attemptResult{verdict: clientGone}
 	}
 	return attemptResult{verdict: served}
 }

@@ -103,6 +103,10 @@ func (e *Engine) beginIdempotent(x *exchange) (answered bool, run *idempotentRun
 	x.client.account, x.client.keyID = account, keyID
 	id, fp := idempotency.ID(e.wallet.w.Name()+"\x00"+account+"\x00"+keyID, key), idempotency.Fingerprint(x.r.Method+" "+x.r.URL.Path, x.body)
 	table := e.app.Idempotency()
+	// A duplicate's client, answered from the first run's answer, is cut
+	// by write deadlines as the first run's is.
+	dup := newDuplicateWriter(x.w, e.opts.StreamIdleTimeout)
+	defer dup.done()
 	var f *idempotency.Flight
 	for f == nil {
 		verdict, flight, answer := table.Begin(id, fp, time.Now())
@@ -118,10 +122,10 @@ func (e *Engine) beginIdempotent(x *exchange) (answered bool, run *idempotentRun
 			e.refuseUnstored(x)
 			return true, nil
 		case idempotency.Replay:
-			idempotency.WriteAnswer(x.w, answer)
+			idempotency.WriteAnswer(dup, answer)
 			return true, nil
 		case idempotency.Follow:
-			started, err := flight.Follow(x.r.Context(), x.w)
+			started, err := flight.Follow(x.r.Context(), dup)
 			switch {
 			case errors.Is(err, idempotency.ErrNoAnswer):
 				// The run ended without answering anyone (its client
@@ -192,7 +196,11 @@ func (e *Engine) claim(x *exchange, run *idempotentRun) bool {
 			return true
 		case c.State == store.Done:
 			idempotentTotal.WithLabelValues(x.req.Model, "replayed").Inc()
-			idempotency.WriteAnswer(x.w, c.Answer)
+			// Through the run's recorder (x.w), so that this process's
+			// duplicates get it too.
+			dup := newDuplicateWriter(x.w, e.opts.StreamIdleTimeout)
+			idempotency.WriteAnswer(dup, c.Answer)
+			dup.done()
 			return true
 		}
 		// Another instance runs it: wait for its answer.

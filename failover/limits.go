@@ -119,6 +119,45 @@ func (iw *idleWriter) Flush() error {
 	return err
 }
 
+// writePieces writes a whole answer, each piece of it within the idle
+// timeout: a client must keep taking it, not take all of it in that time
+// (a slow reader is not a stopped one).
+func (iw *idleWriter) writePieces(p []byte) (int, error) {
+	written := 0
+	for len(p) > 0 {
+		n := min(len(p), answerPiece)
+		iw.armed = false
+		m, err := iw.Write(p[:n])
+		written += m
+		if err != nil {
+			return written, err
+		}
+		p = p[n:]
+	}
+	return written, nil
+}
+
+// answerPiece is how much of a whole answer one write deadline covers.
+const answerPiece = 64 << 10
+
+// duplicateWriter is the client side of an idempotent duplicate, which is
+// answered from what its call's first run sent: it must take each piece
+// within the idle timeout, as a first run's client must. done clears the
+// deadline.
+type duplicateWriter struct {
+	http.ResponseWriter
+	out *idleWriter
+}
+
+func newDuplicateWriter(w http.ResponseWriter, idle time.Duration) *duplicateWriter {
+	return &duplicateWriter{ResponseWriter: w, out: &idleWriter{w: w, rc: http.NewResponseController(w), idle: idle}}
+}
+
+func (d *duplicateWriter) Write(p []byte) (int, error) { return d.out.writePieces(p) }
+func (d *duplicateWriter) FlushError() error           { return d.out.Flush() }
+func (d *duplicateWriter) Unwrap() http.ResponseWriter { return d.ResponseWriter }
+func (d *duplicateWriter) done()                       { d.out.done() }
+
 // done clears the deadline, which would otherwise outlive this answer on
 // a kept-alive connection.
 func (iw *idleWriter) done() { _ = iw.rc.SetWriteDeadline(time.Time{}); iw.armed = false }

@@ -100,7 +100,7 @@ type stored struct {
 	id, fingerprint string
 	answer          *Answer // nil: unstored (too large)
 	expires         time.Time
-	size            int64 // counted against MaxStored: the body and keptOverhead
+	size            int64 // counted against MaxStored: the body, the headers and keptOverhead
 }
 
 // keptOverhead is what a kept call holds besides its answer's body: its
@@ -115,7 +115,7 @@ type Limits struct {
 	// Retention is how long a completed call's answer is kept.
 	Retention time.Duration
 	// MaxStored bounds the memory of every call kept together: their
-	// answers' bytes and keptOverhead each.
+	// answers' bytes (headers and body) and keptOverhead each.
 	MaxStored int64
 }
 
@@ -176,7 +176,7 @@ func (t *Table) keepLocked(id, fingerprint string, a *Answer, lim Limits, now ti
 	}
 	s := &stored{id: id, fingerprint: fingerprint, answer: a, expires: now.Add(lim.Retention), size: keptOverhead}
 	if a != nil {
-		s.size += int64(len(a.Body))
+		s.size += int64(len(a.Body)) + headerSize(a.Header)
 	}
 	if t.bytes+s.size > lim.MaxStored {
 		t.sweepLocked(now)
@@ -194,6 +194,20 @@ func (t *Table) keepLocked(id, fingerprint string, a *Answer, lim Limits, now ti
 	t.answers[id] = s
 	t.expiry.Set(id, s.expires)
 	t.bytes += s.size
+}
+
+// headerSize is what an answer's headers hold: the upstream chose them
+// (up to its transport's bound), so a kept answer counts them like its
+// body.
+func headerSize(h http.Header) int64 {
+	var n int64
+	for k, vs := range h {
+		n += int64(len(k))
+		for _, v := range vs {
+			n += int64(len(v))
+		}
+	}
+	return n
 }
 
 func (t *Table) drop(s *stored) {

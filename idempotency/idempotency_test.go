@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 )
@@ -97,7 +98,8 @@ func TestTableFailuresAndTombstones(t *testing.T) {
 			t.Errorf("after k3: %s %v, want %v", id, v, want)
 		}
 	}
-	if kept, bytes := len(tb.answers), tb.bytes; kept != 2 || bytes != 2*(keptOverhead+40) {
+	// Each counts its headers too: record's Content-Type.
+	if kept, bytes := len(tb.answers), tb.bytes; kept != 2 || bytes != 2*(keptOverhead+40+int64(len("Content-Type")+len("application/json"))) {
 		t.Errorf("kept %d answers of %d bytes", kept, bytes)
 	}
 	if n := tb.Sweep(now.Add(lim.Retention)); n != 2 || tb.bytes != 0 || tb.expiry.Len() != 0 {
@@ -248,5 +250,43 @@ func TestFollowerOfARunThatEndsWithoutAnswer(t *testing.T) {
 	}
 	if v, _, _ := tb.Begin("id", "fp", time.Now()); v != Run {
 		t.Fatalf("asked again: verdict %d, want Run", v)
+	}
+}
+
+// An answer's headers are the upstream's to size (up to the transport's
+// 10 MiB bound), so a kept answer counts them against MaxStored like its
+// body: many calls whose answers carry large headers must not make the
+// table hold more than MaxStored.
+func TestTableCountsKeptHeaders(t *testing.T) {
+	tb := NewTable()
+	lim := Limits{Retention: time.Minute, MaxStored: 64 << 10}
+	now := time.Unix(1_800_000_000, 0)
+	for i := range 200 {
+		_, f, _ := tb.Begin(fmt.Sprint("k", i), "fp", now)
+		w := httptest.NewRecorder()
+		r := NewRecorder(w, f, 1<<20, func(int64) bool { return true })
+		r.Header().Set("Content-Type", "application/json")
+		for range 16 {
+			r.Header().Add("Cache-Control", strings.Repeat("x", 1<<10))
+		}
+		r.WriteHeader(http.StatusOK)
+		_, _ = r.Write([]byte(`{}`))
+		tb.Finish(f, true, lim, now)
+	}
+	var held int64
+	for _, s := range tb.answers {
+		if s.answer == nil {
+			continue
+		}
+		held += int64(len(s.answer.Body))
+		for k, vs := range s.answer.Header {
+			for _, v := range vs {
+				held += int64(len(k) + len(v))
+			}
+		}
+	}
+	if held > lim.MaxStored {
+		t.Fatalf("%d kept answers hold %d KiB of bodies and headers, over MaxStored %d KiB (counted %d KiB)",
+			len(tb.answers), held>>10, lim.MaxStored>>10, tb.bytes>>10)
 	}
 }

@@ -1,10 +1,12 @@
 package integration_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -428,4 +430,43 @@ func TestIdempotentKeyIsNotReplayedToAnotherEndpoint(t *testing.T) {
 	if h.Get("Idempotent-Replayed") == "true" {
 		t.Fatalf("the chat answer was replayed to /v1/completions: %d %s", status, got)
 	}
+}
+
+// A duplicate answered from a kept answer to a client that stops
+// reading, TCP open, is cut by the write deadline as a first run's answer
+// is: the replay must not hold its goroutine, its connection and the kept
+// answer's bytes (which the table may have let go of) for as long as the
+// client keeps the connection.
+func TestIdempotentReplayToAClientThatStopsReadingIsCut(t *testing.T) {
+	const size = 32 << 20
+	a := upstream(t, fu.OK().WithPieces(strings.Repeat("x", size)))
+	b := upstream(t, fu.OK())
+	gatewayWith(t, storeOption("sqlite "+t.TempDir()+"/w.db"),
+		walletChannels+"\t\tstream_idle_timeout 1s\n\t\tidempotency {\n\t\t\tmax_answer 64MiB\n\t\t\tmax_stored 128MiB\n\t\t}\n", a.URL, b.URL)
+	secret, _ := newWalletAccount(t, "idem", "1000")
+	body := fu.ChatRequest("m", false)
+	if status, _, got := do(t, keyed(t, secret, "big", body)); status != 200 || len(got) < size {
+		t.Fatalf("first run: status %d, %d bytes", status, len(got))
+	}
+	conn, err := net.Dial("tcp", fmt.Sprintf("localhost:%d", httpPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer %s\r\nIdempotency-Key: big\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", secret, len(body), body)
+	br := bufio.NewReader(conn)
+	res, err := http.ReadResponse(br, nil)
+	if err != nil || res.StatusCode != 200 || res.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay: %v, %v", res, err)
+	}
+	// Read nothing for well past stream_idle_timeout (32 MiB is more than
+	// the sockets' buffers hold), then everything: the gateway must have
+	// cut the answer by then.
+	time.Sleep(5 * time.Second)
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	n, err := io.Copy(io.Discard, res.Body)
+	if err == nil && n == res.ContentLength {
+		t.Fatalf("a client that read nothing for 5 s still got the whole %d-byte replay: nothing cut it", n)
+	}
+	t.Logf("replay cut after %d of %d bytes: %v", n, res.ContentLength, err)
 }

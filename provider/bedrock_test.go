@@ -731,3 +731,53 @@ func TestBedrockChunkWithLineBreaks(t *testing.T) {
 		t.Fatal("a chunk of broken JSON with a line break was relayed")
 	}
 }
+
+// TestBedrockLargeFrameIsNotPinned: a frame counts against the memory
+// budget only while it is read, so the buffers it took must not stay with
+// the stream after it: one large frame early in each of many long streams
+// would otherwise pin about 2 MiB a stream that no budget sees.
+func TestBedrockLargeFrameIsNotPinned(t *testing.T) {
+	const streams = 8
+	big := chunkFrame(t, `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"`+strings.Repeat("x", 700<<10)+`"}}`)
+	small := chunkFrame(t, `{"type":"ping"}`)
+	b := &Bedrock{logger: zap.NewNop()}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	readers := make([]io.Reader, streams)
+	for i := range readers {
+		h := &countingHolder{limit: 4 << 20}
+		res := eventStreamResponse()
+		// The stream goes on after the small frame: it is still open.
+		res.Body = io.NopCloser(io.MultiReader(bytes.NewReader(big), bytes.NewReader(small), blockingReader{}))
+		res.Request = httptest.NewRequest(http.MethodPost, "/", nil).WithContext(WithHolder(context.Background(), h))
+		r := b.ResponseBody(res)
+		const ping = "event: ping\ndata: {\"type\":\"ping\"}\n\n"
+		buf := make([]byte, 64<<10)
+		for got := 0; ; {
+			n, err := r.Read(buf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got += n; got > 700<<10 && string(buf[:n]) == ping {
+				break // the small frame's event: nothing more is read
+			}
+		}
+		if h.held != 0 {
+			t.Fatalf("stream %d: %d bytes still counted as held", i, h.held)
+		}
+		readers[i] = r
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	runtime.KeepAlive(readers)
+	if grew := int64(after.HeapInuse) - int64(before.HeapInuse); grew > streams<<20 {
+		t.Fatalf("%d open streams past one large frame each hold %d KiB of heap in all, which the budget does not count", streams, grew>>10)
+	}
+}
+
+// blockingReader is an upstream that sends nothing more (and must not be
+// read in this test).
+type blockingReader struct{}
+
+func (blockingReader) Read([]byte) (int, error) { panic("read past the frames the test sent") }

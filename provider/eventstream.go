@@ -92,6 +92,9 @@ func (e *eventStreamSSE) next() ([]byte, error) {
 		return nil, fmt.Errorf("bedrock event stream: %w", ErrMemoryBudget)
 	}
 	defer e.hold.Release(int64(n))
+	// The budget counts a frame only while it is read: a large one's
+	// buffers go with it, not with the stream (which may last long).
+	defer e.shrink()
 	if cap(e.frame) < int(n) {
 		e.frame = make([]byte, n)
 	}
@@ -142,6 +145,20 @@ func (e *eventStreamSSE) next() ([]byte, error) {
 	default: // "error"
 		code := header(msg, ":error-code")
 		return bedrockErrorEvent(code, code+": "+header(msg, ":error-message")), io.EOF
+	}
+}
+
+// keptFrameBuffer is the largest frame and payload buffer a stream keeps
+// for its next frame; real frames carry a few tokens and fit.
+const keptFrameBuffer = 64 << 10
+
+// shrink lets go of buffers a large frame grew.
+func (e *eventStreamSSE) shrink() {
+	if cap(e.frame) > keptFrameBuffer {
+		e.frame = nil
+	}
+	if cap(e.payload) > keptFrameBuffer {
+		e.payload = nil
 	}
 }
 

@@ -224,31 +224,36 @@ func openAIUsageBody(u *Usage, data []byte) {
 	if !ok {
 		return
 	}
-	var one [1][]byte
-	usages := one[:0] // almost always one: no allocation
-	for key, ok := it.Next(); ok; key, ok = it.Next() {
-		if string(key) == "usage" {
-			usages = append(usages, it.Value())
-		}
-	}
-	if !it.Finished() || len(usages) == 0 {
-		return
-	}
 	// Repeated keys decode as json.Unmarshal does: into the same value,
-	// in order, a null starting it over.
+	// in order, a null starting it over. Each is decoded as the walk
+	// reaches it, so that a body repeating the key costs no memory per
+	// repetition; the result counts only once the walk found the whole
+	// object well formed.
 	var c *openAIUsage
-	for _, v := range usages {
-		if jsonscan.IsNull(v) {
-			c = nil
+	found, garbled := false, false
+	for key, ok := it.Next(); ok; key, ok = it.Next() {
+		if string(key) != "usage" {
 			continue
 		}
-		if c == nil {
-			c = new(openAIUsage)
+		v := it.Value()
+		found = true
+		switch {
+		case garbled:
+		case jsonscan.IsNull(v):
+			c = nil
+		default:
+			if c == nil {
+				c = new(openAIUsage)
+			}
+			garbled = !c.decode(v) && json.Unmarshal(v, c) != nil
 		}
-		if !c.decode(v) && json.Unmarshal(v, c) != nil {
-			u.Garbled = true
-			return
-		}
+	}
+	if !it.Finished() || !found {
+		return
+	}
+	if garbled {
+		u.Garbled = true
+		return
 	}
 	if c != nil {
 		u.set(c.PromptTokens, c.CompletionTokens)

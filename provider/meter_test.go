@@ -1,6 +1,7 @@
 package provider
 
 import (
+	"runtime"
 	"strings"
 	"testing"
 
@@ -317,5 +318,39 @@ func TestOpenAIUsageFastPath(t *testing.T) {
 	}
 	if *c.PromptTokensDetails != before || *c.PromptTokens != 12 {
 		t.Fatalf("a refused decode changed %+v", c)
+	}
+}
+
+// A body repeating "usage" (valid JSON: keys may repeat) is read as
+// json.Unmarshal would, last one wins, without the meter holding a value
+// per repetition: an upstream's answer must not make the gateway allocate
+// more than the answer itself.
+func TestUsageBodyRepeatedKeysAllocateNothing(t *testing.T) {
+	const reps = 100_000
+	body := []byte("{" + strings.Repeat(`"usage":null,`, reps) + `"usage":{"prompt_tokens":3},"usage":{"completion_tokens":4}}`)
+	m := OpenAIChat.NewMeter()
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	m.Body(body)
+	runtime.ReadMemStats(&after)
+	u := m.Usage()
+	if !u.InputKnown || u.Input != 3 || !u.OutputKnown || u.Output != 4 {
+		t.Fatalf("usage %+v, want 3 in and 4 out", u)
+	}
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 64<<10 {
+		t.Fatalf("reading the usage of a %d KiB body allocated %d KiB", len(body)>>10, grew>>10)
+	}
+	// The same in an event, and a body broken after its usage reports
+	// nothing (as before).
+	m = OpenAIChat.NewMeter()
+	m.Body([]byte(`{"usage":{"prompt_tokens":3,"completion_tokens":4},`))
+	if u := m.Usage(); u.InputKnown || u.OutputKnown {
+		t.Fatalf("a broken body reported %+v", u)
+	}
+	m = OpenAIChat.NewMeter()
+	m.Body([]byte(`{"usage":{"prompt_tokens":3},"usage":{"prompt_tokens":1.5},"usage":null}`))
+	if u := m.Usage(); !u.Garbled {
+		t.Fatalf("a garbled report before a null: %+v, want garbled (json.Unmarshal stops at it)", u)
 	}
 }

@@ -117,17 +117,56 @@ func (k *textKeeper) text() (string, bool) {
 	return s, cut
 }
 
-// decodeJSONText decodes the raw contents of JSON strings; a tail cut
-// inside an escape is dropped.
+// decodeJSONText decodes the raw contents of JSON strings: its longest
+// prefix that decodes, so a tail cut inside an escape is dropped, and so
+// is everything from the first byte a JSON string may not hold (a control
+// character, an invalid escape: the stream's walk does not check them).
+// It decodes once: trying ever shorter prefixes cost a decode per byte.
 func decodeJSONText(raw []byte) string {
-	for len(raw) > 0 {
-		var s string
-		if json.Unmarshal(append(append([]byte{'"'}, raw...), '"'), &s) == nil {
-			return s
-		}
-		raw = raw[:len(raw)-1]
+	raw = raw[:validStringPrefix(raw)]
+	if len(raw) == 0 {
+		return ""
 	}
-	return ""
+	var s string
+	quoted := make([]byte, 0, len(raw)+2)
+	quoted = append(append(append(quoted, '"'), raw...), '"')
+	if json.Unmarshal(quoted, &s) != nil {
+		return ""
+	}
+	return s
+}
+
+// validStringPrefix is the length of raw's longest prefix that is the
+// whole contents of a JSON string: it ends before the first control
+// character, unescaped quote, invalid escape or escape cut short.
+func validStringPrefix(raw []byte) int {
+	for i := 0; i < len(raw); {
+		switch c := raw[i]; {
+		case c < 0x20 || c == '"':
+			return i
+		case c != '\\':
+			i++
+		case i+1 == len(raw):
+			return i
+		default:
+			switch raw[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				if i+6 > len(raw) || !isHexDigit(raw[i+2]) || !isHexDigit(raw[i+3]) || !isHexDigit(raw[i+4]) || !isHexDigit(raw[i+5]) {
+					return i
+				}
+				i += 6
+			default:
+				return i
+			}
+		}
+	}
+	return len(raw)
+}
+
+func isHexDigit(c byte) bool {
+	return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'
 }
 
 // truncateUTF8 cuts s to at most n bytes, at a character boundary.
@@ -225,13 +264,13 @@ func (m *Meter) describe(data []byte) {
 		}
 	}
 	for _, c := range f.Choices {
-		if c.FinishReason != nil && *c.FinishReason != "" {
-			d.FinishReasons = append(d.FinishReasons, *c.FinishReason)
+		if c.FinishReason != nil {
+			d.addReason(*c.FinishReason)
 		}
 	}
 	for _, r := range []*string{f.StopReason, f.Delta.StopReason} {
-		if r != nil && *r != "" {
-			d.FinishReasons = append(d.FinishReasons, *r)
+		if r != nil {
+			d.addReason(*r)
 		}
 	}
 	status, incomplete := f.Status, f.IncompleteDetails
@@ -243,10 +282,28 @@ func (m *Meter) describe(data []byte) {
 	}
 	switch {
 	case status == "completed":
-		d.FinishReasons = append(d.FinishReasons, "stop")
-	case status == "incomplete" && incomplete != nil && incomplete.Reason != "":
-		d.FinishReasons = append(d.FinishReasons, incomplete.Reason)
+		d.addReason("stop")
+	case status == "incomplete" && incomplete != nil:
+		d.addReason(incomplete.Reason)
 	case status == "failed" || status == "cancelled":
-		d.FinishReasons = append(d.FinishReasons, status)
+		d.addReason(status)
 	}
+}
+
+// Bounds of what an answer's finish reasons keep of a stream: one per
+// choice (at most MaxChoices), each a word. A stream that names one on
+// every chunk, or a reason longer than any word, must not grow the meter
+// with the stream; an over-long reason is left out rather than cut, so
+// that a credential in it is never kept in part, past the masking.
+const (
+	maxFinishReasons   = MaxChoices
+	maxFinishReasonLen = 256
+)
+
+// addReason keeps one finish reason within those bounds.
+func (d *Described) addReason(r string) {
+	if r == "" || len(r) > maxFinishReasonLen || len(d.FinishReasons) >= maxFinishReasons {
+		return
+	}
+	d.FinishReasons = append(d.FinishReasons, r)
 }

@@ -2,6 +2,7 @@ package provider
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/llmfailover/caddy-llm-failover/internal/shapes"
@@ -99,5 +100,58 @@ func TestPromptAndTextAreBounded(t *testing.T) {
 		if text, cut := m.Text(); text != tt.want || cut != tt.cut {
 			t.Errorf("KeepText(%d): %q, %v; want %q, %v", tt.max, text, cut, tt.want, tt.cut)
 		}
+	}
+}
+
+// What a traced answer says of itself is kept within a bound, however
+// long the stream: an upstream repeating a finish reason on every chunk
+// (or sending a huge one) must not grow the meter with the stream.
+func TestDescribedReasonsAreBounded(t *testing.T) {
+	m := OpenAIChat.NewMeter()
+	m.Describe()
+	ev := []byte(`{"id":"c","model":"m","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"stop"}]}`)
+	for range 100_000 {
+		m.Event(streamgate.Event{Data: ev})
+	}
+	huge := []byte(`{"choices":[{"index":0,"delta":{},"finish_reason":"` + strings.Repeat("r", 256<<10) + `"}]}`)
+	for range 64 {
+		m.Event(streamgate.Event{Data: huge})
+	}
+	d := m.Described()
+	size := 0
+	for _, r := range d.FinishReasons {
+		size += len(r)
+	}
+	if len(d.FinishReasons) > 128 || size > 64<<10 {
+		t.Fatalf("the meter kept %d finish reasons of %d bytes in all after a long stream", len(d.FinishReasons), size)
+	}
+	if len(d.FinishReasons) == 0 || d.FinishReasons[0] != "stop" {
+		t.Fatalf("finish reasons %v, want stop first", d.FinishReasons[:min(3, len(d.FinishReasons))])
+	}
+}
+
+// The kept text is decoded in one pass, whatever it holds: content with an
+// invalid escape or a control character (which the stream's walk does not
+// check) keeps the text before it, without decoding the rest once per
+// byte.
+func TestKeptTextDecodesInOnePass(t *testing.T) {
+	for _, bad := range []string{`\q`, "\x01", `\u12G4`} {
+		m := OpenAIChat.NewMeter()
+		m.KeepText(8 << 10)
+		m.Event(streamgate.Event{Data: []byte(`{"choices":[{"index":0,"delta":{"content":"ok ` + bad + strings.Repeat("a", 32<<10) + `"}}]}`)})
+		var text string
+		allocs := testing.AllocsPerRun(1, func() { text, _ = m.Text() })
+		if text != "ok " {
+			t.Errorf("%q: kept text %.20q, want the text before it", bad, text)
+		}
+		if allocs > 50 {
+			t.Errorf("%q: reading the kept text took %.0f allocations (one decode per byte)", bad, allocs)
+		}
+	}
+	m := OpenAIChat.NewMeter()
+	m.KeepText(100)
+	m.Event(streamgate.Event{Data: []byte(`{"choices":[{"index":0,"delta":{"content":"a\"b\u00e9\ud83d\ude00c\\"}}]}`)})
+	if text, cut := m.Text(); text != "a\"bé😀c\\" || cut {
+		t.Errorf("kept text %q, %v", text, cut)
 	}
 }

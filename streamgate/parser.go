@@ -89,11 +89,24 @@ func (p *Parser) Feed(chunk []byte, emit func(Event)) int {
 	if p.dirty {
 		p.evStart = -1
 	}
+	// nextLF is the offset in chunk of the next LF at or after i (-1:
+	// none is left; -2: not looked for yet), found once and kept until a
+	// line ends past it: lines ended by a lone CR must not search the
+	// rest of the chunk again each, which made a chunk's cost quadratic.
+	nextLF := -2
 	for i < len(chunk) {
 		rest := chunk[i:]
 		// Scan for LF with the fast path first; CR-only endings are rare,
 		// so look for CR only up to the LF.
-		lf := bytes.IndexByte(rest, '\n')
+		if nextLF == -2 || nextLF >= 0 && nextLF < i {
+			if nextLF = bytes.IndexByte(rest, '\n'); nextLF >= 0 {
+				nextLF += i
+			}
+		}
+		lf := -1
+		if nextLF >= 0 {
+			lf = nextLF - i
+		}
 		seg := rest
 		if lf >= 0 {
 			seg = rest[:lf]

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 type rec struct {
@@ -203,4 +204,32 @@ func ExampleParser() {
 	p.Feed([]byte("event: message_start\ndata: {}\r"), emit)
 	p.Feed([]byte("\n\r\n: ping\n\n"), emit)
 	// Output: message_start {}
+}
+
+// Lines ended by a lone CR (which the spec allows) cost what LF-ended ones
+// do: the parser must not look for the next LF again at every CR, which
+// made a chunk's cost grow with its square.
+func TestParserCROnlyIsLinear(t *testing.T) {
+	feedTime := func(chunk []byte) time.Duration {
+		best := time.Duration(1 << 62)
+		for range 3 {
+			var p Parser
+			p.MaxEvent = DefaultMaxEvent
+			start := time.Now()
+			p.Feed(chunk, func(Event) {})
+			best = min(best, time.Since(start))
+		}
+		return best
+	}
+	for _, size := range []int{16 << 10, 256 << 10} {
+		// Blank lines and comments, what a keep-alive sends: the least
+		// work a line can take, so the search for the next LF is all.
+		lf := []byte(strings.Repeat(":\n\n", size/3))
+		cr := []byte(strings.Repeat(":\r\r", size/3))
+		tl, tc := feedTime(lf), feedTime(cr)
+		t.Logf("%d KiB: LF-ended %v, CR-ended %v (%.0fx)", size>>10, tl, tc, float64(tc)/float64(tl))
+		if size == 256<<10 && tc > 4*tl+time.Millisecond {
+			t.Errorf("a %d KiB chunk of CR-ended lines took %v, LF-ended %v", size>>10, tc, tl)
+		}
+	}
 }
