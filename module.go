@@ -119,14 +119,18 @@ type Handler struct {
 	// its first decisive frame.
 	StreamGate *StreamGate `json:"stream_gate,omitempty"`
 	// StreamIdleTimeout ends a committed stream that has sent nothing for
-	// this long, with an error event. Default: 60s.
+	// this long, with an error event; what trails a stream's end gets as
+	// long, pings or not. It is also the write deadline of each piece of
+	// any answer a client is sent (stream, whole answer, replay).
+	// Default: 60s.
 	StreamIdleTimeout caddy.Duration `json:"stream_idle_timeout,omitempty"`
 	// Breaker configures the per-channel circuit breaker. A channel
 	// declared by two handlers of one config shares one breaker, so both
 	// must give it the same settings.
 	Breaker *Breaker `json:"breaker,omitempty"`
 	// ProbeAccount is the wallet account synthetic checks are charged to
-	// (required when a model probes and a wallet is set).
+	// (required when a model probes and a wallet is set; refused without a
+	// wallet).
 	ProbeAccount string `json:"probe_account,omitempty"`
 	// Wallet, when set, makes requests prepaid: a client must present a
 	// key of an account whose balance covers the request's largest cost.
@@ -141,8 +145,8 @@ type Handler struct {
 	// it. Every other path gets a 404 and reaches no upstream.
 	ForwardPaths []string `json:"forward_paths,omitempty"`
 	// RequestBodyTimeout bounds the reading of a client's request body,
-	// so that a body trickled a byte a second cannot hold a connection.
-	// Default: 60s.
+	// so that a body trickled a byte a second cannot hold a connection;
+	// such a request gets 408. Default: 60s.
 	RequestBodyTimeout caddy.Duration `json:"request_body_timeout,omitempty"`
 
 	engine    *failover.Engine
@@ -153,9 +157,13 @@ type Handler struct {
 type Channel struct {
 	// Name identifies the channel in routes, logs and metrics.
 	Name string `json:"name"`
-	// BaseURL is joined with the client's request path and query:
+	// BaseURL is joined with the client's request path and query (less
+	// its credential parameters, such as key or api-key):
 	// https://openrouter.ai/api + /v1/chat/completions. Default: the
-	// provider's own API host, when it has one.
+	// provider's own API host, when it has one. One with a user or
+	// password is refused, and one with a query for the providers that
+	// build the upstream's query themselves (azure, gemini, vertex,
+	// bedrock).
 	BaseURL string `json:"base_url,omitempty"`
 	// ProviderRaw is the kind of upstream the channel is, a module in
 	// http.handlers.llm_failover.providers. Default: openai, an
@@ -163,7 +171,9 @@ type Channel struct {
 	ProviderRaw json.RawMessage `json:"provider,omitempty" caddy:"namespace=http.handlers.llm_failover.providers inline_key=name"`
 	// Headers are set on every request to this channel, replacing the
 	// client's credentials. Values may hold global placeholders such as
-	// {env.OPENAI_API_KEY}, resolved when the config loads.
+	// {env.OPENAI_API_KEY}, resolved when the config loads. Names that
+	// differ only in case, and a name or resolved value that cannot be
+	// sent (a control character), are refused.
 	Headers map[string]string `json:"headers,omitempty"`
 	// TransportRaw configures the channel's HTTP transport; it is one of
 	// reverse_proxy's transports. Default: reverse_proxy's http transport.
@@ -218,7 +228,8 @@ type Model struct {
 	// produced no content this long after it was sent: a duration, or
 	// "p<NN>" for that quantile of the first channel's own time to first
 	// content for requests of the same size. The first to produce
-	// content is served; the other is cancelled. Off by default.
+	// content is served; the other is cancelled. Off by default; needs
+	// max_hops of at least 2.
 	HedgeAfter string `json:"hedge_after,omitempty"`
 }
 
@@ -227,7 +238,7 @@ type Model struct {
 type AdaptiveDeadlines struct {
 	// Quantile is the high quantile a deadline multiplies. Default 0.99.
 	Quantile float64 `json:"quantile,omitempty"`
-	// Factor multiplies it. Default 3.
+	// Factor multiplies it: at least 1, finite. Default 3.
 	Factor float64 `json:"factor,omitempty"`
 	// Floor is the least header or first-content deadline. Default 5s.
 	Floor caddy.Duration `json:"floor,omitempty"`
@@ -244,7 +255,7 @@ type AdaptiveDeadlines struct {
 // Hedge bounds hedged requests.
 type Hedge struct {
 	// Budget is the largest share of a model's requests, over any
-	// minute, that may be hedged. Default 0.05 (5 %).
+	// minute, that may be hedged, from 0 to 1. Default (0): 0.05 (5 %).
 	Budget float64 `json:"budget,omitempty"`
 	// Charge is who pays the losing attempt's upstream cost: "operator"
 	// (default; a ledger row records it, the client is not charged) or
@@ -262,6 +273,7 @@ type Route struct {
 	// dated snapshot, a deployment name); never another model.
 	UpstreamModel string `json:"upstream_model,omitempty"`
 	// Weight is the route's weight under the weighted policy. Default: 1.
+	// Refused under policy cost, where it would be ignored.
 	Weight int `json:"weight,omitempty"`
 }
 
@@ -344,7 +356,7 @@ type Idempotency struct {
 	// answer was larger gets 409. Default 1 MiB.
 	MaxAnswer int64 `json:"max_answer,omitempty"`
 	// MaxStored bounds this instance's memory for kept calls: their
-	// answers' bytes and about 256 bytes each. Past it the calls kept
+	// answers' bytes (headers and body) and about 256 bytes each. Past it the calls kept
 	// longest are forgotten here first; the idempotency store still
 	// answers their duplicates. Default 64 MiB.
 	MaxStored int64 `json:"max_stored,omitempty"`

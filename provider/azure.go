@@ -29,7 +29,8 @@ type Azure struct {
 	passThrough
 	// APIVersion is "v1" (default) or a dated version such as 2024-10-21.
 	APIVersion string `json:"api_version,omitempty"`
-	// APIKey is sent as the api-key header.
+	// APIKey is sent as the api-key header. It may hold {env.*}
+	// placeholders, resolved at Provision (an unset variable is an error).
 	APIKey string `json:"api_key,omitempty"`
 }
 

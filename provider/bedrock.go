@@ -52,7 +52,9 @@ type Bedrock struct {
 	// host and the signature.
 	Region string `json:"region,omitempty"`
 	// AccessKeyID, SecretAccessKey and SessionToken are static AWS
-	// credentials. Default: the AWS default credential chain.
+	// credentials. Default: the AWS default credential chain. Like
+	// APIKey, they may hold {env.*} placeholders, resolved at Provision
+	// (an unset variable is an error).
 	AccessKeyID     string `json:"access_key_id,omitempty"`
 	SecretAccessKey string `json:"secret_access_key,omitempty"`
 	SessionToken    string `json:"session_token,omitempty"`

@@ -24,7 +24,8 @@ const geminiPrefix = "/v1beta/openai"
 // in OpenAI's format.
 type Gemini struct {
 	passThrough
-	// APIKey is the AI Studio key (GEMINI_API_KEY).
+	// APIKey is the AI Studio key (GEMINI_API_KEY). It may hold {env.*}
+	// placeholders, resolved at Provision (an unset variable is an error).
 	APIKey string `json:"api_key,omitempty"`
 }
 

@@ -42,7 +42,8 @@ type Page struct {
 	// HideChannels shows models only: no channel name or URL, for a
 	// public page.
 	HideChannels bool `json:"hide_channels,omitempty"`
-	// Refresh reloads the page every this often; 0 never.
+	// Refresh reloads the page every this often; 0 never. Anything else
+	// must be at least 1s (Validate).
 	Refresh caddy.Duration `json:"refresh,omitempty"`
 }
 
