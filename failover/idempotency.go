@@ -115,8 +115,7 @@ func (e *Engine) beginIdempotent(x *exchange) (answered bool, run *idempotentRun
 		}
 		switch verdict {
 		case idempotency.Mismatch:
-			_ = e.refuse(x, provider.Error{Status: http.StatusUnprocessableEntity, Code: "idempotency_key_reused",
-				Message: "this Idempotency-Key was used with a different request body; a key names one request"})
+			e.refuseReusedKey(x)
 			return true, nil
 		case idempotency.Unstored:
 			e.refuseUnstored(x)
@@ -187,8 +186,7 @@ func (e *Engine) claim(x *exchange, run *idempotentRun) bool {
 			return false
 		case c.Fingerprint != run.fingerprint:
 			idempotentTotal.WithLabelValues(x.req.Model, "mismatch").Inc()
-			_ = e.refuse(x, provider.Error{Status: http.StatusUnprocessableEntity, Code: "idempotency_key_reused",
-				Message: "this Idempotency-Key was used with a different request body; a key names one request"})
+			e.refuseReusedKey(x)
 			return true
 		case c.State == store.Done && c.Answer == nil:
 			idempotentTotal.WithLabelValues(x.req.Model, "unstored").Inc()
@@ -226,6 +224,13 @@ func renewClaim(st *store.Store, id string, lease time.Duration, stop chan struc
 			cancel()
 		}
 	}
+}
+
+// refuseReusedKey answers a request whose Idempotency-Key named another
+// request: another body, or another endpoint.
+func (e *Engine) refuseReusedKey(x *exchange) {
+	_ = e.refuse(x, provider.Error{Status: http.StatusUnprocessableEntity, Code: "idempotency_key_reused",
+		Message: "this Idempotency-Key was used with a different request (another body, or another endpoint); a key names one request"})
 }
 
 // refuseUnstored answers a duplicate of a call whose answer was too large

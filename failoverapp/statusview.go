@@ -155,15 +155,17 @@ func (a *App) learnedDeadlinesByRoute(now time.Time) map[routeKey][]LearnedDeadl
 }
 
 type WindowView struct {
-	Attempts     int64   `json:"attempts"`
-	Successes    int64   `json:"successes"`
-	Down         int64   `json:"down"`
-	Limited      int64   `json:"limited"`
-	Client       int64   `json:"client"`
-	SuccessRate  float64 `json:"success_rate"`
-	TTFTp50      int64   `json:"ttft_p50_ms"`
-	TTFTp95      int64   `json:"ttft_p95_ms"`
-	OutputTokens int64   `json:"output_tokens"`
+	Attempts  int64 `json:"attempts"`
+	Successes int64 `json:"successes"`
+	Down      int64 `json:"down"`
+	Limited   int64 `json:"limited"`
+	Client    int64 `json:"client"`
+	// SuccessRate is over the attempts that judged the upstreams (client
+	// errors excluded), null when there were none: no data is not 100 %.
+	SuccessRate  *float64 `json:"success_rate"`
+	TTFTp50      int64    `json:"ttft_p50_ms"`
+	TTFTp95      int64    `json:"ttft_p95_ms"`
+	OutputTokens int64    `json:"output_tokens"`
 	// InputTokens is the input the upstreams reported, every cache class
 	// included, and CacheReadTokens the part read from their prompt
 	// caches; CacheReadShare is the second over the first, absent (nil)
@@ -180,7 +182,7 @@ type BarView struct {
 	Down        int64     `json:"down"`
 	Limited     int64     `json:"limited"`
 	Client      int64     `json:"client"`
-	SuccessRate float64   `json:"success_rate"`
+	SuccessRate *float64  `json:"success_rate"` // as WindowView's
 }
 
 type FailureView struct {
@@ -209,7 +211,7 @@ type IncidentView struct {
 func windowOf(c history.Counts) WindowView {
 	w := WindowView{
 		Attempts: c.Attempts, Successes: c.Successes, Down: c.Down, Limited: c.Limited, Client: c.Client,
-		SuccessRate: c.SuccessRate(), TTFTp50: c.TTFT.Quantile(0.5).Milliseconds(), TTFTp95: c.TTFT.Quantile(0.95).Milliseconds(),
+		SuccessRate: successRate(c), TTFTp50: c.TTFT.Quantile(0.5).Milliseconds(), TTFTp95: c.TTFT.Quantile(0.95).Milliseconds(),
 		OutputTokens: c.OutputTokens, InputTokens: c.InputTokens, CacheReadTokens: c.CacheReadTokens,
 	}
 	if share, ok := c.CacheReadShare(); ok {
@@ -218,11 +220,20 @@ func windowOf(c history.Counts) WindowView {
 	return w
 }
 
+// successRate is c's success rate, nil when no attempt judged the
+// upstreams.
+func successRate(c history.Counts) *float64 {
+	if rate, ok := c.SuccessRate(); ok {
+		return &rate
+	}
+	return nil
+}
+
 func barsOf(bars []history.Bar) []BarView {
 	out := make([]BarView, len(bars))
 	for i, b := range bars {
 		out[i] = BarView{Start: b.Start, Attempts: b.Attempts, Successes: b.Successes, Down: b.Down,
-			Limited: b.Limited, Client: b.Client, SuccessRate: b.Counts.SuccessRate()}
+			Limited: b.Limited, Client: b.Client, SuccessRate: successRate(b.Counts)}
 	}
 	return out
 }

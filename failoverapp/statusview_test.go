@@ -41,6 +41,29 @@ func TestWindowCacheReadShare(t *testing.T) {
 	}
 }
 
+// A window's success rate is null in JSON when no attempt judged the
+// upstreams (none, or client errors only): no data, as the page's "–",
+// never 1.
+func TestWindowSuccessRateWithoutVerdict(t *testing.T) {
+	for _, tc := range []struct {
+		c    history.Counts
+		want string
+	}{
+		{history.Counts{}, `"success_rate":null`},
+		{history.Counts{Attempts: 3, Client: 3}, `"success_rate":null`},
+		{history.Counts{Attempts: 4, Successes: 3, Down: 1}, `"success_rate":0.75`},
+	} {
+		b, _ := json.Marshal(windowOf(tc.c))
+		if !strings.Contains(string(b), tc.want) {
+			t.Errorf("%+v: %s, want %s", tc.c, b, tc.want)
+		}
+		bars, _ := json.Marshal(barsOf([]history.Bar{{Counts: tc.c}}))
+		if !strings.Contains(string(bars), tc.want) {
+			t.Errorf("bar %+v: %s, want %s", tc.c, bars, tc.want)
+		}
+	}
+}
+
 func learningChannel(name string) *Channel {
 	ch := &Channel{Name: name, Breaker: breaker.New(breaker.Config{Failures: 3, Window: time.Minute, Cooldown: time.Minute, Trials: 1}),
 		Latency: latency.NewLearner()}

@@ -111,13 +111,14 @@ func (c *Counts) Merge(o *Counts) {
 }
 
 // SuccessRate is successes over the attempts that say something about the
-// channel (client errors excluded); 1 with no such attempts.
-func (c *Counts) SuccessRate() float64 {
+// channel (client errors excluded); false with no such attempts, where no
+// rate is known (which is not 100 %).
+func (c *Counts) SuccessRate() (float64, bool) {
 	judged := c.Attempts - c.Client
 	if judged <= 0 {
-		return 1
+		return 0, false
 	}
-	return float64(c.Successes) / float64(judged)
+	return float64(c.Successes) / float64(judged), true
 }
 
 // CacheReadShare is the cache-read tokens over all input tokens, at most
@@ -141,7 +142,8 @@ const (
 
 // Failing applies the rule above to counts of the last FailingWindow.
 func (c *Counts) Failing() bool {
-	return c.Attempts-c.Client >= FailingMin && c.SuccessRate() < FailingBelow
+	rate, _ := c.SuccessRate()
+	return c.Attempts-c.Client >= FailingMin && rate < FailingBelow
 }
 
 // Rollup resolutions and how far back each reaches.

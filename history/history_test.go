@@ -27,8 +27,13 @@ func TestClassesNeverMix(t *testing.T) {
 			t.Fatalf("%s: %+v", v.Name, c)
 		}
 		// Client errors are not held against the channel: 5 of 12.
-		if got := c.SuccessRate(); got != 5.0/12 {
-			t.Fatalf("success rate %v", got)
+		if got, ok := c.SuccessRate(); !ok || got != 5.0/12 {
+			t.Fatalf("success rate %v, %v", got, ok)
+		}
+		var clientOnly Counts
+		clientOnly.Attempts, clientOnly.Client = 3, 3
+		if got, ok := clientOnly.SuccessRate(); ok {
+			t.Fatalf("client errors only: success rate %v, want none known", got)
 		}
 	}
 }

@@ -278,7 +278,7 @@ func TestStatusModelIsWhatClientsGot(t *testing.T) {
 	if m.Status != "operational" || m.Counts != "requests" || v.Status != "operational" {
 		t.Errorf("model %s (%s), page %s; want operational: its clients were all served", m.Status, m.Counts, v.Status)
 	}
-	if w := m.Windows["5m"]; w.Attempts != 5 || w.Successes != 5 || w.Down != 0 || w.SuccessRate != 1 {
+	if w := m.Windows["5m"]; w.Attempts != 5 || w.Successes != 5 || w.Down != 0 || w.SuccessRate == nil || *w.SuccessRate != 1 {
 		t.Errorf("model window %+v, want 5 requests, all ok", w)
 	}
 	for _, bar := range m.Hourly {

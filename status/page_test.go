@@ -64,7 +64,7 @@ func TestSpanReadsAsPeopleWriteIt(t *testing.T) {
 // tokens: no input shows nothing, not 0 %.
 func TestPageShowsCacheReadShare(t *testing.T) {
 	window := func(input, read int64) failoverapp.WindowView {
-		w := failoverapp.WindowView{Attempts: 3, Successes: 3, SuccessRate: 1, InputTokens: input, CacheReadTokens: read}
+		w := failoverapp.WindowView{Attempts: 3, Successes: 3, SuccessRate: rate(1), InputTokens: input, CacheReadTokens: read}
 		if input > 0 {
 			share := float64(read) / float64(input)
 			w.CacheReadShare = &share

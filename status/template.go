@@ -48,8 +48,8 @@ func barTitle(b failoverapp.BarView, layout, unit string) string {
 	if b.Attempts == 0 {
 		return b.Start.Format(layout) + ": no traffic"
 	}
-	ok := percent(b.SuccessRate, b.Attempts-b.Client)
-	if ok == "–" {
+	ok := percent(b.SuccessRate)
+	if b.SuccessRate == nil {
 		ok = "no upstream verdict" // client errors only: drawn grey
 	} else {
 		ok += " ok"
@@ -70,14 +70,14 @@ func bars(bs []failoverapp.BarView, layout, unit string) template.HTML {
 }
 
 // percent is a success rate over judged attempts (client errors
-// excluded), "–" when there are none: no data is not 100 %. It is
+// excluded), "–" when there were none (nil): no data is not 100 %. It is
 // rounded down to the hundredth, so that a rate with failures never
 // reads as a perfect 100.00%.
-func percent(rate float64, judged int64) string {
-	if judged <= 0 {
+func percent(rate *float64) string {
+	if rate == nil {
 		return "–"
 	}
-	return fmt.Sprintf("%.2f%%", math.Floor(10000*rate+1e-9)/100)
+	return fmt.Sprintf("%.2f%%", math.Floor(10000**rate+1e-9)/100)
 }
 
 // cacheReads is a window's cache-read share as a whole percent, "" when
@@ -154,7 +154,6 @@ var statusLabels = map[string]string{
 var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap{
 	"bars":    bars,
 	"percent": percent,
-	"judged":  func(w failoverapp.WindowView) int64 { return w.Attempts - w.Client },
 	"cache":   cacheReads,
 	"ago":     ago,
 	"span":    span,
@@ -210,7 +209,7 @@ footer{color:var(--mute);font-size:12px;margin:18px 0}
 <section class="card" id="model-{{.Name}}">
 <div class="head"><h2>{{.Name}}</h2><span><span class="pill p-{{.Status}}">{{label .Status}}</span> <span class="mute">since {{ts .Since}} ({{ago $now .Since}})</span></span></div>
 <div class="mute">What clients got: requests answered in full, or failed after every channel was tried.</div>
-<div class="kv">{{$m := .}}{{range $k := $.V.WindowKeys}}{{$w := win $m.Windows $k}}<div><span>requests ok {{$k}}</span>{{percent $w.SuccessRate (judged $w)}} <span>{{$w.Attempts}} requests · {{$w.Down}} failed · {{$w.Limited}} limited</span></div>{{end}}
+<div class="kv">{{$m := .}}{{range $k := $.V.WindowKeys}}{{$w := win $m.Windows $k}}<div><span>requests ok {{$k}}</span>{{percent $w.SuccessRate}} <span>{{$w.Attempts}} requests · {{$w.Down}} failed · {{$w.Limited}} limited</span></div>{{end}}
 {{$d := win .Windows "1h"}}<div><span>first content 1h p50 / p95</span>{{ms $d.TTFTp50}} / {{ms $d.TTFTp95}}</div>
 {{with cache $d}}<div><span>cache reads 1h</span>{{.}} <span>of {{$d.InputTokens}} input tokens</span></div>{{end}}</div>
 <div class="mute">Last 90 days</div>{{bars .Daily "2006-01-02" "requests"}}<div class="axis"><span>90 days ago</span><span>today</span></div>
@@ -220,7 +219,7 @@ footer{color:var(--mute);font-size:12px;margin:18px 0}
 <div class="channel" id="channel-{{$m.Name}}-{{.Name}}">
 <div class="head"><h3>{{.Name}}</h3><span><span class="pill p-{{.Status}}">{{label .Status}}</span> <span class="mute">breaker <a href="{{.StateRunbook}}">{{.State}}</a> since {{ago $now .Since}}</span></span></div>
 <div class="mute">The gateway is {{.Doing}}{{if not .Until.IsZero}} until {{ts .Until}}{{end}}.</div>
-<div class="kv">{{$c := .}}{{range $k := $.V.WindowKeys}}{{$w := win $c.Windows $k}}<div><span>attempts ok {{$k}}</span>{{percent $w.SuccessRate (judged $w)}} <span>{{$w.Attempts}} att · {{$w.Down}} down · {{$w.Limited}} limited · {{$w.Client}} client</span></div>{{end}}
+<div class="kv">{{$c := .}}{{range $k := $.V.WindowKeys}}{{$w := win $c.Windows $k}}<div><span>attempts ok {{$k}}</span>{{percent $w.SuccessRate}} <span>{{$w.Attempts}} att · {{$w.Down}} down · {{$w.Limited}} limited · {{$w.Client}} client</span></div>{{end}}
 {{$d := win .Windows "1h"}}<div><span>first content 1h p50 / p95</span>{{ms $d.TTFTp50}} / {{ms $d.TTFTp95}}</div>
 {{with cache $d}}<div><span>cache reads 1h</span>{{.}} <span>of {{$d.InputTokens}} input tokens</span></div>{{end}}
 <div><span>last failure</span>{{with .LastFailure}}<a href="{{.Runbook}}">{{.Reason}}</a>{{if .Status}} {{.Status}}{{end}} <span>{{ts .At}} ({{ago $now .At}})</span>{{else}}none{{end}}</div>
