@@ -258,6 +258,12 @@ func (e *Engine) run(x *exchange, r *race, route *chain.Route, ticket breaker.Ti
 	ctx, cancel := context.WithCancelCause(x.r.Context())
 	rx := x.forRace(ctx, r, b)
 	rx.hedge = hedge
+	if hedge {
+		// The hedge is the request's next attempt, numbered after the
+		// first's (its span, its event, its history), not a second
+		// number 1; settleRace counts each runner's own attempts.
+		rx.attempts = x.attempts + 1
+	}
 	if !r.join(rx, cancel) {
 		// The first attempt committed meanwhile: no hedge.
 		cancel(nil)

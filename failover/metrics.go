@@ -63,7 +63,7 @@ var (
 	// upstream must not choose label values).
 	genAIDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "gen_ai_client_operation_duration_seconds",
-		Help:    "GenAI operation duration (gen_ai.client.operation.duration): one upstream attempt, from sending it until its answer ended or it failed; error_type is the upstream's status for a status failure, the failure reason for others, empty on success.",
+		Help:    "GenAI operation duration (gen_ai.client.operation.duration): one upstream attempt, from sending it until its answer ended or it failed; error_type is the upstream's status for a status failure, the failure reason for others, hedge_lost or client_gone for an attempt cancelled before it ended, empty on success.",
 		Buckets: genAISecondsBuckets,
 	}, genAILabels("error_type"))
 	genAITimeToFirstChunk = prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -95,7 +95,16 @@ func countGenAI(x *exchange, ch *Channel, route *chain.Route, res attemptResult,
 	if ch.Base != nil {
 		addr = ch.Base.Hostname()
 	}
-	genAIDuration.WithLabelValues(op, prov, model, addr, errorType(res)).Observe(took.Seconds())
+	et := errorType(res)
+	if res.verdict == clientGone {
+		// Cancelled, never a success: beaten by the other attempt of a
+		// hedged race, or its client left.
+		et = string(outcomeClientGone)
+		if x.race != nil && x.race.lost(x) {
+			et = string(outcomeHedgeLost)
+		}
+	}
+	genAIDuration.WithLabelValues(op, prov, model, addr, et).Observe(took.Seconds())
 	if !x.committedAt.IsZero() && streaming(x) {
 		genAITimeToFirstChunk.WithLabelValues(op, prov, model, addr).Observe(x.committedAt.Sub(time.Now().Add(-took)).Seconds())
 	}

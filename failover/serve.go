@@ -99,6 +99,9 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) error {
 	// slice to the Health interface would allocate on every request.
 	plan := x.model.ByAPI[x.api].Plan((*health)(&e.channels), x.start, &scratch)
 	candidates := plan.Candidates
+	// The request's deadline, known before the walk sets it: a decision
+	// journaled ahead of it (cache affinity) states the budget left.
+	x.deadline = x.start.Add(e.opts.Deadline)
 	e.preferCachedChannel(x, candidates)
 	var lastResort *breaker.Ticket
 	if len(candidates) == 0 {

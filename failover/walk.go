@@ -184,7 +184,10 @@ func (e *Engine) try(x *exchange, route *chain.Route, ticket breaker.Ticket, bud
 		e.app.StateChanged(e.logger, e.channels[route.Channel].health,
 			breaker.Transition{From: breaker.Open, To: breaker.HalfOpen}, "cooldown_elapsed")
 	}
-	x.committedAt, x.timing = time.Time{}, attemptTiming{}
+	// An attempt that ends before it sends (the memory budget, a
+	// continuation that cannot be built) read no answer: nothing of the
+	// previous attempt's meter is its own.
+	x.committedAt, x.timing, x.meter = time.Time{}, attemptTiming{}, nil
 	began := time.Now()
 	var res attemptResult
 	x.trace.startAttempt(x, e.channels[route.Channel], route, ticket)

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/llmfailover/caddy-llm-failover/failoverapp"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
@@ -222,4 +223,30 @@ func inputByClass(t *testing.T) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// A cache_affinity decision is made before the walk, with the request's
+// whole deadline ahead of it: the journal's remaining budget says so,
+// never a duration of minus 292 years.
+func TestCacheAffinityDecisionRemainingBudget(t *testing.T) {
+	a, b := newCachingChannel(), newCachingChannel()
+	gateway(t, strings.Replace(affinityChannels, "policy weighted\n\t\t\troute a\n\t\t\troute b", "route a cost 1 1\n\t\t\troute b cost 1.5 1.5", 1),
+		upstream(t, a).URL, upstream(t, b).URL)
+	turn := 0
+	conversationTurns(t, uniqueName("remaining"), 1, 4, func(int) {
+		turn++
+		a.failing.Store(turn == 2)
+	})
+	var journaled failoverapp.DecisionsAnswer
+	if err := adminGet(t, "/llm_failover/decisions?reason=cache_affinity", &journaled); err != nil {
+		t.Fatal(err)
+	}
+	if journaled.Total == 0 {
+		t.Fatal("no cache_affinity decision journaled")
+	}
+	for _, d := range journaled.Decisions {
+		if d.Remaining <= 0 || d.Remaining > 10*time.Minute {
+			t.Errorf("cache_affinity decision at %s: remaining budget %s", d.At, d.Remaining)
+		}
+	}
 }
