@@ -478,7 +478,8 @@ type anthropicUsage struct {
 // setInput counts cached tokens as input: Anthropic reports them separately
 // from input_tokens, yet the model processed them and the upstream bills
 // them, each class at its own price. Writes the report does not split by
-// lifetime are 5-minute ones, the default. A cache count the report
+// lifetime are 5-minute ones, the default, but for the hour's writes an
+// earlier report of the same answer split off. A cache count the report
 // leaves out is the one an earlier report gave: message_delta may repeat
 // input_tokens without the cache fields message_start had.
 func (a *anthropicUsage) setInput(u *Usage) {
@@ -489,11 +490,15 @@ func (a *anthropicUsage) setInput(u *Usage) {
 		u.CacheRead = *a.CacheReadInputTokens
 	}
 	if w := a.CacheCreationInputTokens; w != nil {
-		u.CacheWrite, u.CacheWrite1h = *w, 0
-		if c := a.CacheCreation; c != nil && c.Ephemeral1h > 0 {
-			u.CacheWrite1h = min(c.Ephemeral1h, *w)
-			u.CacheWrite = *w - u.CacheWrite1h
+		// A report without the split (message_delta's, which repeats
+		// the cumulative total but never has cache_creation) keeps the
+		// hour's part an earlier report gave.
+		hour := u.CacheWrite1h
+		if c := a.CacheCreation; c != nil {
+			hour = c.Ephemeral1h
 		}
+		u.CacheWrite1h = min(max(hour, 0), *w)
+		u.CacheWrite = *w - u.CacheWrite1h
 	}
 	u.Input, u.InputKnown = *a.InputTokens+u.CacheRead+u.CacheWrite+u.CacheWrite1h, true
 }

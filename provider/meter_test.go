@@ -354,3 +354,22 @@ func TestUsageBodyRepeatedKeysAllocateNothing(t *testing.T) {
 		t.Fatalf("a garbled report before a null: %+v, want garbled (json.Unmarshal stops at it)", u)
 	}
 }
+
+// Anthropic's message_delta repeats the cumulative input counts
+// (input_tokens, cache_creation_input_tokens, cache_read_input_tokens)
+// but, unlike message_start's usage, has no cache_creation object
+// splitting the writes by lifetime. The hour's writes message_start
+// reported stay hour's writes, billed at their price, not the 5-minute one.
+func TestMeterAnthropicDeltaKeepsHourWrites(t *testing.T) {
+	m := AnthropicMessages.NewMeter()
+	for _, ev := range []string{
+		`{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","content":[],"usage":{"input_tokens":40,"cache_creation_input_tokens":3000,"cache_read_input_tokens":10000,"cache_creation":{"ephemeral_5m_input_tokens":1000,"ephemeral_1h_input_tokens":2000},"output_tokens":1}}}`,
+		`{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"input_tokens":40,"cache_creation_input_tokens":3000,"cache_read_input_tokens":10000,"output_tokens":90}}`,
+	} {
+		m.Event(streamgate.Event{Data: []byte(ev)})
+	}
+	want := Usage{Input: 13040, Output: 90, InputKnown: true, OutputKnown: true, CacheRead: 10000, CacheWrite: 1000, CacheWrite1h: 2000}
+	if got := m.Usage(); got != want {
+		t.Fatalf("Usage() = %+v, want %+v", got, want)
+	}
+}
