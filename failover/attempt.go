@@ -205,6 +205,14 @@ func (e *Engine) relayError(ctx context.Context, x *exchange, ch *Channel, res *
 	if fail != nil {
 		return *fail
 	}
+	if x.req.StoredContext != "" && x.mode == modeChain && provider.StoredContextMissing(res.StatusCode, body) {
+		// The context the request refers to is not stored where this
+		// channel's account looks: another channel may be the account
+		// that stored it. Not the client's answer while another
+		// channel's failure or answer is left (walkEnd.note), and no
+		// fault of the channel.
+		return retryWith(&failure{reason: reasonStoredContextMissing, status: res.StatusCode, message: x.api.UpstreamMessage(body)})
+	}
 	body = e.scrubBytes(body)
 	if !commit() {
 		return attemptResult{verdict: clientGone}

@@ -54,6 +54,11 @@ const (
 	// reasonPrefillRefused: a continuation's model takes no prefill; the
 	// channel is asked again at once in the instructed form.
 	reasonPrefillRefused reason = "prefill_refused"
+	// reasonStoredContextMissing: the channel answered that it does not
+	// have the context a request refers to (previous_response_id,
+	// conversation, a stored prompt): it is of another provider account
+	// than the one that stored it, which another channel may be.
+	reasonStoredContextMissing reason = "stored_context_missing"
 	// reasonRestarted: an instructed continuation started the answer
 	// over and said something else; it is abandoned unseen.
 	reasonRestarted reason = "continuation_restarted"
@@ -78,6 +83,7 @@ var reasons = []reason{
 	reasonTooLarge, reasonLineTooLarge, reasonRedirect, reasonContentType, reasonOverloaded,
 	reasonTruncated, reasonStalled, reasonLearnedDeadline,
 	outcomeClientGone, outcomeRateLimited, reasonResumed, reasonPrefillRefused, reasonRestarted, reasonAffinity,
+	reasonStoredContextMissing,
 	reasonProbeFailed, reasonNoWorkingChannel, reasonDrill, reasonHedge, outcomeHedgeLost,
 }
 
@@ -124,7 +130,7 @@ func (f *failure) rateLimited() bool {
 // form's and the model's, so they fail over without counting.
 func (f *failure) channelFault() bool {
 	switch f.reason {
-	case reasonTooLarge, reasonOverloaded, reasonPrefillRefused, reasonRestarted:
+	case reasonTooLarge, reasonOverloaded, reasonPrefillRefused, reasonRestarted, reasonStoredContextMissing:
 		return false
 	}
 	return true

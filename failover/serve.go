@@ -73,6 +73,14 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) error {
 			Message: fmt.Sprintf("model %q is not served over the %s API by any of its channels", x.req.Model, x.api)})
 	}
 
+	if x.api == provider.OpenAIResponses && x.req.Background && !provider.Streaming(r.URL.Path, x.req) {
+		// Answered upstream with the response queued, to be fetched by id
+		// later: a GET this gateway does not serve, and usage it never
+		// sees to charge.
+		return e.refuse(x, provider.Error{Status: http.StatusBadRequest,
+			Message: `"background": true is not supported through this gateway without "stream": true: the response could not be retrieved (GET /v1/responses/{id} is not served) nor billed; stream it, or leave out "background"`})
+	}
+
 	// A duplicate of a call is answered before anything is reserved; the
 	// call's first run ends after its bill is settled (deferred first).
 	answered, run := e.beginIdempotent(x)
@@ -224,6 +232,14 @@ func exhausted(x *exchange, last *failure) provider.Error {
 		}
 		if last.message != "" {
 			what += ": " + last.message
+		}
+		if last.reason == reasonStoredContextMissing {
+			// No channel has it: the code clients look for (a 404's
+			// default would be model_not_found).
+			e.Code = "not_found"
+			if x.req.StoredContext == "previous_response_id" {
+				e.Code = "previous_response_not_found"
+			}
 		}
 	} else if x.attempts == 0 {
 		e.Status = http.StatusGatewayTimeout

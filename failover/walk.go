@@ -122,8 +122,15 @@ func (e *Engine) walk(x *exchange, routes []*chain.Route, taken *breaker.Ticket,
 
 // note keeps a failure for the client's error, should no candidate
 // answer: the last one, and the shortest Retry-After.
+//
+// A channel that lacks the request's stored context never replaces
+// another channel's failure: the channel that stored it failed, and that
+// failure, which a retry may get past, is the client's answer, not an
+// error saying the stored response does not exist.
 func (end *walkEnd) note(f *failure) {
-	end.last = f
+	if f.reason != reasonStoredContextMissing || end.last == nil || end.last.reason == reasonStoredContextMissing {
+		end.last = f
+	}
 	end.overloaded = end.overloaded || f.reason == reasonOverloaded
 	if ra := f.retryAfter; ra > 0 && (end.retryAfter == 0 || ra < end.retryAfter) {
 		end.retryAfter = ra

@@ -138,7 +138,7 @@ func TestHedgeNeverForRequestsWithEffects(t *testing.T) {
 		"server-side tool":       {"/v1/chat/completions", chat(`,"tools":[{"type":"web_search_preview"}]`), nil},
 		"responses stored":       {"/v1/responses", []byte(`{"model":"hedge-fx","input":"hi","stream":true}`), nil},
 		"responses continuation": {"/v1/responses", []byte(`{"model":"hedge-fx","input":"hi","stream":true,"store":false,"previous_response_id":"resp_1"}`), nil},
-		"background":             {"/v1/responses", []byte(`{"model":"hedge-fx","input":"hi","store":false,"background":true}`), nil},
+		"background":             {"/v1/responses", []byte(`{"model":"hedge-fx","input":"hi","stream":true,"store":false,"background":true}`), nil},
 		"marked by the operator": {"/v1/chat/completions", chat(""), []string{"X-No-Hedge", "1"}},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/llmfailover/caddy-llm-failover/internal/jsonscan"
@@ -297,4 +298,42 @@ func (a API) ErrorFrameRefusal(data []byte) int {
 		return 0
 	}
 	return st
+}
+
+// StoredContextMissing reports whether an upstream's error answer (status
+// and body) says that the stored context a request refers to
+// (previous_response_id, conversation, a stored prompt) does not exist
+// there: OpenAI answers 400 previous_response_not_found, a conversation or
+// prompt unknown to the account 404 or 400 naming the field. Another
+// provider account's channel may hold it. A missing model is not one.
+func StoredContextMissing(status int, body []byte) bool {
+	if status != http.StatusBadRequest && status != http.StatusNotFound {
+		return false
+	}
+	var e struct {
+		Error *struct {
+			Message string `json:"message"`
+			Param   any    `json:"param"`
+			Code    any    `json:"code"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(body, &e) != nil || e.Error == nil {
+		return false
+	}
+	code, _ := e.Error.Code.(string)
+	param, _ := e.Error.Param.(string)
+	switch {
+	case code == "model_not_found":
+		return false
+	case code == "previous_response_not_found", code == "conversation_not_found", code == "prompt_not_found":
+		return true
+	}
+	notFound := strings.Contains(strings.ToLower(e.Error.Message), "not found")
+	switch param {
+	case "previous_response_id", "conversation", "conversation.id", "prompt", "prompt.id":
+		return notFound
+	}
+	// The endpoint exists (the request reached it): a 404 of a request
+	// referring to stored context is that context's.
+	return status == http.StatusNotFound && notFound
 }

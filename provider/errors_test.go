@@ -285,3 +285,24 @@ func TestRateLimitReset(t *testing.T) {
 		}
 	}
 }
+
+func TestStoredContextMissing(t *testing.T) {
+	for _, tt := range []struct {
+		status int
+		body   string
+		want   bool
+	}{
+		{400, `{"error":{"message":"Previous response with id 'resp_1' not found.","type":"invalid_request_error","param":"previous_response_id","code":"previous_response_not_found"}}`, true},
+		{404, `{"error":{"message":"Conversation with id 'conv_1' not found.","type":"invalid_request_error","param":null,"code":null}}`, true},
+		{400, `{"error":{"message":"Prompt with id 'pmpt_1' not found.","type":"invalid_request_error","param":"prompt.id","code":null}}`, true},
+		{404, `{"error":{"message":"The model 'x' does not exist","type":"invalid_request_error","param":null,"code":"model_not_found"}}`, false},
+		{400, `{"error":{"message":"Invalid value for 'temperature'.","type":"invalid_request_error","param":"temperature","code":"invalid_value"}}`, false},
+		{400, `{"error":{"message":"Item 'x' not found.","type":"invalid_request_error","param":"input","code":null}}`, false},
+		{500, `{"error":{"message":"Previous response not found","code":"previous_response_not_found"}}`, false},
+		{404, `not json`, false},
+	} {
+		if got := StoredContextMissing(tt.status, []byte(tt.body)); got != tt.want {
+			t.Errorf("StoredContextMissing(%d, %s) = %v", tt.status, tt.body, got)
+		}
+	}
+}

@@ -44,10 +44,18 @@ var responsesKinds = newKinds(map[string]streamgate.Kind{
 	"response.created":     streamgate.Preamble,
 	"response.in_progress": streamgate.Preamble,
 	"response.queued":      streamgate.Preamble,
-	"error":                streamgate.ErrorFrame,
-	"response.failed":      streamgate.ErrorFrame,
-	"response.completed":   streamgate.Terminal,
-	"response.incomplete":  streamgate.Terminal,
+	// An item or part announced, still empty (a message whose content is
+	// [], a reasoning item whose summary is [], a function call whose
+	// arguments are ""), as Anthropic's content_block_start: no content
+	// yet, so a response.failed after it still fails over. Its deltas,
+	// or its .done event for an item that has none, are content.
+	"response.output_item.added":            streamgate.Preamble,
+	"response.content_part.added":           streamgate.Preamble,
+	"response.reasoning_summary_part.added": streamgate.Preamble,
+	"error":                                 streamgate.ErrorFrame,
+	"response.failed":                       streamgate.ErrorFrame,
+	"response.completed":                    streamgate.Terminal,
+	"response.incomplete":                   streamgate.Terminal,
 })
 
 // kinds maps the event names (or "type" values) of a typed dialect to

@@ -74,6 +74,9 @@ type Request struct {
 	// copies of such a request (a hedge) would do those things twice.
 	Effects  string
 	StoreOff bool
+	// Background: it sent "background": true (Responses), asking the
+	// upstream to run it after answering, for retrieval by id.
+	Background bool
 
 	modelStart, modelEnd int // byte span of the "model" value, quotes included
 }
@@ -136,8 +139,11 @@ func (API) ParseRequest(body []byte) (Request, error) {
 			}
 		case "previous_response_id", "conversation", "prompt":
 			// State the upstream keeps and the body does not show: its
-			// tokens are input the body's size cannot bound.
-			if !jsonscan.IsEmpty(val) {
+			// tokens are input the body's size cannot bound. A stored
+			// prompt is an object naming its id; legacy completions'
+			// prompt (a string, an array of strings or token ids) is
+			// all in the body.
+			if !jsonscan.IsEmpty(val) && (string(key) != "prompt" || val[0] == '{') {
 				req.StoredContext = string(key)
 				req.effect(req.StoredContext)
 			}
@@ -147,7 +153,8 @@ func (API) ParseRequest(body []byte) (Request, error) {
 				req.effect("store")
 			}
 		case "background":
-			if string(val) == "true" {
+			req.Background = string(val) == "true"
+			if req.Background {
 				req.effect("background")
 			}
 		case "mcp_servers":

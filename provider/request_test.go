@@ -438,3 +438,25 @@ func TestParseRequestEffectsWebSearchOptions(t *testing.T) {
 		}
 	}
 }
+
+// Legacy completions (/v1/completions) send their prompt in "prompt": a
+// string, an array of strings or of token ids, all in the body. Only the
+// Responses API's stored prompt, an object naming its id, is input the
+// upstream keeps; a plain prompt must not make a completions request one
+// that refers to stored context (refused by the wallet without
+// max_input_tokens, reserved at the model's whole input bound).
+func TestParseRequestCompletionsPromptIsNotStored(t *testing.T) {
+	for _, body := range []string{
+		`{"model":"m","prompt":"Say hello"}`,
+		`{"model":"m","prompt":["Say hello","Say bye"]}`,
+		`{"model":"m","prompt":[1212,318]}`,
+	} {
+		req, err := OpenAICompletions.ParseRequest([]byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if req.StoredContext != "" || req.Effects != "" {
+			t.Errorf("%s: StoredContext %q, Effects %q: a prompt in the body is no stored context", body, req.StoredContext, req.Effects)
+		}
+	}
+}
