@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -235,7 +236,7 @@ func TestDoctorJudgesAnswersAsTrafficDoes(t *testing.T) {
 		t.Errorf("the doctor sent %d requests to the open channel, want 2", errorInStream.Hits()-hits)
 	}
 	after := fetchStatus(t, adminURL+"/llm_failover/status")
-	if b, a := channelWindow(t, before, "drframe", "5m"), channelWindow(t, after, "drframe", "5m"); a != b {
+	if b, a := channelWindow(t, before, "drframe", "5m"), channelWindow(t, after, "drframe", "5m"); !reflect.DeepEqual(a, b) {
 		t.Errorf("the doctor's checks were recorded: %+v, then %+v", b, a)
 	}
 	state := func(v statusJSON) string {
