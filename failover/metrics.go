@@ -120,9 +120,15 @@ func countGenAI(x *exchange, ch *Channel, route *chain.Route, res attemptResult,
 	}
 }
 
-func registerMetrics(reg prometheus.Registerer) error {
-	return caddykit.Register(reg, requestsTotal, attemptsTotal, attemptDuration, channelSkipped,
+func init() {
+	caddykit.AddMetrics("llm_failover", requestsTotal, attemptsTotal, attemptDuration, channelSkipped,
 		walletTotal, walletCharged, resumesTotal, hedgesTotal, hedgeCost, inputTokens, genAIDuration, genAITimeToFirstChunk, genAITokens, idempotentTotal)
+}
+
+// registerMetrics registers every collector of the plugin
+// (caddykit.RegisterAll), these included.
+func registerMetrics(reg prometheus.Registerer) error {
+	return caddykit.RegisterAll(reg)
 }
 
 // countInput adds an answer's reported input, by cache class, to

@@ -40,6 +40,16 @@ func (adminAPI) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
+// Provision registers the plugin's metrics into the new config's
+// registry. Caddy provisions admin modules, and serves /metrics from that
+// registry, before it provisions the config's apps, and goes on serving
+// it when the config is then refused: registered only by the apps and
+// handlers, the running config's series left /metrics after a reload
+// refused before them. The collectors report the running config's state.
+func (a *adminAPI) Provision(ctx caddy.Context) error {
+	return caddykit.RegisterAll(ctx.GetMetricsRegistry())
+}
+
 // Routes returns the admin routes.
 func (a *adminAPI) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{{Pattern: "/llm_failover/", Handler: caddy.AdminHandlerFunc(a.serve)}}
@@ -179,4 +189,5 @@ func resetChannel(w http.ResponseWriter, a *App, name string) error {
 // Interface guards
 var (
 	_ caddy.AdminRouter = (*adminAPI)(nil)
+	_ caddy.Provisioner = (*adminAPI)(nil)
 )

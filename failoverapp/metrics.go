@@ -37,10 +37,16 @@ func LearnedDeadlineFired(channel, kind string) {
 	learnedDeadlineFired.WithLabelValues(channel, kind).Inc()
 }
 
-func registerMetrics(reg prometheus.Registerer) error {
-	return caddykit.Register(reg, append(probe.Collectors(),
+func init() {
+	caddykit.AddMetrics("llm_failover", append(probe.Collectors(),
 		breakerTransitions, breakerStates{}, heldBytesGauge, caddykit.JobMetrics{},
-		learnedDeadlineFired, learnedDeadlines{channels: activeChannels})...)
+		learnedDeadlineFired, learnedDeadlines{channels: activeChannels}, probeBudgets{channels: activeProbedChannels})...)
+}
+
+// registerMetrics registers every collector of the plugin
+// (caddykit.RegisterAll), these included.
+func registerMetrics(reg prometheus.Registerer) error {
+	return caddykit.RegisterAll(reg)
 }
 
 var breakerStateDesc = prometheus.NewDesc("caddy_llm_failover_breaker_state",
@@ -124,6 +130,60 @@ func activeChannels() []*Channel {
 	for _, c := range a.channels {
 		if !slices.Contains(out, c.ch) {
 			out = append(out, c.ch)
+		}
+	}
+	return out
+}
+
+var probeBudgetSpentDesc = prometheus.NewDesc("caddy_llm_failover_probe_budget_spent",
+	"1 while a channel's daily probe budget is spent and its probes are stopped.",
+	[]string{"channel"}, nil)
+
+// probeBudgets reads, at scrape time, whether the day's probe budget of
+// each channel the running config probes is spent: a gauge set when it
+// ran out went on saying so, and paging, for a channel a reload removed
+// (or stopped probing), as only that channel's next probe on a new day
+// set it back. channels lists the probed channels' names.
+type probeBudgets struct {
+	channels func() []string
+}
+
+func (probeBudgets) Describe(ch chan<- *prometheus.Desc) { ch <- probeBudgetSpentDesc }
+
+func (p probeBudgets) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now()
+	seen := map[string]bool{}
+	for _, name := range p.channels() {
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		rec, ok := probes.View(name, now)
+		if !ok {
+			continue
+		}
+		v := 0.0
+		if rec.Stopped {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(probeBudgetSpentDesc, prometheus.GaugeValue, v, name)
+	}
+}
+
+// activeProbedChannels lists the channels the running config probes; none
+// when no config has an llm_failover app.
+func activeProbedChannels() []string {
+	a := active()
+	if a == nil {
+		return nil
+	}
+	a.mu.Lock()
+	targets := slices.Clone(a.probes)
+	a.mu.Unlock()
+	var out []string
+	for _, t := range targets {
+		for _, r := range t.Routes() {
+			out = append(out, r.Channel)
 		}
 	}
 	return out

@@ -94,11 +94,8 @@ func (l *Ledger) View(channel string, now time.Time) (Record, bool) {
 
 // roll starts the channel's new day at now: the spend restarts; what
 // probes in flight hold stays held.
-func roll(r *Record, channel string, now time.Time) {
+func roll(r *Record, now time.Time) {
 	if day := now.UTC().Format(time.DateOnly); r.Day != day {
-		if r.Stopped {
-			budgetSpent.WithLabelValues(channel).Set(0)
-		}
 		r.Day, r.Spent, r.Stopped = day, 0, false
 	}
 }
@@ -143,7 +140,7 @@ func (l *Ledger) hold(ctx context.Context, c Route, budget wallet.Micros, now ti
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r := l.record(c.Channel)
-	roll(r, c.Channel, now)
+	roll(r, now)
 	// room is what is left of the budget; compared rather than summed
 	// so that no sum overflows.
 	room := budget - r.Spent
@@ -161,7 +158,6 @@ func (l *Ledger) hold(ctx context.Context, c Route, budget wallet.Micros, now ti
 		}
 		if spentOut && !r.Stopped {
 			r.Stopped = true
-			budgetSpent.WithLabelValues(c.Channel).Set(1)
 			stopped = true
 		}
 		return nil, stopped, r.Spent
@@ -188,7 +184,7 @@ func (h *Hold) interrupted(cost wallet.Micros, at time.Time) {
 	l, c := h.l, h.route
 	l.mu.Lock()
 	r := l.record(c.Channel)
-	roll(r, c.Channel, at)
+	roll(r, at)
 	r.Held -= h.amount
 	r.Spent += cost
 	l.mu.Unlock()
@@ -204,7 +200,7 @@ func (h *Hold) settle(res Result, at time.Time) {
 	l, c := h.l, h.route
 	l.mu.Lock()
 	r := l.record(c.Channel)
-	roll(r, c.Channel, at)
+	roll(r, at)
 	r.Held -= h.amount
 	r.At, r.Model, r.Outcome, r.Reason = at, c.Model, res.Outcome, res.Reason
 	r.Spent += res.Cost

@@ -299,11 +299,11 @@ var (
 		Namespace: "caddy", Subsystem: "llm_failover", Name: "probe_spend_dollars_total",
 		Help: "What synthetic checks cost, at the route's cost, by channel.",
 	}, []string{"channel"})
-	budgetSpent = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Namespace: "caddy", Subsystem: "llm_failover", Name: "probe_budget_spent",
-		Help: "1 while a channel's daily probe budget is spent and its probes are stopped.",
-	}, []string{"channel"})
 )
 
 // Collectors are the package's metrics, for a config's registry.
-func Collectors() []prometheus.Collector { return []prometheus.Collector{total, spend, budgetSpent} }
+// Whether a channel's day's budget is spent is read at scrape time by
+// whoever knows which channels the running config probes (Ledger.View):
+// a gauge set here would go on saying "spent" for a channel a reload
+// removed, which no probe ever rolls into a new day.
+func Collectors() []prometheus.Collector { return []prometheus.Collector{total, spend} }

@@ -37,8 +37,14 @@ var (
 	})
 )
 
+func init() {
+	caddykit.AddMetrics("llm_wallet", sweepHeartbeat, sweepTotal, keepAliveTotal, settlementsPending, writeRetries, settlementsUnwritten)
+}
+
+// registerMetrics registers every collector of the plugin
+// (caddykit.RegisterAll), these included.
 func registerMetrics(reg prometheus.Registerer) error {
-	return caddykit.Register(reg, sweepHeartbeat, sweepTotal, keepAliveTotal, settlementsPending, writeRetries, settlementsUnwritten)
+	return caddykit.RegisterAll(reg)
 }
 
 // storeObserver counts and logs a store's write faults (wallet.Observer).
