@@ -325,6 +325,7 @@ func worse(a, b string) string {
 func (a *App) statusView(now time.Time, title string, hide bool) StatusView {
 	snap := a.Snapshot(now)
 	a.closedByClock(snap, now)
+	a.endRemoved(snap, now)
 	v := StatusView{Title: title, GeneratedAt: now.UTC(), Status: StatusOperational, Hidden: hide}
 	legend := map[string]bool{}
 	for _, w := range statusWindows {
@@ -441,6 +442,35 @@ func probeViewOf(channel string, now time.Time) *ProbeView {
 	return &ProbeView{Windows: windowsOf(probes.History().Channel(channel, now, durations()...)),
 		LastAt: rec.At.UTC(), LastResult: string(rec.Outcome), LastReason: rec.Reason,
 		SpentToday: rec.Spent.String(), BudgetStopped: rec.Stopped}
+}
+
+// endRemoved ends the ongoing incidents the running config (snap, read
+// from the active app) leaves nothing to end: those of the channels and
+// models a reload removed, whose breakers no config consults any more,
+// and that of a model the reload gave a working channel, whose new
+// breakers have no transition to report. It runs when the view is read,
+// never when a config starts, so that a config a reload refuses ends
+// nothing.
+func (a *App) endRemoved(snap Snapshot, now time.Time) {
+	channels := map[string]bool{}
+	working := map[string]bool{} // by model: present, and whether any channel works
+	for _, c := range snap.Channels {
+		channels[c.Name] = true
+	}
+	for _, m := range snap.Models {
+		w := working[m.Name]
+		for _, r := range m.Routes {
+			w = w || r.Health.State == breaker.Closed || r.Health.State == breaker.HalfOpen
+		}
+		working[m.Name] = w
+	}
+	a.status.history.EndUnless(func(kind, subject string) bool {
+		if kind == history.ScopeModel {
+			w, present := working[subject]
+			return present && !w
+		}
+		return channels[subject]
+	}, now)
 }
 
 // closedByClock ends the incident of a channel whose breaker closed by

@@ -331,3 +331,41 @@ func BenchmarkRecord(b *testing.B) {
 		r.Record(a)
 	}
 }
+
+// EndUnless ends the ongoing incidents the running config leaves nothing
+// to end, and only those; one that began after the instant ends when it
+// began.
+func TestEndUnless(t *testing.T) {
+	r := NewRecorder()
+	t0 := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	r.ChannelOpened("kept", "status", t0)
+	r.ChannelOpened("removed", "status", t0)
+	r.ModelAvailable("gone", false, t0)
+	r.ChannelOpened("later", "status", t0.Add(2*time.Minute))
+	at := t0.Add(time.Minute)
+	n := r.EndUnless(func(kind, subject string) bool { return kind == ScopeChannel && subject == "kept" }, at)
+	if n != 3 {
+		t.Fatalf("ended %d, want 3", n)
+	}
+	for _, in := range r.Incidents() {
+		switch in.Subject {
+		case "kept":
+			if !in.Ongoing() {
+				t.Errorf("kept incident ended")
+			}
+		case "later":
+			if !in.End.Equal(in.Start) {
+				t.Errorf("later incident ended at %v, want its start %v", in.End, in.Start)
+			}
+		default:
+			if !in.End.Equal(at) {
+				t.Errorf("%s %s ended at %v, want %v", in.Kind, in.Subject, in.End, at)
+			}
+		}
+	}
+	// Ended is ended: a new opening is a new incident.
+	r.ChannelOpened("removed", "status", at.Add(time.Minute))
+	if got := len(r.Incidents()); got != 5 {
+		t.Errorf("%d incidents, want 5", got)
+	}
+}

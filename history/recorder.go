@@ -170,6 +170,29 @@ func (r *Recorder) ChannelSeenClosed(channel string, at time.Time) bool {
 	return true
 }
 
+// EndUnless ends, at at, every ongoing incident that keep does not keep:
+// the running config says it is over, although no transition ended it (a
+// reload removed its channel or model, whose breakers no config consults
+// any more, or gave its model a working channel). An incident that began
+// after at ends when it began. It reports how many it ended.
+func (r *Recorder) EndUnless(keep func(kind, subject string) bool, at time.Time) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for key, in := range r.open {
+		if keep(in.Kind, in.Subject) {
+			continue
+		}
+		in.End = at
+		if in.Start.After(at) {
+			in.End = in.Start
+		}
+		delete(r.open, key)
+		n++
+	}
+	return n
+}
+
 // NoWorkingChannel is the reason of a model's incident: none of its
 // channels could be sent anything.
 const NoWorkingChannel = "no_working_channel"
