@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -65,6 +66,20 @@ func TestOddStatusesFailOver(t *testing.T) {
 			}()
 			e := badEngine(t, Options{}, nil, "", raw("HTTP/1.1 "+line+"\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"), true)
 			w := httptest.NewRecorder() // synchronously, so that recover sees a panic
+			serveDirect(e, w, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(fu.ChatRequest("m", false))))
+			wantBackup(t, w, true)
+		})
+	}
+}
+
+// The statuses that walk the chain by default (README.md, retry_status in
+// docs/configuration.md: 408, 424, 429 and every 5xx) each fail over to
+// the next channel.
+func TestDefaultRetryStatusesFailOver(t *testing.T) {
+	for _, code := range []int{408, 424, 429, 500, 502, 503, 504, 529, 599} {
+		t.Run(strconv.Itoa(code), func(t *testing.T) {
+			e := badEngine(t, Options{}, nil, "", fu.Status(code, ""), true)
+			w := httptest.NewRecorder()
 			serveDirect(e, w, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(fu.ChatRequest("m", false))))
 			wantBackup(t, w, true)
 		})

@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 	"github.com/llmfailover/caddy-llm-failover/provider"
 )
@@ -99,6 +102,66 @@ func TestSplitErrorFrameAfterContentMasksEchoedKey(t *testing.T) {
 	w, _ := send(e, "/v1/chat/completions", fu.ChatRequest("m", true))
 	if body := w.Body.String(); !strings.Contains(body, "Hello") || strings.Contains(body, echoedKey[:len(echoedKey)/2]) {
 		t.Fatalf("(part of) the key reached the client: %s", body)
+	}
+}
+
+// An error event after content that is held back for a resume (the
+// deferred break) and then written because no channel continued the
+// stream (the only one after it refuses) is masked like any error event.
+func TestDeferredErrorEventMasksEchoedKey(t *testing.T) {
+	bad := sse(`data: {"choices":[{"index":0,"delta":{"content":"Hello"}}]}
+
+data: {"error":{"message":"upstream auth KEY expired","type":"server_error"}}
+
+`)
+	refuse := fu.Status(http.StatusBadRequest, fu.OpenAIErrorBody("prefix not supported", "invalid_request_error", ""))
+	p := testPlan(t, Options{}, func(m *Model) { m.Resume = ResumeContinue },
+		testChannel{name: uniqueName("bad"), url: upstream(t, bad).URL, adapter: &provider.OpenAI{Continuation: "prefix"}},
+		testChannel{name: uniqueName("next"), url: upstream(t, refuse).URL, adapter: &provider.OpenAI{Continuation: "prefix"}})
+	p.Channels[0].Header.Set("Authorization", "Bearer "+echoedKey)
+	e := testEngine(t, p)
+	if !e.models["m"].resumable[provider.OpenAIChat] {
+		t.Fatal("the model's chat streams are not resumable: the break would not be deferred")
+	}
+	w, ok := send(e, "/v1/chat/completions", fu.ChatRequest("m", true))
+	if !ok {
+		t.Fatal("no answer")
+	}
+	body := w.Body.String()
+	if !strings.Contains(body, "Hello") || !strings.Contains(body, "expired") {
+		t.Fatalf("the deferred error event did not reach the client: status %d: %q", w.Code, body)
+	}
+	if strings.Contains(body, echoedKey) {
+		t.Errorf("the deferred error event carries the channel's key: %q", body)
+	}
+}
+
+// A failure's detail quotes what the upstream sent where the gateway
+// expected an API answer (here its Content-Type): an upstream that echoes
+// the channel's key there must not get it into the failover log line.
+func TestFailureDetailMasksEchoedKey(t *testing.T) {
+	e := badEngine(t, Options{}, nil, "Authorization", fu.BehaviorFunc(func(w http.ResponseWriter, r *http.Request, _ int64) {
+		w.Header().Set("Content-Type", "text/html; charset="+r.Header.Get("Authorization"))
+		_, _ = w.Write([]byte("<html>sign in</html>"))
+	}), true)
+	core, logs := observer.New(zap.DebugLevel)
+	e.logger = zap.New(core)
+	w, ok := send(e, "/v1/chat/completions", fu.ChatRequest("m", false))
+	wantBackup(t, w, ok)
+	quoted := false
+	for _, l := range logs.All() {
+		for k, v := range l.ContextMap() {
+			s := fmt.Sprint(v)
+			if k == "detail" && strings.Contains(s, "content type") {
+				quoted = true
+			}
+			if strings.Contains(s, echoedKey) {
+				t.Errorf("log %q: field %s carries the channel's key: %s", l.Message, k, s)
+			}
+		}
+	}
+	if !quoted {
+		t.Fatalf("no log line quotes the content type as its detail: %v", logs.All())
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -340,7 +341,7 @@ func TestBreakerAllOpenProbesFirstToRecover(t *testing.T) {
 // 6. A 429 with Retry-After parks a channel without counting a failure;
 // when every channel is parked the gateway refuses at once, untried.
 func TestBreakerRetryAfterParks(t *testing.T) {
-	a := upstream(t, fu.Status(429, "").WithHeader("Retry-After", "2"))
+	a := upstream(t, fu.Status(429, "").WithHeader("Retry-After", "4"))
 	b := upstream(t, fu.OKNamed("backup"))
 	gateway(t, twoChannels, a.URL, b.URL, "")
 	parked := time.Now()
@@ -356,7 +357,7 @@ func TestBreakerRetryAfterParks(t *testing.T) {
 	}
 
 	// b is rate limited too: that request still tries it (a is skipped).
-	b.Set(fu.Status(429, "").WithHeader("Retry-After", "2"))
+	b.Set(fu.Status(429, "").WithHeader("Retry-After", "4"))
 	res, body := brkChat(t)
 	if res.StatusCode != 429 || res.Header.Get("X-Attempts") != "1" {
 		t.Fatalf("status %d after %s attempts: %s", res.StatusCode, res.Header.Get("X-Attempts"), body)
@@ -366,14 +367,18 @@ func TestBreakerRetryAfterParks(t *testing.T) {
 
 	// Everything parked: refused without a try, with a Retry-After.
 	res, body = brkChat(t)
-	if time.Since(parked) >= 2*time.Second {
+	if time.Since(parked) >= 4*time.Second {
+		// The core check would prove nothing: never skipped in CI.
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("too slow: the parks ended before the check (%s)", time.Since(parked))
+		}
 		t.Skip("too slow: the parks ended before the check")
 	}
 	if res.StatusCode != 503 {
 		t.Fatalf("all parked: status %d: %s", res.StatusCode, body)
 	}
-	if ra, err := strconv.Atoi(res.Header.Get("Retry-After")); err != nil || ra < 1 || ra > 2 {
-		t.Errorf("Retry-After = %q, want 1 or 2", res.Header.Get("Retry-After"))
+	if ra, err := strconv.Atoi(res.Header.Get("Retry-After")); err != nil || ra < 1 || ra > 4 {
+		t.Errorf("Retry-After = %q, want 1 to 4", res.Header.Get("Retry-After"))
 	}
 	brkRefusedInBothFormats(t, body, "rate limited")
 	hits(t, a, 1)
@@ -387,12 +392,12 @@ func TestBreakerRetryAfterParks(t *testing.T) {
 
 	// The park ends by itself.
 	a.Set(fu.OKNamed("primary"))
-	eventually(t, 4*time.Second, "the primary's park to end", func() bool {
+	eventually(t, 7*time.Second, "the primary's park to end", func() bool {
 		res, _ := brkChat(t)
 		return res.StatusCode == 200 && res.Header.Get("X-Served-By") == "a"
 	})
-	if el := time.Since(parked); el < 2*time.Second {
-		t.Fatalf("primary served %s after a 2s park", el)
+	if el := time.Since(parked); el < 4*time.Second {
+		t.Fatalf("primary served %s after a 4s park", el)
 	}
 }
 

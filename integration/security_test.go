@@ -10,12 +10,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddytest"
 
+	"github.com/llmfailover/caddy-llm-failover/internal/fakeproviders"
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 )
 
@@ -70,6 +72,7 @@ func echoSecret(status int) fu.BehaviorFunc {
 	return func(w http.ResponseWriter, r *http.Request, _ int64) {
 		auth := r.Header.Get("Authorization")
 		w.Header().Set("X-Echo", auth)
+		w.Header().Set("X-Echo-Clean", "no secret here")
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(status)
 		fmt.Fprintf(w, `{"error":{"message":"request had Authorization=%s and key %s","type":"server_error"}}`, auth, strings.TrimPrefix(auth, "Bearer "))
@@ -83,6 +86,7 @@ func TestEchoedSecretsGoNowhere(t *testing.T) {
 			pluginLog, accessLog := loggedGateway(t, `
 		channel a %s {
 			header Authorization "Bearer `+upstreamSecret+`"
+			pass_response_header X-Echo X-Echo-Clean
 		}
 		model m {
 			route a
@@ -91,6 +95,12 @@ func TestEchoedSecretsGoNowhere(t *testing.T) {
 			res, body := post(t, "/v1/chat/completions", fu.ChatRequest("m", false), "X-Api-Key", "client-key-123456")
 			if res.StatusCode != status {
 				t.Fatalf("status %d: %s", res.StatusCode, body)
+			}
+			// X-Echo is passed by name, so only the secret mask keeps it
+			// from the client; its clean neighbour shows that the passed
+			// headers of the answer do reach the client.
+			if status == 400 && res.Header.Get("X-Echo-Clean") != "no secret here" {
+				t.Errorf("X-Echo-Clean = %q: the passed headers did not reach the client, so the header check below proves nothing", res.Header.Get("X-Echo-Clean"))
 			}
 			if status == 503 {
 				mustContain(t, body, "request had Authorization=[REDACTED]")
@@ -416,4 +426,75 @@ func TestEnvSecretsNeverInConfig(t *testing.T) {
 	if bytes.Contains(cfg, []byte(secret)) {
 		t.Fatal("the admin API's /config/ holds the channel key")
 	}
+}
+
+// A Vertex channel's access tokens are secrets the gateway learns only as
+// it runs (provider.Vertex's LiveCredentials): an upstream that echoes the
+// one it was sent, in a passed response header or in an error message,
+// must not get it to the client either. The fake's tokens ("ya29.fake-1")
+// have no credential shape, so only the live mask can keep them out.
+func TestEchoedVertexAccessTokenGoesNowhere(t *testing.T) {
+	v := fakeproviders.NewVertex("proj-1", "us-east5", time.Hour)
+	t.Cleanup(v.Close)
+	sa, err := v.WriteServiceAccount(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fail atomic.Bool
+	echo := fu.BehaviorFunc(func(w http.ResponseWriter, r *http.Request, _ int64) {
+		tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+		w.Header().Set("X-Echo", tok)
+		w.Header().Set("X-Echo-Clean", "no secret here")
+		if fail.Load() {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, fu.AnthropicErrorBody("api_error", "the credential "+tok+" was revoked"))
+			return
+		}
+		// rawPredict answers as Anthropic does.
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-5@20250929",`+
+			`"content":[{"type":"text","text":"Hello from vertex"}],"stop_reason":"end_turn","stop_sequence":null,`+
+			`"usage":{"input_tokens":3,"output_tokens":2}}`)
+	})
+	a := upstream(t, echo)
+	gateway(t, `
+		channel v %s {
+			provider vertex {
+				project proj-1
+				region us-east5
+				credentials_file %s
+			}
+			pass_response_header X-Echo X-Echo-Clean
+		}
+		model claude {
+			route v upstream_model claude-sonnet-4-5@20250929
+		}
+		auth off`, a.URL, sa)
+	ask := func() (*http.Response, []byte) {
+		return post(t, "/v1/messages", fu.MessagesRequest("claude", false), "anthropic-version", "2023-06-01")
+	}
+	res, body := ask()
+	if res.StatusCode != 200 {
+		t.Fatalf("status %d: %s", res.StatusCode, body)
+	}
+	if got := a.LastRequest().Header.Get("Authorization"); !strings.HasPrefix(got, "Bearer ya29.fake-") {
+		t.Fatalf("the upstream was sent Authorization %q, not a token of the fake's", got)
+	}
+	if res.Header.Get("X-Echo-Clean") != "no secret here" {
+		t.Fatalf("X-Echo-Clean = %q: the passed headers did not reach the client", res.Header.Get("X-Echo-Clean"))
+	}
+	if got := res.Header.Get("X-Echo"); got != "" {
+		t.Errorf("X-Echo reached the client with the access token: %q", got)
+	}
+	mustContain(t, body, "Hello from vertex")
+	mustNotContain(t, body, "ya29.fake")
+
+	fail.Store(true)
+	res, body = ask()
+	if res.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("status %d: %s", res.StatusCode, body)
+	}
+	mustContain(t, body, "was revoked")
+	mustNotContain(t, body, "ya29.fake")
 }
