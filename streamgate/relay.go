@@ -597,7 +597,14 @@ func (r *relay) feedDrop(c []byte) (wrote bool, boundary int) {
 		r.pending = r.pending[:0]
 		r.ws = b
 	}
-	r.pending = append(r.pending, c[r.ws:]...)
+	if r.keep && len(r.pending) == 0 {
+		// The rest of an event too large to hold, which goes on as it
+		// comes: written from the chunk, not copied through pending (a
+		// 50 MB line would churn a MiB buffer per MiB).
+		r.sink(c[r.ws:])
+	} else {
+		r.pending = append(r.pending, c[r.ws:]...)
+	}
 	if len(r.pending) > r.p.MaxEvent {
 		// An event this large is no usage report: it is kept whatever
 		// Drop says (as an Overflow event would be), and its bytes go on
