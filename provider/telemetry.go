@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"unicode/utf8"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/jsonscan"
 )
 
 // What OpenTelemetry's GenAI semantic conventions call an operation and a
@@ -123,7 +125,7 @@ func (k *textKeeper) text() (string, bool) {
 // character, an invalid escape: the stream's walk does not check them).
 // It decodes once: trying ever shorter prefixes cost a decode per byte.
 func decodeJSONText(raw []byte) string {
-	raw = raw[:validStringPrefix(raw)]
+	raw = raw[:jsonscan.ValidStringPrefix(raw)]
 	if len(raw) == 0 {
 		return ""
 	}
@@ -134,39 +136,6 @@ func decodeJSONText(raw []byte) string {
 		return ""
 	}
 	return s
-}
-
-// validStringPrefix is the length of raw's longest prefix that is the
-// whole contents of a JSON string: it ends before the first control
-// character, unescaped quote, invalid escape or escape cut short.
-func validStringPrefix(raw []byte) int {
-	for i := 0; i < len(raw); {
-		switch c := raw[i]; {
-		case c < 0x20 || c == '"':
-			return i
-		case c != '\\':
-			i++
-		case i+1 == len(raw):
-			return i
-		default:
-			switch raw[i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				i += 2
-			case 'u':
-				if i+6 > len(raw) || !isHexDigit(raw[i+2]) || !isHexDigit(raw[i+3]) || !isHexDigit(raw[i+4]) || !isHexDigit(raw[i+5]) {
-					return i
-				}
-				i += 6
-			default:
-				return i
-			}
-		}
-	}
-	return len(raw)
-}
-
-func isHexDigit(c byte) bool {
-	return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'
 }
 
 // truncateUTF8 cuts s to at most n bytes, at a character boundary.

@@ -109,32 +109,39 @@ func validKey(b []byte, i int) int {
 // characters, only JSON's escapes) and returns the index just past it, or
 // -1.
 func validString(b []byte, i int) int {
-	for i++; i < len(b); {
-		switch c := b[i]; {
-		case c == '"':
-			return i + 1
-		case c < 0x20:
-			return -1
-		case c == '\\':
-			if i+1 >= len(b) {
-				return -1
-			}
-			switch b[i+1] {
+	if j := i + 1 + ValidStringPrefix(b[i+1:]); j < len(b) && b[j] == '"' {
+		return j + 1
+	}
+	return -1
+}
+
+// ValidStringPrefix is the length of the longest prefix of raw that is
+// the contents of a JSON string: it ends before the first unescaped
+// quote, control character, invalid escape or escape cut short.
+func ValidStringPrefix(raw []byte) int {
+	for i := 0; i < len(raw); {
+		switch c := raw[i]; {
+		case c == '"' || c < 0x20:
+			return i
+		case c != '\\':
+			i++
+		case i+1 == len(raw):
+			return i
+		default:
+			switch raw[i+1] {
 			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 				i += 2
 			case 'u':
-				if i+6 > len(b) || !isHex(b[i+2]) || !isHex(b[i+3]) || !isHex(b[i+4]) || !isHex(b[i+5]) {
-					return -1
+				if i+6 > len(raw) || !isHex(raw[i+2]) || !isHex(raw[i+3]) || !isHex(raw[i+4]) || !isHex(raw[i+5]) {
+					return i
 				}
 				i += 6
 			default:
-				return -1
+				return i
 			}
-		default:
-			i++
 		}
 	}
-	return -1
+	return len(raw)
 }
 
 func isHex(c byte) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' }
