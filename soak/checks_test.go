@@ -625,6 +625,7 @@ func (c *checker) checkLedger(rows []ledgerRow) {
 	logged := map[string]bool{}
 	var answers, once, resumed, lost, refused, failedReleased int
 	var lostGap time.Duration
+	lostAt := map[time.Time]int{} // billed answers lost, by the kill that lost them
 	for _, r := range c.l.records {
 		if !r.billed() || r.ReqID == "" {
 			continue
@@ -665,6 +666,7 @@ func (c *checker) checkLedger(rows []ledgerRow) {
 			}
 		case len(s) == 0 && crashed:
 			lost++
+			lostAt[killedAt]++
 			if r.Done.Before(killedAt) {
 				lostGap = max(lostGap, killedAt.Sub(r.Done))
 			}
@@ -699,7 +701,10 @@ func (c *checker) checkLedger(rows []ledgerRow) {
 
 	// The killed instance's credit leases (and the reservations of its
 	// streams cut mid-way) are released uncharged once lease_ttl has
-	// passed, by the survivor's sweep, each with an `expired` row.
+	// passed, by the survivor's sweep, each with an `expired` row. A kill
+	// that lost no billed answer may leave nothing to release: its leases
+	// may have given their spare money back, and a stream mid-way on it may
+	// have been settled (or unbilled) before the kill reached it.
 	for _, k := range tl.kills {
 		var first time.Duration = -1
 		n := 0
@@ -719,8 +724,10 @@ func (c *checker) checkLedger(rows []ledgerRow) {
 			if first > bound {
 				c.defect("%s: its leases were released %.2fs after the kill, later than lease_ttl %v plus a sweep (bound %v)", k.why, first.Seconds(), leaseTTL, bound)
 			}
-		case k.mid > 0:
-			c.defect("%s: %d streams were mid-way on it, but no expired row shows its leases released", k.why, k.mid)
+		case lostAt[k.at] > 0:
+			c.defect("%s: %d billed answers were lost with it unsettled, but no expired row shows its leases released", k.why, lostAt[k.at])
+		default:
+			c.printf("  %s: no expired row, and none due: it lost no billed answer unsettled (%d billed streams were mid-way when it was sent)\n", k.why, k.mid)
 		}
 	}
 }

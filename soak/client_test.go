@@ -89,8 +89,8 @@ type load struct {
 	// the ones in flight (inflight) to end and measures.
 	paused   atomic.Bool
 	inflight atomic.Int64
-	// mid counts, per instance, the streams that delivered content and
-	// have not ended: the kill waits for some, so that it cuts streams
+	// mid counts, per instance, the billed streams that delivered content
+	// and have not ended: the kill waits for some, so that it cuts streams
 	// whose money the killed instance holds.
 	mid  []atomic.Int64
 	stop chan struct{}
@@ -342,8 +342,10 @@ func (l *load) do(c *http.Client, q request) *record {
 		}
 	}()
 	rec.Class, rec.Detail, rec.Resumed, rec.Bytes = classifyStream(q.api, body, q.abort, func() {
-		counted = true
-		l.mid[q.inst].Add(1)
+		if rec.billed() {
+			counted = true
+			l.mid[q.inst].Add(1)
+		}
 	})
 	return rec
 }

@@ -271,7 +271,7 @@ type timeline struct {
 type killEvent struct {
 	inst      int
 	at, ready time.Time // killed; answering again
-	mid       int64     // streams mid-way on it when it was killed
+	mid       int64     // billed streams mid-way on it when it was killed
 	why       string
 }
 
@@ -298,7 +298,7 @@ func (tl *timeline) crashed(r *record) (killedAt time.Time, ok bool) {
 }
 
 // hardRestart kills g with -9 and starts it again (the caller holds
-// g.life). With waitMid it first waits (at most 10s) until streams are
+// g.life). With waitMid it first waits (at most 10s) until billed streams are
 // mid-way on it, so that the kill cuts streams whose money its credit
 // leases hold.
 func hardRestart(g *gateway, inst int, l *load, tl *timeline, why string, waitMid bool) error {
@@ -309,7 +309,7 @@ func hardRestart(g *gateway, inst int, l *load, tl *timeline, why string, waitMi
 	if err := g.kill9(); err != nil {
 		return err
 	}
-	tl.note("%s, %d streams mid-way on it", why, k.mid)
+	tl.note("%s, %d billed streams mid-way on it", why, k.mid)
 	time.Sleep(2 * time.Second)
 	err := g.start()
 	k.ready = time.Now()
