@@ -499,12 +499,22 @@ func (c *checker) inPG(r *record) bool {
 	return false
 }
 
-// reloading: a reload of r's instance was under way when r was sent.
+// reloading: a reload of r's instance was under way when r was sent, or
+// r went out on a pooled connection the old server may still hold. Go's
+// server, once shutting down, closes a connection whose first request it
+// then reads, unanswered, and leaves one that has carried none open for up
+// to 5s; Go's client pools a connection it dialed for a request that took
+// another (and counts it as reused). A request sent on such a connection
+// up to the grace period after the reload fails with EOF.
 func (c *checker) reloading(r *record) bool {
 	c.tl.mu.Lock()
 	defer c.tl.mu.Unlock()
 	for _, e := range c.tl.reloads {
-		if e.inst == r.Inst && overlaps(r.Sent, r.Done, e.at, e.at.Add(e.took+500*time.Millisecond)) {
+		window := 500 * time.Millisecond
+		if r.Reused {
+			window = reloadGrace
+		}
+		if e.inst == r.Inst && overlaps(r.Sent, r.Done, e.at, e.at.Add(e.took+window)) {
 			return true
 		}
 	}
@@ -585,11 +595,12 @@ func (c *checker) judge() {
 			case r.Class == classConnError && c.reloading(r) && r.Done.Sub(r.Sent) < time.Second &&
 				(strings.Contains(r.Detail, "EOF") || strings.Contains(r.Detail, "connection reset") || strings.Contains(r.Detail, "server closed idle connection")):
 				// `caddy reload` shuts the old server down: it closes its
-				// idle keep-alive connections, and a connection it had just
-				// accepted, so a request sent on one at that moment fails
-				// before a byte of answer (HTTP/1.1's keep-alive race; Go
-				// retries it only for idempotent requests, the SDKs retry
-				// it). Caddy's, not the handler's; counted apart.
+				// idle keep-alive connections, a connection it had just
+				// accepted, and one that carried no request yet when its
+				// first request comes (see reloading), so a request sent on
+				// one fails before a byte of answer (HTTP/1.1's keep-alive
+				// race; Go retries it only for idempotent requests, the
+				// SDKs retry it). Caddy's, not the handler's; counted apart.
 				r.Why = "its connection was closed by a reload's server hand-over"
 			default:
 				r.Defect = "the connection failed with no instance killed"

@@ -21,6 +21,10 @@ const (
 	// short, and the killed instance's leases expire during the run.
 	leaseTTL       = 2 * time.Second
 	reservationTTL = 3 * time.Second
+	// reloadGrace is grace_period: how long an old server finishes its
+	// streams after a reload. A stuck one is then cut, and a request on a
+	// pooled connection it still holds may fail until then.
+	reloadGrace = 5 * time.Second
 	// idleTimeout is stream_idle_timeout; stallFor, the stall fault's
 	// silence, must be longer so that the gateway notices the stall.
 	idleTimeout = 2 * time.Second
@@ -288,7 +292,7 @@ func gatewayConfig(p ports, variant int, u *upstreams) string {
 	admin localhost:%[1]d
 	auto_https off
 	http_port %[2]d
-	grace_period 5s
+	grace_period %[11]v
 	persist_config off
 	llm_wallet {
 		store postgres {env.LLMF_SOAK_DSN}
@@ -322,5 +326,5 @@ http://:%[2]d {
 	}
 }
 `, p.Admin, p.HTTP, reservationTTL, leaseTTL, global, u.channels(variant), handlerOptions,
-		models(variant, false), models(variant, true), probeAccount)
+		models(variant, false), models(variant, true), probeAccount, reloadGrace)
 }
