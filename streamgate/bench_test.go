@@ -42,8 +42,6 @@ func chatStream(events int) (stream []byte, perEvent [][]byte) {
 // answer that arrives in one read, as a local upstream's often does (the
 // chunk that decides the stream holds all of it). "/drop" hides the usage
 // chunk, as the gateway does when it asked for usage the client did not.
-// "/scrub" sets Scrub, as the gateway always does: bytes then go out in
-// whole events.
 func BenchmarkRelay(b *testing.B) {
 	stream, events := chatStream(1000)
 	short, shortEvents := chatStream(20)
@@ -58,8 +56,6 @@ func BenchmarkRelay(b *testing.B) {
 		{"16KiB-reads", stream, len(events), func() io.Reader { return bytes.NewReader(stream) }, gate(provider.OpenAIChat, Options{})},
 		{"event-per-read/drop", stream, len(events), func() io.Reader { return &chunkReader{chunks: append([][]byte(nil), events...)} }, gate(provider.OpenAIChat, Options{Drop: isUsageOnly})},
 		{"16KiB-reads/drop", stream, len(events), func() io.Reader { return bytes.NewReader(stream) }, gate(provider.OpenAIChat, Options{Drop: isUsageOnly})},
-		{"event-per-read/scrub", stream, len(events), func() io.Reader { return &chunkReader{chunks: append([][]byte(nil), events...)} }, gate(provider.OpenAIChat, Options{Scrub: scrubNothing})},
-		{"16KiB-reads/scrub", stream, len(events), func() io.Reader { return bytes.NewReader(stream) }, gate(provider.OpenAIChat, Options{Scrub: scrubNothing})},
 		{"short-in-one-read", short, len(shortEvents), func() io.Reader { return bytes.NewReader(short) }, gate(provider.OpenAIChat, Options{})},
 		{"short-in-one-read/drop", short, len(shortEvents), func() io.Reader { return bytes.NewReader(short) }, gate(provider.OpenAIChat, Options{Drop: isUsageOnly})},
 	} {
@@ -76,8 +72,6 @@ func BenchmarkRelay(b *testing.B) {
 		})
 	}
 }
-
-func scrubNothing(b []byte) []byte { return b }
 
 func BenchmarkParserFeed(b *testing.B) {
 	stream, events := chatStream(1000)

@@ -200,8 +200,17 @@ func FuzzRelay(f *testing.F) {
 			if !reflect.DeepEqual(names(got), names(want)) {
 				t.Fatalf("client sees\n%+v\nwant\n%+v", got, want)
 			}
-		} else if !bytes.Equal(sent, in) {
-			t.Fatalf("bytes sent differ from upstream:\n%q\n%q", sent, in)
+		} else if !bytes.HasPrefix(in, sent) {
+			t.Fatalf("bytes sent are not the upstream's:\n%q\n%q", sent, in)
+		} else if len(sent) < len(in) {
+			// Only the unterminated tail of a stream cut mid-event may be
+			// held back (it would reach an SDK as bad JSON): no whole
+			// event of the upstream's is lost.
+			got, _ := parseChunks([][]byte{sent})
+			want, _ := parseChunks([][]byte{in})
+			if res.Outcome != Truncated || !reflect.DeepEqual(got, want) {
+				t.Fatalf("%v, and the client lost upstream bytes %q", res.Outcome, in[len(sent):])
+			}
 		}
 		switch res.Outcome {
 		case Truncated:

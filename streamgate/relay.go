@@ -10,6 +10,13 @@
 // instead: a stall or a break-off before the stream's normal end gets an
 // error event in the client's API format.
 //
+// Bytes reach the client in whole events, byte for byte and never
+// re-encoded: a client never sees half an event that the upstream then
+// cut off (which the official SDKs would throw on as bad JSON before they
+// saw the error event), and an event is known for what it is (an error to
+// scrub, an event to drop or hold back) before any of it is sent. Only an
+// event too large to hold (Options.MaxHeld) goes on as it comes.
+//
 // The package knows server-sent events, not LLM APIs: what an event means
 // (Options.Classify) and how an error event looks (Options.ErrorEvent) are
 // the caller's, so no provider JSON lives here.
@@ -182,13 +189,11 @@ type Options struct {
 	Observe func(ev Event)
 	// Drop, if set, hides the events for which it returns true from the
 	// client, before as well as after commit (a held event that would be
-	// dropped after commit is dropped too). Bytes are still never
-	// re-encoded: whole events are cut out at their boundaries. When nil,
-	// bytes are forwarded exactly as read.
+	// dropped after commit is dropped too): whole events are cut out at
+	// their boundaries.
 	Drop func(ev Event) bool
 	// DeferBreak is for a caller that may continue a broken stream from
-	// elsewhere. Bytes then reach the client in whole events only (as with
-	// Drop), and when a committed stream breaks off or stalls Relay writes
+	// elsewhere. When a committed stream breaks off or stalls, Relay writes
 	// neither the unterminated tail nor the error event: it returns the
 	// event in Result.Deferred, for the caller to write if it cannot
 	// continue. An error event after commit is held back the same way
@@ -198,12 +203,10 @@ type Options struct {
 	DeferBreak bool
 	// Scrub, if set, rewrites what reaches the client from an error
 	// event after commit on: an upstream's error may quote what it was
-	// sent (a credential), where its content does not. Bytes then reach
-	// the client in whole events (as with Drop), so an error event split
-	// across reads is rewritten whole, never half sent before it is
-	// known for one. The rewrite may change lengths; event boundaries are
-	// the caller's to keep. (An event too large to hold was forwarded as
-	// it came.)
+	// sent (a credential), where its content does not. The error event
+	// goes through it whole, even when split across reads. The rewrite may
+	// change lengths; event boundaries are the caller's to keep. (An event
+	// too large to hold was forwarded as it came.)
 	Scrub func(b []byte) []byte
 }
 
@@ -372,7 +375,7 @@ type relay struct {
 	errEvent []byte // that error frame, held back (DeferBreak)
 	scrub    bool   // an error event came after commit: writes go through opts.Scrub
 
-	// Drop mode: bytes since the last clean boundary carried over from
+	// Bytes since the last clean boundary carried over from
 	// earlier chunks, the chunk being fed, and the start of its unsunk part.
 	pending []byte
 	chunk   []byte
@@ -460,11 +463,6 @@ func Relay(src io.Reader, cancel context.CancelCauseFunc, dst Downstream, opts O
 	}
 }
 
-// wholeEvents reports whether bytes go to the client in whole events.
-func (r *relay) wholeEvents() bool {
-	return r.opts.Drop != nil || r.opts.DeferBreak || r.opts.Scrub != nil
-}
-
 func (r *relay) now() int64 { return int64(time.Since(r.start)) + 1 }
 
 // hold handles a chunk read before commit; r.mu is held. It reports whether
@@ -506,36 +504,15 @@ func (r *relay) holdChunk(c []byte) bool {
 	if r.committed { // by the gate timer while we were reading
 		return r.forward(c)
 	}
-	if r.wholeEvents() {
-		r.feedDrop(c)
-		if r.failed || r.overlong() {
-			return true
-		}
-		switch {
-		case r.committed: // decided in c: feedDrop committed and wrote
-			r.flush()
-		case r.decided || len(r.held)+len(r.pending) > r.opts.MaxHeld:
-			r.commitLocked(nil)
-		}
-		return r.clientGone
-	}
-	r.p.Feed(c, r.emit)
-	switch {
-	case r.failed:
+	r.feed(c)
+	if r.failed || r.overlong() {
 		return true
-	case r.decided && len(r.held) == 0:
-		r.commitLocked(c) // common case: no copy
-	case r.decided:
-		r.held = append(r.held, c...)
+	}
+	switch {
+	case r.committed: // decided in c: feed committed and wrote
+		r.flush()
+	case r.decided || len(r.held)+len(r.pending) > r.opts.MaxHeld:
 		r.commitLocked(nil)
-	default:
-		r.held = append(r.held, c...)
-		if r.overlong() {
-			return true
-		}
-		if len(r.held) > r.opts.MaxHeld {
-			r.commitLocked(nil)
-		}
 	}
 	return r.clientGone
 }
@@ -555,22 +532,15 @@ func (r *relay) overlong() bool {
 // forward handles a chunk read after commit. It reports whether the relay
 // must stop.
 func (r *relay) forward(c []byte) bool {
-	if r.wholeEvents() {
-		if wrote, b := r.feedDrop(c); wrote && b >= 0 {
-			r.flush()
-		}
-		return r.clientGone
-	}
-	b := r.p.Feed(c, r.emit)
-	if r.write(c) && b >= 0 {
+	if wrote, b := r.feed(c); wrote && b >= 0 {
 		r.flush()
 	}
 	return r.clientGone
 }
 
-// feedDrop feeds c, moving every byte either into held/the client (sink),
+// feed feeds c, moving every byte either into held/the client (sink),
 // into pending (an event not yet complete), or nowhere (a dropped event).
-func (r *relay) feedDrop(c []byte) (wrote bool, boundary int) {
+func (r *relay) feed(c []byte) (wrote bool, boundary int) {
 	r.chunk, r.ws, r.wrote = c, 0, false
 	if r.skipLF && c[0] == '\n' {
 		r.ws = 1
