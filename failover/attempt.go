@@ -1,6 +1,7 @@
 package failover
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -213,7 +214,6 @@ func (e *Engine) relayError(ctx context.Context, x *exchange, ch *Channel, res *
 		// fault of the channel.
 		return retryWith(&failure{reason: reasonStoredContextMissing, status: res.StatusCode, message: x.api.UpstreamMessage(body)})
 	}
-	body = e.scrubBytes(body)
 	if !commit() {
 		return attemptResult{verdict: clientGone}
 	}
@@ -257,7 +257,7 @@ func (e *Engine) relayStream(ctx context.Context, cancel context.CancelCauseFunc
 	opts.GateFailover = e.opts.StreamGateFailover
 	opts.IdleTimeout = e.opts.StreamIdleTimeout
 	opts.Hold = e.gateHold
-	opts.Scrub = e.scrubBytes
+	opts.Scrub = e.scrubber()
 	if x.bill != nil {
 		opts.Drop = x.bill.hideUsage
 	}
@@ -437,6 +437,7 @@ func (e *Engine) readAnswer(ctx context.Context, x *exchange, res *http.Response
 
 // writeAnswer sends a whole answer to the client.
 func (e *Engine) writeAnswer(x *exchange, ch *Channel, res *http.Response, body []byte) attemptResult {
+	body = e.scrubBytes(body)
 	hdr := x.w.Header()
 	e.copyResponseHeader(ch, hdr, res.Header)
 	hdr.Set("Content-Length", strconv.Itoa(len(body)))
@@ -456,30 +457,50 @@ func (e *Engine) writeAnswer(x *exchange, ch *Channel, res *http.Response, body 
 	return attemptResult{verdict: served}
 }
 
-// passThrough copies an answer the gateway does not inspect, flushing as
-// bytes arrive so that unknown streaming formats still stream.
+// passThrough copies a stream of JSON lines, which the gateway does not
+// inspect, flushing as lines arrive so that it still streams. Lines go
+// out whole and scrubbed, so that a secret split across reads is masked;
+// a line longer than maxPassLine goes on as it comes, unscrubbed, rather
+// than be held. No Content-Length: scrubbing may change the length.
 func (e *Engine) passThrough(x *exchange, ch *Channel, res *http.Response, src io.Reader) {
 	e.copyResponseHeader(ch, x.w.Header(), res.Header)
-	if res.ContentLength >= 0 && !res.Uncompressed {
-		x.w.Header().Set("Content-Length", strconv.FormatInt(res.ContentLength, 10))
-	}
 	x.w.WriteHeader(res.StatusCode)
 	out := &idleWriter{w: x.w, rc: http.NewResponseController(x.w), idle: e.opts.StreamIdleTimeout}
 	defer out.done()
+	scrub := e.scrubber()
 	buf := make([]byte, 16<<10)
+	var line []byte // a line begun in an earlier read
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			if _, werr := out.Write(buf[:n]); werr != nil {
-				return
+			b := buf[:n]
+			if len(line) > 0 {
+				line = append(line, b...)
+				b = line
 			}
-			_ = out.Flush()
+			cut := bytes.LastIndexByte(b, '\n') + 1
+			if len(b)-cut > maxPassLine {
+				cut = len(b)
+			}
+			if cut > 0 {
+				if _, werr := out.Write(scrub(b[:cut])); werr != nil {
+					return
+				}
+				_ = out.Flush()
+			}
+			line = append(line[:0], b[cut:]...)
 		}
 		if err != nil {
+			if len(line) > 0 {
+				_, _ = out.Write(scrub(line))
+			}
 			return
 		}
 	}
 }
+
+// maxPassLine bounds what passThrough holds of one line.
+const maxPassLine = 1 << 20
 
 // transportFailure classifies an error from RoundTrip.
 func (x *exchange) transportFailure(ctx context.Context, err error) attemptResult {

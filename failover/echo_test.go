@@ -187,3 +187,53 @@ func TestCompressedErrorBodyMasksEchoedKey(t *testing.T) {
 }
 
 // D4: a 101 to a POST that asked for no upgrade.
+
+// splitEcho answers with contentType, writing body (KEY replaced by the
+// request's credential) in two reads split inside the credential.
+func splitEcho(contentType, body string) fu.BehaviorFunc {
+	return func(w http.ResponseWriter, r *http.Request, _ int64) {
+		w.Header().Set("Content-Type", contentType)
+		out := strings.ReplaceAll(body, "KEY", r.Header.Get("Authorization"))
+		half := strings.Index(out, echoedKey) + len(echoedKey)/2
+		for _, part := range []string{out[:half], out[half:]} {
+			_, _ = w.Write([]byte(part))
+			w.(http.Flusher).Flush()
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+// An upstream's model output that echoes the channel's credential (a
+// debugging proxy, a server that quotes its request) is masked like its
+// errors, in a stream however its reads split the key, in a whole JSON
+// answer, and in a stream of JSON lines.
+func TestAnswersMaskEchoedKey(t *testing.T) {
+	for _, c := range []struct {
+		name, path string
+		req        []byte
+		upstream   fu.BehaviorFunc
+	}{
+		{"stream", "/v1/chat/completions", fu.ChatRequest("m", true), splitEcho("text/event-stream",
+			`data: {"choices":[{"index":0,"delta":{"content":"your key is KEY"}}]}`+"\n\n"+
+				`data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`+"\n\ndata: [DONE]\n\n")},
+		{"json", "/v1/chat/completions", fu.ChatRequest("m", false), splitEcho("application/json",
+			`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"your key is KEY"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}}`)},
+		{"json lines", "/v1/chat/completions", fu.ChatRequest("m", true), splitEcho("application/x-ndjson",
+			`{"message":{"content":"your key is KEY"}}`+"\n"+`{"done":true}`+"\n")},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := badEngine(t, Options{}, nil, "Authorization", c.upstream, false)
+			w, ok := send(e, c.path, c.req)
+			if !ok {
+				t.Fatal("still served after 10s")
+			}
+			body := w.Body.String()
+			if w.Code != 200 || !strings.Contains(body, "your key is [REDACTED]") || strings.Contains(body, echoedKey[:len(echoedKey)/2]) {
+				t.Fatalf("status %d: (part of) the key reached the client, or the answer did not: %s", w.Code, body)
+			}
+			if cl := w.Header().Get("Content-Length"); cl != "" && cl != fmt.Sprint(len(body)) {
+				t.Fatalf("Content-Length %s for a body of %d bytes", cl, len(body))
+			}
+		})
+	}
+}

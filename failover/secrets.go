@@ -79,14 +79,17 @@ func (e *Engine) copyResponseHeader(ch *Channel, dst, src http.Header) {
 	e.liveSecrets().Header(dst)
 }
 
-// scrubBytes masks secrets in bytes on their way to a client: what a
-// committed stream sends from its error event on (streamgate's Scrub),
-// and an error event held back for a resume.
-func (e *Engine) scrubBytes(b []byte) []byte {
-	if s := e.scrubString(string(b)); s != string(b) {
-		return []byte(s)
-	}
-	return b
+// scrubBytes masks secrets in bytes on their way to a client: a whole
+// answer, and an error event held back for a resume. Bytes that hold none
+// (nearly all) come back as they are, uncopied.
+func (e *Engine) scrubBytes(b []byte) []byte { return e.scrubber()(b) }
+
+// scrubber is scrubBytes for the many writes of one stream (streamgate's
+// Scrub, every event): the live credentials are looked up once, not per
+// event. The upstream can only echo what it was sent before.
+func (e *Engine) scrubber() func([]byte) []byte {
+	live := e.liveSecrets()
+	return func(b []byte) []byte { return live.Bytes(e.secrets.Bytes(b)) }
 }
 
 func errString(err error) string {

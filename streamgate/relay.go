@@ -201,12 +201,13 @@ type Options struct {
 	// event too large to hold was forwarded as it came; a break inside
 	// one is appended to as without DeferBreak.)
 	DeferBreak bool
-	// Scrub, if set, rewrites what reaches the client from an error
-	// event after commit on: an upstream's error may quote what it was
-	// sent (a credential), where its content does not. The error event
-	// goes through it whole, even when split across reads. The rewrite may
-	// change lengths; event boundaries are the caller's to keep. (An event
-	// too large to hold was forwarded as it came.)
+	// Scrub, if set, rewrites what reaches the client, whole events at a
+	// time (an event split across reads included): the operator's
+	// credentials are masked in whatever an upstream echoes, content and
+	// errors alike. It must return b itself when it changes nothing, as it
+	// almost always does. The rewrite may change lengths; event boundaries
+	// are the caller's to keep. (An event too large to hold goes on as it
+	// comes, unscrubbed.)
 	Scrub func(b []byte) []byte
 }
 
@@ -373,7 +374,6 @@ type relay struct {
 	errData  []byte
 	errName  string // the name of the error event after commit
 	errEvent []byte // that error frame, held back (DeferBreak)
-	scrub    bool   // an error event came after commit: writes go through opts.Scrub
 
 	// Bytes since the last clean boundary carried over from
 	// earlier chunks, the chunk being fed, and the start of its unsunk part.
@@ -555,16 +555,7 @@ func (r *relay) feed(c []byte) (wrote bool, boundary int) {
 			// holds the whole answer). holdChunk flushes it all at once.
 			r.commitUnflushed()
 		}
-		if len(r.pending) > 0 && r.scrub {
-			// An error event split across reads goes out in one piece,
-			// so that Scrub sees all of it.
-			r.pending = append(r.pending, c[r.ws:b]...)
-			r.sink(r.pending)
-		} else {
-			r.sink(r.pending)
-			r.sink(c[r.ws:b])
-		}
-		r.pending = r.pending[:0]
+		r.sinkPending(c[r.ws:b])
 		r.ws = b
 	}
 	if r.keep && len(r.pending) == 0 {
@@ -596,12 +587,26 @@ func (r *relay) feed(c []byte) (wrote bool, boundary int) {
 // exactly pending.
 func (r *relay) dropEvent() {
 	if s := r.p.EventStart(); s >= 0 {
-		r.sink(r.pending)
-		r.sink(r.chunk[r.ws:s])
+		r.sinkPending(r.chunk[r.ws:s])
 	}
 	r.pending = r.pending[:0]
 	r.ws = r.p.EventEnd()
 	r.skipLF = r.ws == len(r.chunk) && r.chunk[r.ws-1] == '\r'
+}
+
+// sinkPending sinks pending, then b, the rest of the chunk up to a clean
+// boundary, and empties pending. The two may be one event split across
+// reads: with Scrub they go out in one piece, so that Scrub sees all of it
+// (a secret across the split included).
+func (r *relay) sinkPending(b []byte) {
+	if len(r.pending) > 0 && len(b) > 0 && r.opts.Scrub != nil {
+		r.pending = append(r.pending, b...)
+		r.sink(r.pending)
+	} else {
+		r.sink(r.pending)
+		r.sink(b)
+	}
+	r.pending = r.pending[:0]
 }
 
 func (r *relay) sink(b []byte) {
@@ -638,10 +643,9 @@ func (r *relay) onEvent(ev Event) {
 			r.sawEnd = true
 			r.contentEnded()
 		case ErrorFrame:
-			// Forwarded (scrubbed, see Options.Scrub): the client is
+			// Forwarded (scrubbed, as everything is): the client is
 			// told, so the stream ended honestly and needs no appended
 			// error. Its chunk is written after this.
-			r.scrub = r.opts.Scrub != nil
 			r.sawEnd = true
 			r.contentEnded()
 			if !r.errAfter {
@@ -742,7 +746,7 @@ func (r *relay) write(b []byte) bool {
 	if len(b) == 0 {
 		return true
 	}
-	if r.scrub {
+	if r.opts.Scrub != nil {
 		b = r.opts.Scrub(b)
 	}
 	n, err := r.dst.Write(b)

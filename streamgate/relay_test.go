@@ -468,23 +468,22 @@ func TestRelayInBandErrorAfterCommit(t *testing.T) {
 	}
 }
 
-// Scrub rewrites what reaches the client from the chunk of an error event
-// after commit on, and nothing before it, with or without Drop, and when
-// the error comes in the deciding first chunk.
-func TestRelayScrubsFromAnErrorAfterCommit(t *testing.T) {
+// Scrub rewrites every event that reaches the client, content and errors
+// alike: held before commit, written after it, with or without Drop.
+func TestRelayScrubsEveryEvent(t *testing.T) {
 	const secret = "sk-secret-0123456789"
 	content := sse(`{"choices":[{"index":0,"delta":{"content":"` + secret + `"}}]}`)
 	errEvent := sse(`{"error":{"message":"key ` + secret + ` expired","type":"server_error"}}`)
 	scrub := func(b []byte) []byte { return bytes.ReplaceAll(b, []byte(secret), []byte("[REDACTED]")) }
-	masked := strings.ReplaceAll(errEvent, secret, "[REDACTED]")
+	want := strings.ReplaceAll(sse(shapes.ChatRole)+content+content+errEvent, secret, "[REDACTED]")
 	for _, c := range []struct {
 		name   string
 		opts   Options
 		chunks []string
 	}{
-		{"after content", Options{Scrub: scrub}, []string{content, errEvent}},
-		{"with drop", Options{Scrub: scrub, Drop: isUsageOnly}, []string{content, errEvent}},
-		{"in the deciding chunk", Options{Scrub: scrub}, []string{content + errEvent}},
+		{"event per read", Options{Scrub: scrub}, []string{sse(shapes.ChatRole), content, content, errEvent}},
+		{"with drop", Options{Scrub: scrub, Drop: isUsageOnly}, []string{sse(shapes.ChatRole), content, content, errEvent}},
+		{"in the deciding chunk", Options{Scrub: scrub}, []string{sse(shapes.ChatRole) + content + content + errEvent}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dst := newFakeDown()
@@ -494,41 +493,34 @@ func TestRelayScrubsFromAnErrorAfterCommit(t *testing.T) {
 				}
 				u.close()
 			})
-			_, body := dst.snapshot()
-			if res.Outcome != UpstreamError || !res.Committed {
-				t.Fatalf("res %+v", res)
-			}
-			// Content the upstream streamed before its error is its own
-			// and goes out as it came; the error is scrubbed.
-			if c.name != "in the deciding chunk" && body != content+masked {
-				t.Fatalf("body %q\nwant %q", body, content+masked)
-			}
-			if strings.HasSuffix(body, errEvent) || !strings.HasSuffix(body, masked) {
-				t.Fatalf("the error event reached the client unscrubbed: %q", body)
+			if _, body := dst.snapshot(); res.Outcome != UpstreamError || !res.Committed || body != want {
+				t.Fatalf("res %+v\nbody %q\nwant %q", res, body, want)
 			}
 		})
 	}
 }
 
-// An error event after commit split across reads, anywhere in the
-// secret it quotes, reaches the client scrubbed whole: no prefix of the
-// secret goes out before the event is known for an error.
-func TestRelayScrubsAnErrorSplitAcrossReads(t *testing.T) {
+// An event split across reads, anywhere in the secret it holds, reaches
+// the client scrubbed whole: no prefix of the secret goes out first.
+func TestRelayScrubsAnEventSplitAcrossReads(t *testing.T) {
 	const secret = "sk-secret-0123456789"
-	content := sse(`{"choices":[{"index":0,"delta":{"content":"hi"}}]}`)
+	content := sse(`{"choices":[{"index":0,"delta":{"content":"` + secret + `"}}]}`)
 	errEvent := sse(`{"error":{"message":"key ` + secret + ` expired","type":"server_error"}}`)
 	scrub := func(b []byte) []byte { return bytes.ReplaceAll(b, []byte(secret), []byte("[REDACTED]")) }
-	want := content + strings.ReplaceAll(errEvent, secret, "[REDACTED]")
-	for i := 1; i < len(errEvent); i++ {
-		dst := newFakeDown()
-		res, _ := relayWith(t, dst, gate(provider.OpenAIChat, Options{Scrub: scrub}), func(u *upstream) {
-			u.send(content)
-			u.send(errEvent[:i])
-			u.send(errEvent[i:])
-			u.close()
-		})
-		if _, body := dst.snapshot(); res.Outcome != UpstreamError || body != want {
-			t.Fatalf("split at %d: res %+v\nbody %q\nwant %q", i, res, body, want)
+	for _, ev := range []string{content, errEvent} {
+		want := strings.ReplaceAll(content+ev, secret, "[REDACTED]")
+		for i := 1; i < len(ev); i++ {
+			dst := newFakeDown()
+			res, _ := relayWith(t, dst, gate(provider.OpenAIChat, Options{Scrub: scrub}), func(u *upstream) {
+				u.send(content)
+				u.send(ev[:i])
+				u.send(ev[i:])
+				u.close()
+			})
+			// (Truncated after content: the stream had no [DONE].)
+			if _, body := dst.snapshot(); !res.Committed || !strings.HasPrefix(body, want) {
+				t.Fatalf("split at %d: res %+v\nbody %q\nwant first %q", i, res, body, want)
+			}
 		}
 	}
 }

@@ -7,6 +7,7 @@
 package redact
 
 import (
+	"bytes"
 	"net/http"
 	"regexp"
 	"slices"
@@ -25,6 +26,10 @@ const minSecret = 8
 // nothing.
 type Secrets struct {
 	r *strings.Replacer
+	// probes are the values Bytes looks for before it rewrites anything:
+	// every value that holds no other (where a value holds its own token,
+	// the token alone is found wherever the value is).
+	probes [][]byte
 }
 
 // NewSecrets returns a Secrets masking each value of at least minSecret
@@ -50,10 +55,14 @@ func NewSecrets(values ...string) *Secrets {
 	// order at each position, so a value wins over its own token.
 	slices.SortFunc(all, func(a, b string) int { return len(b) - len(a) })
 	pairs := make([]string, 0, 2*len(all))
-	for _, v := range all {
+	var probes [][]byte
+	for i, v := range all {
 		pairs = append(pairs, v, Mask)
+		if !slices.ContainsFunc(all[i+1:], func(w string) bool { return strings.Contains(v, w) }) {
+			probes = append(probes, []byte(v))
+		}
 	}
-	return &Secrets{r: strings.NewReplacer(pairs...)}
+	return &Secrets{r: strings.NewReplacer(pairs...), probes: probes}
 }
 
 // String returns s with every known secret masked.
@@ -62,6 +71,21 @@ func (s *Secrets) String(in string) string {
 		return in
 	}
 	return s.r.Replace(in)
+}
+
+// Bytes returns b with every known secret masked: b itself, not copied,
+// when it holds none, which is what model output on its way to a client
+// almost always is (a look for each secret is far cheaper than a rewrite).
+func (s *Secrets) Bytes(b []byte) []byte {
+	if s == nil || s.r == nil {
+		return b
+	}
+	for _, p := range s.probes {
+		if bytes.Contains(b, p) {
+			return []byte(s.r.Replace(string(b)))
+		}
+	}
+	return b
 }
 
 // Contains reports whether in holds a known secret.

@@ -97,3 +97,43 @@ func BenchmarkShapes(b *testing.B) {
 		})
 	}
 }
+
+// Bytes masks what String masks, and hands back the very bytes it was
+// given when they hold no secret.
+func TestSecretsBytes(t *testing.T) {
+	s := NewSecrets("Bearer sk-upstream-0123456789", "x-goog-key-ABCDEFGHIJ", "plainsecretvalue")
+	for _, in := range []string{
+		"data: {\"content\":\"Bearer sk-upstream-0123456789\"}\n\n",
+		"data: {\"content\":\"sk-upstream-0123456789\"}\n\n",
+		"x-goog-key-ABCDEFGHIJ and plainsecretvalue",
+		"nothing here",
+		"",
+	} {
+		b := []byte(in)
+		got := s.Bytes(b)
+		if string(got) != s.String(in) {
+			t.Errorf("Bytes(%q) = %q, String gives %q", in, got, s.String(in))
+		}
+		if string(got) == in && len(in) > 0 && &got[0] != &b[0] {
+			t.Errorf("Bytes(%q) copied bytes that hold no secret", in)
+		}
+	}
+	var none *Secrets
+	if got := none.Bytes([]byte("abc")); string(got) != "abc" {
+		t.Errorf("nil Secrets changed the bytes: %q", got)
+	}
+}
+
+func BenchmarkSecretsBytes(b *testing.B) {
+	var keys []string
+	for i := range 10 {
+		keys = append(keys, "Bearer sk-proj-"+strings.Repeat(string(rune('a'+i)), 40))
+	}
+	s := NewSecrets(keys...)
+	event := []byte(`data: {"id":"chatcmpl-9x","object":"chat.completion.chunk","created":1718000000,"model":"gpt-4o-2024-08-06","choices":[{"index":0,"delta":{"content":"Hello there, how are you today?"},"finish_reason":null}]}` + "\n\n")
+	b.SetBytes(int64(len(event)))
+	b.ReportAllocs()
+	for b.Loop() {
+		s.Bytes(event)
+	}
+}
