@@ -733,3 +733,52 @@ func TestChannelHeaderChecked(t *testing.T) {
 		})
 	}
 }
+
+// A base URL's query may hold a key (Gemini's keys are commonly written
+// ?key=..., and providers that build their own query refuse one for that
+// reason), and its userinfo is a credential: the errors refusing such a
+// base URL, which `caddy validate`, the load error and CI logs print,
+// never quote either, from the Caddyfile or from JSON.
+func TestBaseURLErrorsQuoteNoCredential(t *testing.T) {
+	const secret = "AIzaSyQuerySecret0123456789abcdefghij"
+	cases := map[string]struct{ caddyfile, json string }{
+		"gemini base URL with a key": {
+			"channel a https://generativelanguage.googleapis.com?key=" + secret + " {\nprovider gemini {\napi_key k\n}\n}",
+			`{"channels":[{"name":"a","base_url":"https://generativelanguage.googleapis.com?key=` + secret + `","provider":{"name":"gemini","api_key":"k"}}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
+		},
+		"azure base URL with a key": {
+			"channel a https://r.openai.azure.com?api-key=" + secret + " {\nprovider azure\n}",
+			`{"channels":[{"name":"a","base_url":"https://r.openai.azure.com?api-key=` + secret + `","provider":{"name":"azure"}}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
+		},
+		"openai base URL ending in /v1 with a key": {
+			"channel a https://llm.example/v1?key=" + secret,
+			`{"channels":[{"name":"a","base_url":"https://llm.example/v1?key=` + secret + `"}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
+		},
+		"userinfo on a scheme that is not http": {
+			"channel a ftp://user:" + secret + "@llm.example",
+			`{"channels":[{"name":"a","base_url":"ftp://user:` + secret + `@llm.example"}],"models":[{"name":"m","routes":[{"channel":"a"}]}]}`,
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			err := new(Handler).UnmarshalCaddyfile(caddyfile.NewTestDispenser("llm_failover {\n" + tc.caddyfile + "\nmodel m {\nroute a\n}\n}"))
+			if err == nil {
+				t.Fatal("Caddyfile: the base URL was accepted")
+			}
+			if strings.Contains(err.Error(), secret) {
+				t.Errorf("Caddyfile error quotes the credential: %v", err)
+			}
+			var h Handler
+			if err := json.Unmarshal([]byte(tc.json), &h); err != nil {
+				t.Fatal(err)
+			}
+			_, err = compile(&h)
+			if err == nil {
+				t.Fatal("JSON: the base URL was accepted")
+			}
+			if strings.Contains(err.Error(), secret) {
+				t.Errorf("JSON config error quotes the credential: %v", err)
+			}
+		})
+	}
+}

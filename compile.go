@@ -19,6 +19,7 @@ import (
 	"github.com/llmfailover/caddy-llm-failover/breaker"
 	"github.com/llmfailover/caddy-llm-failover/chain"
 	"github.com/llmfailover/caddy-llm-failover/failover"
+	"github.com/llmfailover/caddy-llm-failover/internal/redact"
 	"github.com/llmfailover/caddy-llm-failover/latency"
 	"github.com/llmfailover/caddy-llm-failover/probe"
 	"github.com/llmfailover/caddy-llm-failover/provider"
@@ -544,9 +545,14 @@ func channelBase(c *Channel, adapter provider.Adapter) (*url.URL, error) {
 	if raw == "" {
 		return nil, errors.New("needs a base URL: its provider has no default")
 	}
+	// Errors quote the base URL redacted: its userinfo or its query may
+	// hold a credential.
 	base, err := url.Parse(raw)
-	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
-		return nil, fmt.Errorf("base URL %q must be an absolute http(s) URL", raw)
+	if err != nil {
+		return nil, errors.New("the base URL must be an absolute http(s) URL; it does not parse (not quoted: it may hold a credential)")
+	}
+	if (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
+		return nil, fmt.Errorf("base URL %q must be an absolute http(s) URL", redact.URL(base))
 	}
 	if base.User != nil {
 		// Not quoted: the userinfo is a credential.
@@ -554,7 +560,7 @@ func channelBase(c *Channel, adapter provider.Adapter) (*url.URL, error) {
 	}
 	base.Path = strings.TrimSuffix(base.Path, "/")
 	if err := adapter.CheckBaseURL(base); err != nil {
-		return nil, fmt.Errorf("base URL %q: %w", raw, err)
+		return nil, fmt.Errorf("base URL %q: %w", redact.URL(base), err)
 	}
 	return base, nil
 }

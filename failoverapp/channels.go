@@ -16,6 +16,7 @@ import (
 
 	"github.com/llmfailover/caddy-llm-failover/breaker"
 	"github.com/llmfailover/caddy-llm-failover/chain"
+	"github.com/llmfailover/caddy-llm-failover/internal/redact"
 	"github.com/llmfailover/caddy-llm-failover/latency"
 )
 
@@ -133,7 +134,7 @@ type ChannelID struct {
 func NewChannelID(name string, base *url.URL, credentials []string) ChannelID {
 	sorted := slices.Sorted(slices.Values(credentials))
 	sum := sha256.Sum256([]byte(strings.Join(sorted, "\x00")))
-	return ChannelID{name: name, baseURL: base.Redacted(),
+	return ChannelID{name: name, baseURL: redact.URL(base),
 		key: name + " " + base.String() + " " + hex.EncodeToString(sum[:8])}
 }
 

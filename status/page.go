@@ -91,9 +91,11 @@ func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Han
 	h := w.Header()
 	h.Set("Content-Type", "text/html; charset=utf-8")
 	h.Set("X-Content-Type-Options", "nosniff")
-	// Inline styles only; nothing loads from anywhere, and no <base>
-	// other than the page's own may move its links.
-	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'self'")
+	// Inline styles only; nothing loads from anywhere, no <base> other
+	// than the page's own may move its links, and no other site may frame
+	// it (X-Frame-Options for browsers that predate frame-ancestors).
+	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'self'; frame-ancestors 'none'")
+	h.Set("X-Frame-Options", "DENY")
 	_, err := w.Write(buf.Bytes())
 	return err
 }

@@ -193,3 +193,23 @@ func TestPageRefreshChecked(t *testing.T) {
 		}
 	}
 }
+
+// The status page and its runbooks are HTML for people on the operator's
+// host; no other site may show them in a frame of its own (a clickjacking
+// overlay, or the full page framed where it passes for a public one).
+func TestStatusHTMLRefusesFraming(t *testing.T) {
+	for _, path := range []string{"/status", "/status/runbooks/state-open"} {
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest(http.MethodGet, "http://gw.example"+path, nil)
+		if err := (&Page{}).ServeHTTP(w, r, nil); err != nil {
+			t.Fatal(err)
+		}
+		if ct := w.Header().Get("Content-Type"); !strings.HasPrefix(ct, "text/html") {
+			t.Fatalf("%s: Content-Type %q", path, ct)
+		}
+		csp := w.Header().Get("Content-Security-Policy")
+		if !strings.Contains(csp, "frame-ancestors") && w.Header().Get("X-Frame-Options") == "" {
+			t.Errorf("%s: any site may frame it: CSP %q, no X-Frame-Options", path, csp)
+		}
+	}
+}

@@ -33,7 +33,8 @@ func serveRunbook(w http.ResponseWriter, name string) {
 		return
 	}
 	h.Set("Content-Type", "text/html; charset=utf-8")
-	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
+	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'")
+	h.Set("X-Frame-Options", "DENY")
 	_ = runbookTemplate.Execute(w, map[string]string{"Name": strings.TrimSuffix(name, ".md"), "Text": string(text)})
 }
 

@@ -9,6 +9,7 @@ package redact
 import (
 	"bytes"
 	"net/http"
+	"net/url"
 	"regexp"
 	"slices"
 	"strings"
@@ -204,4 +205,26 @@ func mixed(s string) bool {
 		}
 	}
 	return letter && digit
+}
+
+// URL is u as views, events and error messages may show it: its
+// userinfo and the values of its query, either of which may hold a
+// credential (?key=, ?api-key=), are masked; the scheme, host, path and
+// the query's parameter names stay readable.
+func URL(u *url.URL) string {
+	c := *u
+	c.User, c.RawQuery, c.ForceQuery, c.Fragment, c.RawFragment = nil, "", false, "", ""
+	s := c.String()
+	if u.User != nil {
+		s = strings.Replace(s, "//", "//"+Mask+"@", 1)
+	}
+	if u.RawQuery != "" {
+		params := strings.FieldsFunc(u.RawQuery, func(r rune) bool { return r == '&' || r == ';' })
+		for i, p := range params {
+			name, _, _ := strings.Cut(p, "=")
+			params[i] = name + "=" + Mask
+		}
+		s += "?" + strings.Join(params, "&")
+	}
+	return s
 }

@@ -2,6 +2,7 @@ package redact
 
 import (
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 )
@@ -135,5 +136,24 @@ func BenchmarkSecretsBytes(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		s.Bytes(event)
+	}
+}
+
+// A URL as views and errors show it keeps where it points and the names
+// of its query, never a userinfo or a query value.
+func TestURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"http://127.0.0.1:9000":                      "http://127.0.0.1:9000",
+		"https://h.example/api?api-version=1&key=S3": "https://h.example/api?api-version=" + Mask + "&key=" + Mask,
+		"ftp://user:pw@h.example/x":                  "ftp://" + Mask + "@h.example/x",
+		"https://h.example/v1?":                      "https://h.example/v1",
+	} {
+		u, err := url.Parse(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := URL(u); got != want {
+			t.Errorf("URL(%q) = %q, want %q", in, got, want)
+		}
 	}
 }
