@@ -237,3 +237,19 @@ func TestAnswersMaskEchoedKey(t *testing.T) {
 		})
 	}
 }
+
+// A key the channel sends in its base URL's query, echoed back by the
+// upstream, is masked like a header's.
+func TestBaseQueryKeyEchoIsMasked(t *testing.T) {
+	echo := fu.BehaviorFunc(func(w http.ResponseWriter, r *http.Request, _ int64) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		fmt.Fprintf(w, `{"error":{"message":"bad request to %s","type":"invalid_request_error"}}`, r.URL.RequestURI())
+	})
+	p := testPlan(t, Options{}, nil, testChannel{name: uniqueName("q"), url: upstream(t, echo).URL + "?api-key=" + echoedKey})
+	e := testEngine(t, p)
+	w, _ := send(e, "/v1/chat/completions", fu.ChatRequest("m", false))
+	if body := w.Body.String(); w.Code != 400 || !strings.Contains(body, "api-key=[REDACTED]") || strings.Contains(body, echoedKey) {
+		t.Fatalf("status %d: %s", w.Code, body)
+	}
+}

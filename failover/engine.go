@@ -174,7 +174,7 @@ func New(ctx caddy.Context, p Plan) (*Engine, error) {
 	owner := e.app.Handler(p.Owner)
 	var secrets []string
 	for _, ch := range e.channels {
-		creds := provider.ChannelCredentials(ch.Header, ch.Adapter)
+		creds := provider.ChannelCredentials(ch.Base, ch.Header, ch.Adapter)
 		secrets = append(secrets, creds...)
 		ch.account = accountOf(ch, creds)
 		id := failoverapp.NewChannelID(ch.Name, ch.Base, creds)

@@ -17,7 +17,7 @@ import (
 func (e *Engine) provisionSecrets() {
 	var all []string
 	for _, ch := range e.channels {
-		all = append(all, provider.ChannelCredentials(ch.Header, ch.Adapter)...)
+		all = append(all, provider.ChannelCredentials(ch.Base, ch.Header, ch.Adapter)...)
 	}
 	e.secrets = redact.NewSecrets(all...)
 }

@@ -211,7 +211,7 @@ func TestAzureCredentials(t *testing.T) {
 	if got := (&Azure{APIVersion: "2024-10-21"}).Credentials(); len(got) != 0 {
 		t.Errorf("credentials %q without a key", got)
 	}
-	got := ChannelCredentials(http.Header{"Anthropic-Version": {"x"}}, &Azure{APIKey: "azure-key"})
+	got := ChannelCredentials(nil, http.Header{"Anthropic-Version": {"x"}}, &Azure{APIKey: "azure-key"})
 	if !reflect.DeepEqual(got, []string{"azure-key"}) {
 		t.Errorf("channel credentials %q", got)
 	}

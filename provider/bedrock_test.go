@@ -643,7 +643,7 @@ func TestBedrockCredentials(t *testing.T) {
 			t.Errorf("%+v: credentials %q, want %q", tt.b, got, tt.want)
 		}
 	}
-	if got := ChannelCredentials(nil, &Bedrock{APIKey: "ABSK-key"}); !reflect.DeepEqual(got, []string{"ABSK-key"}) {
+	if got := ChannelCredentials(nil, nil, &Bedrock{APIKey: "ABSK-key"}); !reflect.DeepEqual(got, []string{"ABSK-key"}) {
 		t.Errorf("channel credentials %q", got)
 	}
 }

@@ -1,6 +1,10 @@
 package provider
 
-import "net/http"
+import (
+	"net/http"
+	"net/url"
+	"strings"
+)
 
 // Credentialed is implemented by adapters that hold credentials of their
 // own besides the channel's headers (API keys, access keys, a service
@@ -27,10 +31,18 @@ var protocolHeaders = map[string]bool{
 }
 
 // ChannelCredentials returns the secrets a channel holds: the values of
-// its headers (placeholders already resolved) but the protocol ones, and
-// the adapter's own credentials when it has any.
-func ChannelCredentials(header http.Header, a Adapter) []string {
+// its base URL's credential parameters (?key=, ?api-key=), of its headers
+// (placeholders already resolved) but the protocol ones, and the adapter's
+// own credentials when it has any. base may be nil.
+func ChannelCredentials(base *url.URL, header http.Header, a Adapter) []string {
 	var out []string
+	if base != nil {
+		for k, vs := range base.Query() {
+			if credentialParams[strings.ToLower(k)] {
+				out = append(out, vs...)
+			}
+		}
+	}
 	for k, vs := range header {
 		if !protocolHeaders[http.CanonicalHeaderKey(k)] {
 			out = append(out, vs...)

@@ -86,3 +86,16 @@ func TestProviderSecretsResolveEnvPlaceholders(t *testing.T) {
 		}
 	})
 }
+
+// A key in the base URL's query is the channel's secret like a header's;
+// the query's other parameters (an API version, a date) are not, since
+// masking them would mangle answers that mention them.
+func TestChannelCredentialsFromBaseQuery(t *testing.T) {
+	base := mustURL(t, "https://h.example/v1?api-version=2024-10-21&KEY=query-secret-0123&token=tok-secret-4567")
+	got := ChannelCredentials(base, http.Header{"Authorization": {"Bearer header-secret"}}, nil)
+	slices.Sort(got)
+	want := []string{"Bearer header-secret", "query-secret-0123", "tok-secret-4567"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("credentials %q, want %q", got, want)
+	}
+}

@@ -193,7 +193,7 @@ func TestGeminiCredentials(t *testing.T) {
 	if got := (&Gemini{}).Credentials(); len(got) != 0 {
 		t.Errorf("credentials %q without a key", got)
 	}
-	got := ChannelCredentials(http.Header{"X-Goog-Api-Key": {"channel-goog-key"}}, &Gemini{APIKey: "gemini-key"})
+	got := ChannelCredentials(nil, http.Header{"X-Goog-Api-Key": {"channel-goog-key"}}, &Gemini{APIKey: "gemini-key"})
 	if !reflect.DeepEqual(got, []string{"channel-goog-key", "gemini-key"}) {
 		t.Errorf("channel credentials %q", got)
 	}

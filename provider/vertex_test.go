@@ -465,7 +465,7 @@ func TestVertexCredentials(t *testing.T) {
 		t.Errorf("credentials %q before Provision", got)
 	}
 	v := &Vertex{secrets: []string{"pk"}}
-	if got := ChannelCredentials(nil, v); !reflect.DeepEqual(got, []string{"pk"}) {
+	if got := ChannelCredentials(nil, nil, v); !reflect.DeepEqual(got, []string{"pk"}) {
 		t.Errorf("channel credentials %q", got)
 	}
 }
