@@ -263,6 +263,32 @@ func TestStreamAnthropicErrorAfterPreambleFailsOver(t *testing.T) {
 	hits(t, b, 1)
 }
 
+// Claude opens a tool_use block's input with an empty partial_json (and
+// a ping): nothing of the answer yet, as the block's start is not, so an
+// overloaded error after it still fails over, as after message_start.
+func TestStreamAnthropicErrorAfterEmptyToolInputFailsOver(t *testing.T) {
+	a := upstream(t, sseScript(
+		"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_primary\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"from-a\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":20,\"output_tokens\":1}}}\n\n",
+		"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_primary\",\"name\":\"weather\",\"input\":{}}}\n\n",
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"\"}}\n\n",
+		"event: ping\ndata: {\"type\": \"ping\"}\n\n",
+		50*time.Millisecond,
+		"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n",
+	))
+	b := upstream(t, fu.OKNamed("backup"))
+	gateway(t, gateChannels, a.URL, b.URL, "")
+	s := streamPost(t, nil, "/v1/messages", fu.MessagesRequest("claude", true), "", "anthropic-version", "2023-06-01")
+	okStream(t, s)
+	servedBy(t, s, "b", "backup")
+	mustNotContain(t, s.body, "toolu_primary", "msg_primary", "event: error")
+	mustNotContain(t, s.body, upstreamErrorTexts...)
+	if n := count(s.body, "event: message_start"); n != 1 {
+		t.Fatalf("%d message_start events, want 1:\n%s", n, s.body)
+	}
+	hits(t, a, 1)
+	hits(t, b, 1)
+}
+
 // 4. Responses API: response.created / in_progress are preamble; a
 // response.failed after them fails over.
 func TestStreamResponsesFailedFailsOver(t *testing.T) {

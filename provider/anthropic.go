@@ -38,9 +38,15 @@ func classifyAnthropic(name string, data []byte) streamgate.Kind {
 		case t.err:
 			return streamgate.ErrorFrame
 		}
-		if string(t.typ) != "message_delta" {
+		switch string(t.typ) {
+		case "message_delta":
+		case "content_block_delta":
+			return blockDelta(t.delta)
+		default:
 			return anthropicKinds.ofType(t.typ)
 		}
+	} else if name == "content_block_delta" {
+		return blockDelta(scanTop(data).delta)
 	} else if name != "message_delta" {
 		return anthropicKinds.of(name)
 	}
@@ -60,6 +66,36 @@ func classifyAnthropic(name string, data []byte) streamgate.Kind {
 		}
 	}
 	return streamgate.Preamble
+}
+
+// blockDelta classifies a content_block_delta by its delta: one whose
+// text, thinking or partial_json is "" carries nothing (Claude opens each
+// tool_use block's input with an empty partial_json), so it decides
+// nothing, as an empty chat delta does not; any other delta is content.
+func blockDelta(delta []byte) streamgate.Kind {
+	d, ok := jsonscan.Object(delta)
+	if !ok {
+		return streamgate.Content
+	}
+	empty := false
+	for k, more := d.Next(); more; k, more = d.Next() {
+		switch string(k) {
+		case "type":
+			d.Value()
+		case "text", "thinking", "partial_json":
+			if string(d.Value()) != `""` {
+				return streamgate.Content
+			}
+			empty = true
+		default:
+			d.Value()
+			return streamgate.Content // a signature, a citation: content
+		}
+	}
+	if empty && d.Finished() {
+		return streamgate.Preamble
+	}
+	return streamgate.Content
 }
 
 // anthropicError is Anthropic's error object, as an HTTP body and as the

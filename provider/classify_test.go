@@ -68,6 +68,16 @@ func TestClassify(t *testing.T) {
 		{"ant block start", AnthropicMessages, "content_block_start", shapes.AntBlockStart, streamgate.Preamble},
 		{"ant block delta", AnthropicMessages, "content_block_delta", shapes.AntBlockDelta, streamgate.Content},
 		{"ant block stop", AnthropicMessages, "content_block_stop", shapes.AntBlockStop, streamgate.Content},
+		// A delta that carries nothing says nothing, as an empty chat
+		// delta does: Claude opens every tool_use block's input with an
+		// empty partial_json, and an error after it must still fail over.
+		{"ant empty tool input delta", AnthropicMessages, "content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":""}}`, streamgate.Preamble},
+		{"ant empty text delta", AnthropicMessages, "content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":""}}`, streamgate.Preamble},
+		{"ant empty thinking delta", AnthropicMessages, "content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":""}}`, streamgate.Preamble},
+		{"ant thinking delta", AnthropicMessages, "content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"Let me"}}`, streamgate.Content},
+		{"ant signature delta", AnthropicMessages, "content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"EqQB"}}`, streamgate.Content},
+		{"ant tool input delta", AnthropicMessages, "content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{\"a\""}}`, streamgate.Content},
+		{"ant empty tool input delta by type", AnthropicMessages, "", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":""}}`, streamgate.Preamble},
 		{"ant message_delta stop", AnthropicMessages, "message_delta", shapes.AntMsgDelta, streamgate.Content},
 		{"ant message_delta no stop", AnthropicMessages, "message_delta", shapes.AntMsgDeltaNo, streamgate.Preamble},
 		{"ant message_stop", AnthropicMessages, "message_stop", shapes.AntMsgStop, streamgate.Terminal},

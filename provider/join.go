@@ -7,6 +7,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/llmfailover/caddy-llm-failover/internal/jsonscan"
 	"github.com/llmfailover/caddy-llm-failover/streamgate"
 )
 
@@ -69,9 +70,11 @@ func (j *Joiner) Classify(inner func(streamgate.Event) streamgate.Kind) func(str
 			if text, ok := j.text(ev); ok {
 				j.got.WriteString(text)
 				j.decide(k == streamgate.Terminal)
-			} else if k == streamgate.Content || k == streamgate.Terminal {
+			} else if k == streamgate.Terminal || k == streamgate.Content && !j.reasoning(ev) {
 				// Content that is not text (a tool call), or the end:
-				// what there is decides.
+				// what there is decides. Reasoning does not (thinking
+				// and its signature, a chat reasoning delta): the text
+				// after it is what must join the delivered text.
 				j.decide(true)
 			}
 		}
@@ -175,6 +178,50 @@ func overlap(d, c string, window int) int {
 func isWordRune(r rune) bool { return unicode.IsLetter(r) || unicode.IsDigit(r) }
 
 func isSpace(b byte) bool { return b == ' ' || b == '\t' || b == '\n' || b == '\r' }
+
+// reasoning reports whether an event of the continuation is reasoning
+// before its answer (or a block's end), which leaves the join undecided.
+func (j *Joiner) reasoning(ev streamgate.Event) bool {
+	if ev.Overflow {
+		return false
+	}
+	switch j.api {
+	case AnthropicMessages:
+		switch ev.Name {
+		case "content_block_stop":
+			return true
+		case "content_block_delta":
+			var e anthropicEvent
+			return json.Unmarshal(ev.Data, &e) == nil && e.Delta != nil &&
+				(e.Delta.Type == "thinking_delta" || e.Delta.Type == "signature_delta")
+		}
+	case OpenAIChat:
+		if ev.Name != "" || isDone(ev.Data) {
+			return false
+		}
+		var c struct {
+			Choices []struct {
+				Delta        map[string]json.RawMessage `json:"delta"`
+				FinishReason json.RawMessage            `json:"finish_reason"`
+			} `json:"choices"`
+		}
+		if json.Unmarshal(ev.Data, &c) != nil || len(c.Choices) != 1 ||
+			len(c.Choices[0].FinishReason) > 0 && !jsonscan.IsNull(c.Choices[0].FinishReason) {
+			return false
+		}
+		seen := false
+		for k, v := range c.Choices[0].Delta {
+			switch {
+			case k == "reasoning_content" || k == "reasoning" || k == "reasoning_details":
+				seen = seen || !jsonscan.IsEmpty(v)
+			case chatContentKey([]byte(k)) && !jsonscan.IsEmpty(v):
+				return false
+			}
+		}
+		return seen
+	}
+	return false
+}
 
 // text is the answer text an event of the continuation carries, and
 // whether it is a text event at all.

@@ -145,3 +145,80 @@ func TestInstructedSpliceTrims(t *testing.T) {
 		t.Fatalf("chat continuation text %q", got)
 	}
 }
+
+// A continuation that reasons before it answers (Claude's adaptive
+// thinking, a chat host's reasoning deltas) is judged by its first text,
+// not by its reasoning: the repeated tail is still taken off, and an
+// answer that starts over after thinking is still abandoned unseen.
+// Deciding on the first thinking delta joined with nothing dropped: the
+// client's message read "The quick bro" + "brown fox".
+func TestJoinerLooksPastReasoning(t *testing.T) {
+	thinking := []streamgate.Event{
+		antEvent("message_start", `{"type":"message_start","message":{"id":"msg_2","type":"message","role":"assistant","content":[],"usage":{"input_tokens":9,"output_tokens":1}}}`),
+		antEvent("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":"","signature":""}}`),
+		antEvent("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"The user wants the rest of the sentence."}}`),
+		antEvent("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"EqQBCkYIARgCKkBsig"}}`),
+		antEvent("content_block_stop", `{"type":"content_block_stop","index":0}`),
+		antEvent("content_block_start", `{"type":"content_block_start","index":1,"content_block":{"type":"text","text":""}}`),
+	}
+	t.Run("messages tail", func(t *testing.T) {
+		tr := AnthropicMessages.NewTranscript(1 << 10)
+		tr.Event(antEvent("content_block_start", textStart))
+		tr.Event(textDelta(0, "The quick bro"))
+		_, s, err := tr.Continue([]byte(`{"model":"m","max_tokens":2000,"thinking":{"type":"adaptive"},"messages":[{"role":"user","content":"hi"}]}`), Instructed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs := append(append([]streamgate.Event(nil), thinking...), textDelta(1, "bro"), textDelta(1, "wn fox"),
+			antEvent("content_block_stop", `{"type":"content_block_stop","index":1}`))
+		feedJoin(s.Joiner(), evs...)
+		var text strings.Builder
+		for _, ev := range rewriteAll(t, s, evs...) {
+			var e anthropicEvent
+			if json.Unmarshal(ev.Data, &e) == nil && e.Delta != nil && e.Delta.Type == "text_delta" {
+				text.WriteString(e.Delta.Text)
+			}
+		}
+		if got := text.String(); got != "wn fox" {
+			t.Fatalf("continuation text %q after thinking, want %q", got, "wn fox")
+		}
+	})
+	t.Run("messages restart", func(t *testing.T) {
+		j := newJoiner(AnthropicMessages, "Once upon a time there was a king")
+		evs := append(append([]streamgate.Event(nil), thinking...), textDelta(1, "Once upon a time there"), textDelta(1, " lived a queen"))
+		kinds := feedJoin(j, evs...)
+		if j.Abandoned() == "" || kinds[len(kinds)-1] != streamgate.ErrorFrame {
+			t.Fatalf("a restart after thinking was not abandoned: %v", kinds)
+		}
+	})
+	t.Run("chat tail", func(t *testing.T) {
+		ch := OpenAIChat.NewTranscript(1 << 10)
+		ch.Event(chatChunk("a", "gpt", `{"role":"assistant","content":""}`, "null"))
+		ch.Event(chatText("a", "It was the best of times, it was"))
+		_, s, err := ch.Continue([]byte(chatReq), Instructed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cevs := []streamgate.Event{chatChunk("b", "gpt", `{"role":"assistant","content":""}`, "null"),
+			chatChunk("b", "gpt", `{"reasoning":"Continue the quote."}`, "null"),
+			chatText("b", "it was"), chatText("b", " the worst"), chatText("b", " of times.")}
+		classify := s.Joiner().Classify(func(ev streamgate.Event) streamgate.Kind { return classifyChat(ev.Data) })
+		for _, ev := range cevs {
+			classify(ev)
+		}
+		var text strings.Builder
+		for _, ev := range rewriteAll(t, s, cevs...) {
+			var c struct {
+				Choices []struct {
+					Delta struct{ Content string } `json:"delta"`
+				} `json:"choices"`
+			}
+			if json.Unmarshal(ev.Data, &c) == nil && len(c.Choices) > 0 {
+				text.WriteString(c.Choices[0].Delta.Content)
+			}
+		}
+		if got := text.String(); got != " the worst of times." {
+			t.Fatalf("chat continuation text %q after reasoning, want %q", got, " the worst of times.")
+		}
+	})
+}

@@ -327,7 +327,7 @@ func (t *Transcript) messagesContinue(body []byte, form ContinuationForm) ([]byt
 	}
 	var all []json.RawMessage
 	_ = json.Unmarshal(req["messages"], &all)
-	s := &messagesSplice{joinOpen: t.open, first: -1}
+	s := &messagesSplice{joinOpen: t.open, first: -1, text: -1}
 	splice := &Splice{r: s}
 	if form == Prefill {
 		msg, _ := json.Marshal(map[string]string{"role": "assistant", "content": prefill})
@@ -364,6 +364,7 @@ type messagesSplice struct {
 	joinOpen bool   // the first attempt's text block is still open
 	base     int    // index the continuation's block 0 gets
 	first    int    // the continuation's first block index, -1 before it
+	text     int    // the continuation's first text block index, -1 before it
 }
 
 func (s *messagesSplice) trimStart(trim string) { s.trim = trim }
@@ -384,6 +385,9 @@ func (s *messagesSplice) rewrite(dst []byte, ev streamgate.Event) []byte {
 	if s.first < 0 {
 		s.first = *e.Index
 	}
+	if ev.Name == "content_block_start" && s.text < 0 && e.ContentBlock != nil && e.ContentBlock.Type == "text" {
+		s.text = *e.Index
+	}
 	if ev.Name == "content_block_start" && s.joinOpen && *e.Index == s.first {
 		if e.ContentBlock != nil && e.ContentBlock.Type == "text" {
 			return dst // the client's block is still open: this one continues it
@@ -397,9 +401,13 @@ func (s *messagesSplice) rewrite(dst []byte, ev streamgate.Event) []byte {
 		stop, _ := json.Marshal(map[string]any{"type": "content_block_stop", "index": s.base})
 		dst = streamgate.AppendEvent(dst, "content_block_stop", stop)
 		s.base++
-		s.joinOpen, s.trim = false, ""
+		s.joinOpen = false
+		if t := e.ContentBlock; t == nil || t.Type != "thinking" && t.Type != "redacted_thinking" {
+			s.trim = ""
+		} // after thinking, the repeat is taken off the text block that follows it
 	}
-	if ev.Name == "content_block_delta" && *e.Index == s.first && s.trim != "" && e.Delta != nil && e.Delta.Type == "text_delta" {
+	firstText := *e.Index == s.text || s.text < 0 && *e.Index == s.first
+	if ev.Name == "content_block_delta" && firstText && s.trim != "" && e.Delta != nil && e.Delta.Type == "text_delta" {
 		text := e.Delta.Text
 		n := commonPrefix(text, s.trim)
 		text, s.trim = text[n:], s.trim[n:]

@@ -24,9 +24,11 @@ type chatIdentity struct {
 
 // keepFirst returns have, or a copy of v when have is still unset (the
 // event's bytes are reused after the call). jsonscan checks structure
-// only: a value the Splice will write must be valid JSON.
+// only: a value the Splice will write must be valid JSON. A blank ("" or
+// 0) is no identity: Azure's first chunk, its prompt filter report, has
+// an empty id and model and created 0, and the answer's come after it.
 func keepFirst(have, v []byte) []byte {
-	if have != nil || v == nil || jsonscan.IsNull(v) || !jsonscan.Valid(v) {
+	if have != nil || v == nil || jsonscan.IsNull(v) || string(v) == `""` || string(v) == "0" || !jsonscan.Valid(v) {
 		return have
 	}
 	return append([]byte(nil), v...)

@@ -311,3 +311,33 @@ func BenchmarkChatTranscript(b *testing.B) {
 		tr.Event(ev)
 	}
 }
+
+// Azure's first chunk of a stream is its prompt filter report, with an
+// empty id, model and object and created 0; the answer's identity comes
+// with the chunks after it. A continuation's chunks carry the identity
+// the client's answer has, not the filter chunk's blanks.
+func TestChatSpliceIdentityPastAzureFilterChunk(t *testing.T) {
+	tr := OpenAIChat.NewTranscript(1 << 10)
+	tr.Event(streamgate.Event{Data: []byte(`{"choices":[],"created":0,"id":"","model":"","object":"","prompt_filter_results":[{"prompt_index":0,"content_filter_results":{"hate":{"filtered":false,"severity":"safe"}}}]}`)})
+	tr.Event(chatChunk("chatcmpl-first", "gpt-4o", `{"role":"assistant","content":""}`, "null"))
+	tr.Event(chatText("chatcmpl-first", "Hello"))
+	_, s, err := tr.Continue([]byte(chatReq), Prefill)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := rewriteAll(t, s, chatChunk("second", "other", `{"content":" world"}`, "null"))
+	if len(got) != 1 {
+		t.Fatalf("%d events: %+v", len(got), got)
+	}
+	var c struct {
+		ID      string `json:"id"`
+		Model   string `json:"model"`
+		Created int64  `json:"created"`
+	}
+	if err := json.Unmarshal(got[0].Data, &c); err != nil {
+		t.Fatal(err)
+	}
+	if c.ID != "chatcmpl-first" || c.Model != "gpt-4o" || c.Created != int64(len("chatcmpl-first")) {
+		t.Fatalf("continuation chunk has the filter chunk's blank identity: %s", got[0].Data)
+	}
+}
