@@ -135,6 +135,11 @@ func (rt *walletRuntime) admit(x *exchange, resumable bool) (*bill, *provider.Er
 				x.req.StoredContext, x.req.Model)}
 		}
 		est.StoredInputTokens = m.MaxInput
+	} else if x.req.ServerInput != "" && m.MaxInput > 0 {
+		// A server-side tool (web search, fetch, MCP) adds its results
+		// to the input the upstream bills: bounded, like stored context,
+		// by the model's max_input_tokens when the operator set it.
+		est.StoredInputTokens = m.MaxInput
 	}
 	if resumable {
 		est.Continuations = 1
@@ -314,10 +319,12 @@ func (b *bill) entry(a *billedAnswer) wallet.Entry {
 	var c charge
 	e.TokensIn, e.TokensOut, c = b.billable(a, u)
 	tokens := wallet.Tokens{Input: e.TokensIn, Output: e.TokensOut}
-	if c.note == "" {
+	if c.kind != "implausible" && u.InputKnown {
 		// A plausible report prices each class of input at its own
 		// price: a cache read at a fraction of plain input, a write
-		// above it.
+		// above it. So does one whose output alone is estimated (an
+		// Anthropic stream cut after message_start): its input is the
+		// upstream's report.
 		tokens.Input, tokens.CacheRead, tokens.CacheWrite, tokens.CacheWrite1h = u.PlainInput(), u.CacheRead, u.CacheWrite, u.CacheWrite1h
 		e.TokensCacheRead, e.TokensCacheWrite, e.TokensCacheWrite1h = u.CacheRead, u.CacheWrite, u.CacheWrite1h
 	}

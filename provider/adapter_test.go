@@ -227,7 +227,13 @@ func TestAskUsage(t *testing.T) {
 		ask  bool
 	}{
 		{"chat stream", OpenAIChat, string(ask), true},
-		{"chat stream with options", OpenAIChat, `{"model":"m","stream":true,"stream_options":{"include_usage":false}}`, false},
+		{"chat stream asking usage", OpenAIChat, `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`, false},
+		// A client that did not ask for usage does not decide whether
+		// the gateway can bill: a reasoning model's reasoning shows only
+		// in the usage report.
+		{"chat stream refusing usage", OpenAIChat, `{"model":"m","stream":true,"stream_options":{"include_usage":false}}`, true},
+		{"chat stream with other options", OpenAIChat, `{"model":"m","stream":true,"stream_options":{"include_obfuscation":false}}`, true},
+		{"chat stream with empty options", OpenAIChat, `{"model":"m","stream":true,"stream_options":{ }}`, true},
 		{"chat not streamed", OpenAIChat, `{"model":"m"}`, false},
 		{"responses stream", OpenAIResponses, string(ask), false},
 		{"anthropic stream", AnthropicMessages, string(ask), false},

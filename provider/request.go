@@ -58,9 +58,15 @@ type Request struct {
 	IncludeUsage bool
 	// HasStreamOptions reports whether the client sent stream_options at all.
 	HasStreamOptions bool
-	// Images counts image parts (an over-estimate: each may be counted more
-	// than once), because images cost tokens their bytes do not show.
+	// Images counts image parts and the document parts named by id or URL
+	// (an over-estimate: each may be counted more than once), because
+	// they cost tokens their bytes do not show.
 	Images int
+	// ServerInput names the field through which the upstream adds input
+	// of its own to the request's (a server-side tool's results: web
+	// search, web fetch, file search, MCP), or is "". Like StoredContext,
+	// such input is not in the body.
+	ServerInput string
 	// StoredContext names the field through which the request refers to
 	// input kept by the upstream (previous_response_id, conversation, a
 	// stored prompt), or is "" when it refers to none. Such input is not in
@@ -160,16 +166,19 @@ func (API) ParseRequest(body []byte) (Request, error) {
 		case "mcp_servers":
 			if !jsonscan.IsEmpty(val) && !jsonscan.IsNull(val) {
 				req.effect("mcp_servers")
+				req.serverInput("mcp_servers")
 			}
 		case "web_search_options":
 			// Chat Completions' web search, run by the upstream: an
 			// empty object turns it on.
 			if !jsonscan.IsNull(val) {
 				req.effect("web_search_options")
+				req.serverInput("web_search_options")
 			}
 		case "tools":
 			if serverTools(val) {
 				req.effect("tools")
+				req.serverInput("tools")
 			}
 		case "stream_options":
 			req.HasStreamOptions = val[0] == '{'
@@ -187,8 +196,23 @@ func (API) ParseRequest(body []byte) (Request, error) {
 	if !foundModel || req.Model == "" {
 		return req, ErrNoModel
 	}
-	req.Images = countImages(body)
+	req.Images = countImages(body) + countDocuments(body)
 	return req, nil
+}
+
+// countDocuments counts the document parts a body names without carrying
+// their content: a file by Files API id ("file_id": OpenAI chat's file
+// part, Responses' input_file, Anthropic's file source) or by URL
+// (Responses' "file_url"), and Anthropic's "document" blocks (a PDF by
+// URL among them). The provider bills their pages as input tokens
+// (Claude: 1,500 to 3,000 a page) that the body's bytes do not show. As
+// with images, a part counted twice only reserves more.
+func countDocuments(body []byte) int {
+	n := 0
+	if bytes.Contains(body, []byte(`file_`)) {
+		n += bytes.Count(body, []byte(`"file_id"`)) + bytes.Count(body, []byte(`"file_url"`))
+	}
+	return n + bytes.Count(body, []byte(`"document"`))
 }
 
 // countImages counts the image parts a body may carry: "image_url"
@@ -218,6 +242,14 @@ func countImages(body []byte) int {
 			n, endInput = n+1, p+len(`image"`)
 		}
 		i = p + len(`image`)
+	}
+}
+
+// serverInput records the first field through which the upstream adds
+// input of its own.
+func (r *Request) serverInput(field string) {
+	if r.ServerInput == "" {
+		r.ServerInput = field
 	}
 }
 
@@ -425,15 +457,61 @@ func (r Request) WithModel(body []byte, model string) []byte {
 
 // AskUsage makes sure an attempt's answer reports the token usage billing
 // needs. An OpenAI chat stream reports usage only when asked: when the
-// client sent no stream_options, out asks for it and hide recognises the
-// extra usage-only chunk, which the client did not ask for and must not
-// see. Otherwise out is body and hide is nil. (Rewriting a client's own
-// stream_options is not worth the risk.)
+// client did not ask (no stream_options, or stream_options without
+// include_usage true, such as {"include_obfuscation":false}), out asks
+// for it and hide recognises the extra usage-only chunk, which the client
+// did not ask for and must not see. Otherwise out is body and hide is
+// nil. Without the report a reasoning model's reasoning, which a chat
+// stream never shows, would go unbilled: the estimate counts only the
+// content delivered.
 func (a API) AskUsage(body []byte, req Request) (out []byte, hide func(streamgate.Event) bool) {
-	if a != OpenAIChat || !req.Stream || req.HasStreamOptions {
+	if a != OpenAIChat || !req.Stream || req.IncludeUsage {
 		return body, nil
 	}
+	if req.HasStreamOptions {
+		return withIncludeUsageIn(body), isUsageOnlyChunk
+	}
 	return withIncludeUsage(body), isUsageOnlyChunk
+}
+
+// withIncludeUsageIn returns body with its own stream_options object (the
+// last one, as upstreams read it) asking for usage: every include_usage
+// in it set to true, or one added first. The rest of the object is kept.
+func withIncludeUsageIn(body []byte) []byte {
+	start, end := -1, -1
+	_ = eachTopLevel(body, func(key []byte, s, e int) error {
+		if string(key) == "stream_options" {
+			start, end = s, e
+		}
+		return nil
+	})
+	if start < 0 || body[start] != '{' {
+		return withIncludeUsage(body)
+	}
+	opts := body[start:end]
+	var spans [][2]int
+	_ = eachTopLevel(opts, func(key []byte, s, e int) error {
+		if string(key) == "include_usage" {
+			spans = append(spans, [2]int{start + s, start + e})
+		}
+		return nil
+	})
+	out := make([]byte, 0, len(body)+len(`"include_usage":true,`))
+	if len(spans) == 0 {
+		out = append(out, body[:start+1]...)
+		out = append(out, `"include_usage":true`...)
+		if len(bytes.TrimSpace(opts[1:len(opts)-1])) > 0 {
+			out = append(out, ',')
+		}
+		return append(out, body[start+1:]...)
+	}
+	prev := 0
+	for _, sp := range spans {
+		out = append(out, body[prev:sp[0]]...)
+		out = append(out, "true"...)
+		prev = sp[1]
+	}
+	return append(out, body[prev:]...)
 }
 
 // withIncludeUsage returns body with "stream_options":{"include_usage":true}

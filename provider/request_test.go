@@ -112,6 +112,14 @@ func TestParseRequestFields(t *testing.T) {
 		{"images anthropic", `{"model":"m","max_tokens":100,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AAAA"}},{"type":"text","text":"what?"}]}]}`,
 			Request{Model: "m", MaxOutput: 100, N: 1, Images: 1}},
 		{"no images", `{"model":"m","messages":[{"role":"user","content":"an image of a cat"}]}`, Request{Model: "m", N: 1}},
+		// Documents named by URL or file id: their pages are input the
+		// body does not show, reserved like images.
+		{"document anthropic url", `{"model":"m","max_tokens":100,"messages":[{"role":"user","content":[{"type":"document","source":{"type":"url","url":"https://x/r.pdf"}}]}]}`,
+			Request{Model: "m", MaxOutput: 100, N: 1, Images: 1}},
+		{"file openai chat", `{"model":"m","messages":[{"role":"user","content":[{"type":"file","file":{"file_id":"file-1"}}]}]}`,
+			Request{Model: "m", N: 1, Images: 1}},
+		{"file responses url", `{"model":"m","input":[{"role":"user","content":[{"type":"input_file","file_url":"https://x/r.pdf"}]}]}`,
+			Request{Model: "m", N: 1, Images: 1}},
 		{"escaped key", `{"mod\u0065l":"gpt-4o-mini","str\u0065am":true}`, Request{Model: "gpt-4o-mini", Stream: true, N: 1}},
 		{"escaped value", `{"model":"a\"b\\c\u00e9"}`, Request{Model: "a\"b\\c\u00e9", N: 1}},
 		// As encoding/json decodes it: a byte that is not UTF-8 becomes U+FFFD.
@@ -360,6 +368,29 @@ func TestWithIncludeUsage(t *testing.T) {
 	}
 }
 
+// A client's own stream_options is kept, with include_usage made true:
+// the gateway bills from the usage chunk.
+func TestWithIncludeUsageIn(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"model":"m","stream":true,"stream_options":{"include_usage":false}}`:                `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`,
+		`{"model":"m","stream_options":{"include_obfuscation":false},"stream":true}`:          `{"model":"m","stream_options":{"include_usage":true,"include_obfuscation":false},"stream":true}`,
+		`{"model":"m","stream_options": { } ,"stream":true}`:                                  `{"model":"m","stream_options": {"include_usage":true } ,"stream":true}`,
+		`{"model":"m","stream_options":{"include_usage" : null,"x":{"include_usage":false}}}`: `{"model":"m","stream_options":{"include_usage" : true,"x":{"include_usage":false}}}`,
+		`{"model":"m","stream_options":{"include_usage":false,"include_usage":false}}`:        `{"model":"m","stream_options":{"include_usage":true,"include_usage":true}}`,
+		`{"model":"m","stream_options":{"x":1},"stream_options":{"include_usage":false}}`:     `{"model":"m","stream_options":{"x":1},"stream_options":{"include_usage":true}}`,
+		`{"model":"m","stream_options":{"include_usage":false},"stream_options":null}`:        `{"model":"m","stream_options":{"include_usage":false},"stream_options":null,"stream_options":{"include_usage":true}}`,
+		`{"model":"m","str\u0065am_options":{"include\u005fusage":false}}`:                    `{"model":"m","str\u0065am_options":{"include\u005fusage":true}}`,
+	} {
+		out := withIncludeUsageIn([]byte(body))
+		if string(out) != want {
+			t.Errorf("withIncludeUsageIn(%s)\n = %s\nwant %s", body, out, want)
+		}
+		if r := mustParse(t, out); !r.IncludeUsage {
+			t.Errorf("withIncludeUsageIn(%s) = %s does not ask for usage", body, out)
+		}
+	}
+}
+
 func TestWithIncludeUsageNotAnObject(t *testing.T) {
 	body := []byte(`[1,2]`)
 	if out := withIncludeUsage(body); string(out) != `[1,2]` {
@@ -416,6 +447,30 @@ func TestParseRequestEffects(t *testing.T) {
 	req, _ := OpenAIResponses.ParseRequest([]byte(`{"model":"m","store":false}`))
 	if !req.StoreOff {
 		t.Error("store false not seen")
+	}
+}
+
+// A server-side tool's results are input the upstream adds and bills
+// (web search results, fetched pages, MCP tool results): the request
+// names the field that asks for them, whatever field with effects came
+// first.
+func TestParseRequestServerInput(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"model":"m"}`: "",
+		`{"model":"m","tools":[{"type":"function","name":"f"}]}`:                     "",
+		`{"model":"m","tools":[{"type":"web_search_20250305","name":"web_search"}]}`: "tools",
+		`{"model":"m","store":true,"tools":[{"type":"web_search"}]}`:                 "tools",
+		`{"model":"m","web_search_options":{}}`:                                      "web_search_options",
+		`{"model":"m","mcp_servers":[{"type":"url","url":"https://x"}]}`:             "mcp_servers",
+		`{"model":"m","store":true}`:                                                 "",
+	} {
+		req, err := OpenAIChat.ParseRequest([]byte(body))
+		if err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		if req.ServerInput != want {
+			t.Errorf("%s: server input %q, want %q", body, req.ServerInput, want)
+		}
 	}
 }
 
