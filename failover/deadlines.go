@@ -61,13 +61,19 @@ type attemptTiming struct {
 func (e *Engine) learning() bool { return e.learn != nil }
 
 // sizeClass is the request's size class, for the latencies learned per
-// class: its body's size and the most output it may ask for.
+// class: its body's size and the most output it may ask for, and whether
+// it is answered whole (whose headers and content wait for all of its
+// output) or streamed.
 func (x *exchange) sizeClass() latency.Class {
 	maxOut := x.req.MaxOutput
 	if maxOut == 0 && x.model != nil {
 		maxOut = x.model.MaxOutput
 	}
-	return latency.ClassOf(len(x.body), maxOut)
+	c := latency.ClassOf(len(x.body), maxOut)
+	if !streaming(x) {
+		c = c.Whole()
+	}
+	return c
 }
 
 // armLearned starts an attempt's learned deadlines: it returns the

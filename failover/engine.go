@@ -190,13 +190,20 @@ func New(ctx caddy.Context, p Plan) (*Engine, error) {
 	}
 	if a := e.opts.Adaptive; a != nil {
 		e.learn = a
+		// What bounds each learned deadline where it applies (armLearned,
+		// learnStall): a streamed answer's, and a whole one's.
 		ceilings := [latency.NumKinds]time.Duration{
-			latency.Header:       e.opts.HeaderTimeout,
+			latency.Header:       e.opts.HeaderTimeoutFor(true),
 			latency.FirstContent: e.opts.HeaderTimeoutFor(true) + e.opts.StreamGate,
 			latency.Gap:          e.opts.StreamIdleTimeout,
 		}
+		whole := [latency.NumKinds]time.Duration{
+			latency.Header:       e.opts.HeaderTimeoutFor(false),
+			latency.FirstContent: e.opts.HeaderTimeoutFor(false),
+			latency.Gap:          e.opts.StreamIdleTimeout,
+		}
 		for _, ch := range e.channels {
-			e.app.Learn(ch.health, failoverapp.Learning{Config: *a, Ceilings: ceilings})
+			e.app.Learn(ch.health, failoverapp.Learning{Config: *a, Ceilings: ceilings, WholeCeilings: whole})
 			ch.slowdown = a
 		}
 	}

@@ -267,7 +267,7 @@ func (e *Engine) run(x *exchange, r *race, route *chain.Route, ticket breaker.Ti
 	if !r.join(rx, cancel) {
 		// The first attempt committed meanwhile: no hedge.
 		cancel(nil)
-		ticket.Done()
+		e.giveBack(route, ticket)
 		if b != nil && b != x.bill {
 			b.close()
 		}
@@ -307,14 +307,14 @@ func (e *Engine) hedge(x *exchange, r *race, routes []*chain.Route) *runner {
 		return refused("breaker")
 	}
 	if !e.hedgeBudget(x.req.Model).take(e.opts.Hedge.Budget, now) {
-		ticket.Done()
+		e.giveBack(route, ticket)
 		return refused("budget")
 	}
 	var hb *bill
 	if x.bill != nil && !x.bill.free {
 		var err error
 		if hb, err = e.wallet.reserveHedge(x); err != nil {
-			ticket.Done()
+			e.giveBack(route, ticket)
 			e.logger.Debug("not hedging: the second reservation failed", zap.String("model", x.req.Model), zap.Error(err))
 			return refused("wallet")
 		}
@@ -332,6 +332,17 @@ func (e *Engine) hedge(x *exchange, r *race, routes []*chain.Route) *runner {
 	e.decidedAt(x, 1, routes[0].Name, &failure{reason: reasonHedge}, route.Name)
 	hedgesTotal.WithLabelValues(x.req.Model, "started").Inc()
 	return rn
+}
+
+// giveBack returns the ticket of a hedge that is not sent. A ticket that
+// was to report its channel's move from open to half_open (the first
+// admission after the cooldown) reports it now: no later admission will.
+func (e *Engine) giveBack(route *chain.Route, ticket breaker.Ticket) {
+	if ticket.HalfOpened {
+		e.app.StateChanged(e.logger, e.channels[route.Channel].health,
+			breaker.Transition{From: breaker.Open, To: breaker.HalfOpen}, "cooldown_elapsed")
+	}
+	ticket.Done()
 }
 
 // forRace is a copy of x for one attempt of a race: its own request
@@ -371,6 +382,7 @@ func (e *Engine) settleRace(x *exchange, r *race, runners []*runner, end raceEnd
 	}
 	end.res = from.res
 	w := from.x
+	x.trace.adopt(w.trace)
 	x.meter, x.committedAt, x.timing, x.resume, x.servedBy, x.upstreamPath = w.meter, w.committedAt, w.timing, w.resume, w.servedBy, w.upstreamPath
 	x.setVar("http.llm_failover.attempts", fmt.Sprint(x.attempts))
 	if x.servedBy != "" {

@@ -92,6 +92,7 @@ func (e *Engine) recordServed(x *exchange, res attemptResult) {
 		requestsTotal.WithLabelValues(x.req.Model, string(outcomeClientGone)).Inc()
 	case broken: // the client saw its stream end in an error
 		requestsTotal.WithLabelValues(x.req.Model, "broken").Inc()
+		x.trace.brokeOff(res)
 	default:
 		requestsTotal.WithLabelValues(x.req.Model, "served").Inc()
 	}

@@ -63,8 +63,9 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) error {
 		return e.refuse(x, provider.Error{Status: http.StatusBadRequest, Message: err.Error()})
 	}
 	x.setVar("http.llm_failover.model", x.req.Model)
+	x.model = e.models[x.req.Model]
 	x.trace.parsed(x)
-	if x.model = e.models[x.req.Model]; x.model == nil {
+	if x.model == nil {
 		return e.refuse(x, provider.Error{Status: http.StatusNotFound, Code: "model_not_found",
 			Message: fmt.Sprintf("The model %q does not exist or is not served by this gateway", x.req.Model)})
 	}

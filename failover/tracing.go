@@ -105,6 +105,9 @@ type requestTrace struct {
 	// resumedForm the form of the continuation that resumed the answer.
 	refused     int
 	resumedForm string
+	// cut is why the answer the client got broke off after it was
+	// committed ("" when it did not).
+	cut string
 }
 
 // traceRequest starts the gateway's span under the request's, when the
@@ -144,10 +147,18 @@ func (t *requestTrace) parsed(x *exchange) {
 		return
 	}
 	op := x.api.Operation()
-	if x.mode != modeSynthetic {
+	model := x.req.Model
+	switch {
+	case x.model == nil:
+		// A model nobody serves is the client's to name: the span is the
+		// operation's (span names are a small set trace stores index),
+		// and the name it asked for is bounded.
+		model = provider.CutMessage(model)
+		t.span.SetName("llm_failover " + op)
+	case x.mode != modeSynthetic:
 		t.span.SetName("llm_failover " + op + " " + x.req.Model)
 	}
-	t.span.SetAttributes(attrOperation.String(op), attrRequestModel.String(x.req.Model),
+	t.span.SetAttributes(attrOperation.String(op), attrRequestModel.String(model),
 		attrStream.Bool(x.req.Stream), attrRequestID.String(requestID(x)))
 	if x.req.MaxOutput > 0 {
 		t.span.SetAttributes(attrMaxTokens.Int64(x.req.MaxOutput))
@@ -351,6 +362,26 @@ func (t *requestTrace) refusedWith(status int) {
 	}
 }
 
+// brokeOff notes that the client's answer was committed and then broke
+// off (res.verdict broken): the client read an answer ending in an error.
+func (t *requestTrace) brokeOff(res attemptResult) {
+	if t == nil || res.verdict != broken {
+		return
+	}
+	t.cut = string(reasonTruncated)
+	if res.fail != nil {
+		t.cut = string(res.fail.reason)
+	}
+}
+
+// adopt takes what an attempt of a hedged race, on its fork of the trace,
+// noted of the request's answer: a refusal the gateway answered with.
+func (t *requestTrace) adopt(f *requestTrace) {
+	if t != nil && f != nil && f != t && f.refused != 0 {
+		t.refusedWith(f.refused)
+	}
+}
+
 // end records how the request ended, and ends its span.
 func (t *requestTrace) end(x *exchange) {
 	if t == nil {
@@ -380,6 +411,9 @@ func (t *requestTrace) end(x *exchange) {
 	if t.refused != 0 {
 		s.SetAttributes(attrHTTPStatus.Int(t.refused), attrErrorType.String(strconv.Itoa(t.refused)))
 		s.SetStatus(codes.Error, fmt.Sprintf("answered %d", t.refused))
+	} else if t.cut != "" {
+		s.SetAttributes(attrErrorType.String(t.cut))
+		s.SetStatus(codes.Error, "the answer broke off after it reached the client: "+t.cut)
 	}
 	s.End()
 }

@@ -74,10 +74,12 @@ func (c *Channel) LearnRefusesPrefill(model string) bool {
 
 // Learning is how a handler learns a channel's deadlines
 // (adaptive_deadlines): its config and, per latency.Kind, the configured
-// timeout that bounds the learned one.
+// timeout that bounds the learned one, for a streamed answer (Ceilings)
+// and for a whole one (WholeCeilings; latency.Class.Whole).
 type Learning struct {
-	Config   latency.Config
-	Ceilings [latency.NumKinds]time.Duration
+	Config        latency.Config
+	Ceilings      [latency.NumKinds]time.Duration
+	WholeCeilings [latency.NumKinds]time.Duration
 }
 
 // Learn registers that a handler of this config learns the channel's
@@ -102,7 +104,7 @@ func (c *Channel) Learned(now time.Time) []latency.Learned {
 	if l == nil {
 		return nil
 	}
-	return c.Latency.Snapshot(l.Config, l.Ceilings, now)
+	return c.Latency.Snapshot(l.Config, l.Ceilings, l.WholeCeilings, now)
 }
 
 // Touch records that real traffic reached the channel at now.

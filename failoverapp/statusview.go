@@ -107,7 +107,7 @@ func learnedDeadlinesOf(ch *Channel, now time.Time) []LearnedDeadlineView {
 	if l == nil {
 		return nil
 	}
-	learned := ch.Latency.Snapshot(l.Config, l.Ceilings, now)
+	learned := ch.Latency.Snapshot(l.Config, l.Ceilings, l.WholeCeilings, now)
 	if len(learned) == 0 {
 		return nil
 	}

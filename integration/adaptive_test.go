@@ -409,3 +409,53 @@ func TestReloadWithoutAdaptiveDeadlinesStopsReportingThem(t *testing.T) {
 		t.Errorf("with adaptive_deadlines off, the status still shows learned deadlines: %s", st)
 	}
 }
+
+// The learned deadline the metric (and the status page) reports is the
+// one the gateway applies. A whole (non-streaming) answer's first content
+// is bounded by header_timeout, not by a stream's stream_header_timeout
+// plus stream_gate: reporting it capped at the stream's bound claims a
+// deadline shorter than the one every such request is given, and an
+// operator reading it is misled about when the channel is left.
+func TestLearnedDeadlineMetricIsTheAppliedOne(t *testing.T) {
+	a := upstream(t, fu.SlowFirstToken(150*time.Millisecond).Named("a"))
+	channel := uniqueName("adwhole")
+	gateway(t, `
+		channel `+channel+` %s
+		model adwhole-m {
+			route `+channel+`
+		}
+		stream_header_timeout 200ms
+		stream_gate 100ms
+		adaptive_deadlines {
+			min_samples 5
+			floor 50ms
+		}`, a.URL)
+	for range 8 {
+		if res, b := post(t, "/v1/chat/completions", fu.ChatRequest("adwhole-m", false)); res.StatusCode != 200 {
+			t.Fatalf("learning: status %d: %s", res.StatusCode, b)
+		}
+	}
+	// The learned first-content deadline of the channel's (only) class.
+	reported := -1.0
+	_, b := getBody(t, adminURL+"/metrics")
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, `caddy_llm_failover_learned_deadline_seconds{channel="`+channel+`"`) &&
+			strings.Contains(line, `kind="first_content"`) {
+			_, v, _ := strings.Cut(line, "} ")
+			fmt.Sscan(v, &reported)
+		}
+	}
+	if reported < 0 {
+		t.Fatalf("no learned first_content deadline reported for %s:\n%s", channel, b)
+	}
+	// A whole answer that takes 400 ms is within the deadline applied
+	// (3 × the channel's p99 of about 170 ms): it is served.
+	a.Set(fu.SlowFirstToken(400 * time.Millisecond).Named("a"))
+	res, body := post(t, "/v1/chat/completions", fu.ChatRequest("adwhole-m", false))
+	if res.StatusCode != 200 {
+		t.Fatalf("a 400 ms whole answer: status %d: %s", res.StatusCode, body)
+	}
+	if reported < 0.4 {
+		t.Errorf("the metric reports a learned first_content deadline of %.3fs, yet a whole answer that took 0.4s was served within the deadline applied", reported)
+	}
+}

@@ -59,8 +59,10 @@ const (
 	smallOutput  = 1024
 	mediumOutput = 8192
 	numSizes     = 3
-	// NumClasses is how many size classes there are.
-	NumClasses = numSizes * numSizes
+	numSized     = numSizes * numSizes
+	// NumClasses is how many classes there are: each size class of a
+	// streamed answer, and the same of a whole (non-streamed) one.
+	NumClasses = 2 * numSized
 )
 
 var sizeNames = [numSizes]string{"s", "m", "l"}
@@ -86,12 +88,30 @@ func ClassOf(promptBytes int, maxOutput int64) Class {
 	return Class(p*numSizes + o)
 }
 
-// String names the class as prompt/output sizes, e.g. "s/m".
+// Whole is c's class for a request answered whole rather than streamed.
+// A stream's headers come before anything is generated and its first
+// content with the first token; a whole answer's headers and content come
+// when all of its output is generated. Their waits are learned apart, or
+// a channel that mostly streams would cut its own healthy whole answers.
+func (c Class) Whole() Class {
+	if c < numSized {
+		return c + numSized
+	}
+	return c
+}
+
+// String names the class as prompt/output sizes, e.g. "s/m", and
+// "s/m whole" for a whole answer's.
 func (c Class) String() string {
 	if c >= NumClasses {
 		return fmt.Sprintf("class(%d)", c)
 	}
-	return sizeNames[c/numSizes] + "/" + sizeNames[c%numSizes]
+	s := c % numSized
+	name := sizeNames[s/numSizes] + "/" + sizeNames[s%numSizes]
+	if c >= numSized {
+		name += " whole"
+	}
+	return name
 }
 
 // Config is how deadlines are learned. The zero value of a field takes
@@ -285,8 +305,8 @@ type Learned struct {
 
 // Snapshot lists the kinds and classes the channel has observations of,
 // with their deadlines under cfg (ceilings[k] is kind k's configured
-// timeout).
-func (l *Learner) Snapshot(cfg Config, ceilings [NumKinds]time.Duration, now time.Time) []Learned {
+// timeout for a streamed answer, whole[k] for a whole one: Class.Whole).
+func (l *Learner) Snapshot(cfg Config, ceilings, whole [NumKinds]time.Duration, now time.Time) []Learned {
 	var out []Learned
 	for _, k := range Kinds {
 		for c := range Class(NumClasses) {
@@ -296,7 +316,11 @@ func (l *Learner) Snapshot(cfg Config, ceilings [NumKinds]time.Duration, now tim
 			if n == 0 {
 				continue
 			}
-			out = append(out, Learned{Kind: k, Class: c, Deadline: l.Deadline(k, c, cfg, ceilings[k], now), Median: s.quantile(0.5)})
+			ceiling := ceilings[k]
+			if c >= numSized {
+				ceiling = whole[k]
+			}
+			out = append(out, Learned{Kind: k, Class: c, Deadline: l.Deadline(k, c, cfg, ceiling, now), Median: s.quantile(0.5)})
 		}
 	}
 	return out

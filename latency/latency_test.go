@@ -21,6 +21,23 @@ func TestClassOf(t *testing.T) {
 	}
 }
 
+// A whole answer's class is learned apart from the same size's streams.
+func TestWholeClassIsLearnedApart(t *testing.T) {
+	l := NewLearner()
+	now := time.Now()
+	streamed := ClassOf(100, 256)
+	whole := streamed.Whole()
+	if whole == streamed || whole.Whole() != whole || whole.String() != "s/s whole" {
+		t.Fatalf("ClassOf(100, 256).Whole() = %v (%s)", whole, whole)
+	}
+	for range cfg.MinSamples {
+		l.Observe(Header, streamed, 100*time.Millisecond, cfg.Window, now)
+	}
+	if d := l.Deadline(Header, whole, cfg, time.Minute, now); d.Learned {
+		t.Errorf("whole answers' header deadline learned from streams: %s", d)
+	}
+}
+
 func TestDeadlineNeedsSamples(t *testing.T) {
 	l := NewLearner()
 	now := time.Now()
