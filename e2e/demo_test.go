@@ -168,3 +168,82 @@ func TestBinaryDemoAnswersEveryAPI(t *testing.T) {
 		t.Errorf("llm-failover against an admin address where nothing answers: %v\n%s", err, out)
 	}
 }
+
+// portsDemoRestart: TestBinaryDemoReadmeFailoverAfterRestart's gateway and
+// admin; its upstreams and heartbeat receiver are 19119-19122.
+var portsDemoRestart = ports{19117, 19118}
+
+// README.md ("Two commands") promises that the demo's first request, the
+// chat completion it prints, is answered by "backup" and that the log
+// shows why: one `failover` line from "flaky" (503) to "backup". A second
+// `make run` (the demo key and accounts already exist) must keep that
+// promise too, not only the very first start.
+func TestBinaryDemoReadmeFailoverAfterRestart(t *testing.T) {
+	raw, err := os.ReadFile("../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := strings.NewReplacer(":8080", fmt.Sprintf(":%d", portsDemoRestart.HTTP), "localhost:2019", fmt.Sprintf("localhost:%d", portsDemoRestart.Admin),
+		"127.0.0.1:9501", "127.0.0.1:19119", "127.0.0.1:9502", "127.0.0.1:19120", "127.0.0.1:9503", "127.0.0.1:19121",
+		"127.0.0.1:9509", "127.0.0.1:19122").Replace(string(raw))
+	in := newInstance(t, "demo-restart", portsDemoRestart, cfg, "FLAKY_API_KEY=k1", "OVERLOADED_API_KEY=k2", "BACKUP_API_KEY=k3")
+	cli := func(args ...string) string {
+		t.Helper()
+		out, err := runCaddy(t, in.env, append([]string{"llm-wallet", "--address", in.adminAddr()}, args...)...)
+		if err != nil {
+			t.Fatalf("llm-wallet %v: %v\n%s", args, err, out)
+		}
+		return out
+	}
+	// What scripts/run-demo.sh does on its first run.
+	cli("create-account", "demo")
+	cli("credit", "demo", "5")
+	cli("create-account", "demo-probes")
+	cli("credit", "demo-probes", "1")
+	key := cliFields(cli("create-key", "demo", "demo"))["key"]
+
+	// The second `make run`: same data directory, accounts already there.
+	in.stop()
+	if err := os.Truncate(in.logPath, 0); err != nil {
+		t.Fatal(err)
+	}
+	in.start()
+
+	req, _ := http.NewRequest(http.MethodPost, in.gatewayURL()+"/v1/chat/completions",
+		strings.NewReader(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`))
+	req.Header.Set("Authorization", "Bearer "+key)
+	res, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 || !bytes.Contains(b, []byte("Hello from the backup channel.")) {
+		t.Fatalf("chat: %d %s", res.StatusCode, b)
+	}
+	var sawFailover bool
+	var opened string
+	log, _ := os.ReadFile(in.logPath)
+	for _, line := range bytes.Split(log, []byte("\n")) {
+		var l struct {
+			Msg, Channel, Reason, NextChannel string
+			UpstreamStatus                    int `json:"upstream_status"`
+		}
+		if json.Unmarshal(line, &l) != nil {
+			continue
+		}
+		var nc struct {
+			Next string `json:"next_channel"`
+		}
+		_ = json.Unmarshal(line, &nc)
+		switch {
+		case l.Msg == "failover" && l.Channel == "flaky" && l.Reason == "status" && l.UpstreamStatus == 503 && nc.Next == "backup":
+			sawFailover = true
+		case l.Msg == "breaker state changed" && l.Channel == "flaky":
+			opened = string(line)
+		}
+	}
+	if !sawFailover {
+		t.Errorf("no `failover` line from flaky (503) to backup for the README's request after a restart; flaky's breaker: %s", opened)
+	}
+}

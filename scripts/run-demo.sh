@@ -49,7 +49,7 @@ Where to look:
   readiness        curl -s localhost:8080/status/ready
   failovers        the "failover" log lines below; ./caddy llm-failover decisions --since 1h
   breakers         curl -s localhost:2019/llm_failover/channels
-  probes           gpt-4o-mini's idle channels every 30 s, charged to demo-probes (status page, "synthetic checks")
+  probes           claude-sonnet-4's idle channels every 30 s, charged to demo-probes (status page, "synthetic checks")
   heartbeat        each prober run pings http://127.0.0.1:9509 (its access log lines below); curl -s localhost:2019/llm_failover/jobs
   history          $XDG_DATA_HOME/caddy/llm_failover/history.db: the status page keeps it across restarts
   fallbacks        ./caddy llm-failover drill   (each channel made to fail in turn)

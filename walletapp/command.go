@@ -214,7 +214,8 @@ func runCommand(out io.Writer, admin, name string, args []string, asJSON bool) (
 		if err := need(1); err != nil {
 			return err
 		}
-		if err := adminCall(http.MethodPost, "keys/"+url.PathEscape(args[1])+"/revoke", map[string]string{}, nil); err != nil {
+		var ans map[string]any
+		if err := adminCall(http.MethodPost, "keys/"+url.PathEscape(args[1])+"/revoke", map[string]string{}, &ans); err != nil {
 			return err
 		}
 		fmt.Fprintf(tw, "revoked\t%s\n", args[1])
