@@ -2,15 +2,17 @@ package streamgate_test
 
 import (
 	"bytes"
-	"github.com/llmfailover/caddy-llm-failover/internal/shapes"
-	"github.com/llmfailover/caddy-llm-failover/provider"
-	. "github.com/llmfailover/caddy-llm-failover/streamgate"
 	"io"
 	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/llmfailover/caddy-llm-failover/internal/redact"
+	"github.com/llmfailover/caddy-llm-failover/internal/shapes"
+	"github.com/llmfailover/caddy-llm-failover/provider"
+	. "github.com/llmfailover/caddy-llm-failover/streamgate"
 )
 
 type discardDown struct{ n int64 }
@@ -42,6 +44,8 @@ func chatStream(events int) (stream []byte, perEvent [][]byte) {
 // answer that arrives in one read, as a local upstream's often does (the
 // chunk that decides the stream holds all of it). "/drop" hides the usage
 // chunk, as the gateway does when it asked for usage the client did not.
+// "/masked" scrubs every event for ten 48-byte keys, as the gateway does
+// for the channels' credentials.
 func BenchmarkRelay(b *testing.B) {
 	stream, events := chatStream(1000)
 	short, shortEvents := chatStream(20)
@@ -56,6 +60,7 @@ func BenchmarkRelay(b *testing.B) {
 		{"16KiB-reads", stream, len(events), func() io.Reader { return bytes.NewReader(stream) }, gate(provider.OpenAIChat, Options{})},
 		{"event-per-read/drop", stream, len(events), func() io.Reader { return &chunkReader{chunks: append([][]byte(nil), events...)} }, gate(provider.OpenAIChat, Options{Drop: isUsageOnly})},
 		{"16KiB-reads/drop", stream, len(events), func() io.Reader { return bytes.NewReader(stream) }, gate(provider.OpenAIChat, Options{Drop: isUsageOnly})},
+		{"event-per-read/masked", stream, len(events), func() io.Reader { return &chunkReader{chunks: append([][]byte(nil), events...)} }, gate(provider.OpenAIChat, Options{Scrub: tenKeys.Bytes})},
 		{"short-in-one-read", short, len(shortEvents), func() io.Reader { return bytes.NewReader(short) }, gate(provider.OpenAIChat, Options{})},
 		{"short-in-one-read/drop", short, len(shortEvents), func() io.Reader { return bytes.NewReader(short) }, gate(provider.OpenAIChat, Options{Drop: isUsageOnly})},
 	} {
@@ -155,3 +160,12 @@ func TestBenchStreamShape(t *testing.T) {
 		t.Fatalf("%d events", len(events))
 	}
 }
+
+// tenKeys masks ten channel keys of today's length.
+var tenKeys = func() *redact.Secrets {
+	var keys []string
+	for i := range 10 {
+		keys = append(keys, "Bearer sk-proj-"+strings.Repeat(string(rune('a'+i)), 40))
+	}
+	return redact.NewSecrets(keys...)
+}()

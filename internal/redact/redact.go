@@ -27,10 +27,18 @@ const minSecret = 8
 // nothing.
 type Secrets struct {
 	r *strings.Replacer
-	// probes are the values Bytes looks for before it rewrites anything:
-	// every value that holds no other (where a value holds its own token,
-	// the token alone is found wherever the value is).
-	probes [][]byte
+	// probes are what Bytes looks for before it rewrites anything: every
+	// value that holds no other (where a value holds its own token, the
+	// token alone is found wherever the value is), grouped by its first
+	// minSecret bytes. Keys of one vendor share them ("sk-proj-"), so ten
+	// keys cost about one look, not ten.
+	probes []probe
+}
+
+// probe is the values that begin with one prefix of minSecret bytes.
+type probe struct {
+	prefix []byte
+	values [][]byte
 }
 
 // NewSecrets returns a Secrets masking each value of at least minSecret
@@ -56,12 +64,19 @@ func NewSecrets(values ...string) *Secrets {
 	// order at each position, so a value wins over its own token.
 	slices.SortFunc(all, func(a, b string) int { return len(b) - len(a) })
 	pairs := make([]string, 0, 2*len(all))
-	var probes [][]byte
+	var probes []probe
 	for i, v := range all {
 		pairs = append(pairs, v, Mask)
-		if !slices.ContainsFunc(all[i+1:], func(w string) bool { return strings.Contains(v, w) }) {
-			probes = append(probes, []byte(v))
+		if slices.ContainsFunc(all[i+1:], func(w string) bool { return strings.Contains(v, w) }) {
+			continue
 		}
+		prefix := []byte(v[:minSecret])
+		at := slices.IndexFunc(probes, func(p probe) bool { return bytes.Equal(p.prefix, prefix) })
+		if at < 0 {
+			probes = append(probes, probe{prefix: prefix})
+			at = len(probes) - 1
+		}
+		probes[at].values = append(probes[at].values, []byte(v))
 	}
 	return &Secrets{r: strings.NewReplacer(pairs...), probes: probes}
 }
@@ -82,8 +97,18 @@ func (s *Secrets) Bytes(b []byte) []byte {
 		return b
 	}
 	for _, p := range s.probes {
-		if bytes.Contains(b, p) {
-			return []byte(s.r.Replace(string(b)))
+		for rest := b; ; {
+			i := bytes.Index(rest, p.prefix)
+			if i < 0 {
+				break
+			}
+			rest = rest[i:]
+			for _, v := range p.values {
+				if bytes.HasPrefix(rest, v) {
+					return []byte(s.r.Replace(string(b)))
+				}
+			}
+			rest = rest[1:]
 		}
 	}
 	return b

@@ -107,6 +107,8 @@ func TestSecretsBytes(t *testing.T) {
 		"data: {\"content\":\"Bearer sk-upstream-0123456789\"}\n\n",
 		"data: {\"content\":\"sk-upstream-0123456789\"}\n\n",
 		"x-goog-key-ABCDEFGHIJ and plainsecretvalue",
+		"sk-upstream-01 is not it, sk-upstream-0123456789 is", // a prefix that fails first
+		"x-goog-key-ABCDEFGHI",                                // one byte short
 		"nothing here",
 		"",
 	} {
