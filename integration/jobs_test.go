@@ -88,7 +88,7 @@ func TestSweeperHeartbeatAndJobsView(t *testing.T) {
 	}
 	metrics, _ := io.ReadAll(res.Body)
 	res.Body.Close()
-	if !strings.Contains(string(metrics), `caddy_llm_failover_job_last_success_timestamp_seconds{job="wallet_sweep.default"}`) {
+	if !strings.Contains(string(metrics), `caddy_llm_failover_job_last_success_timestamp_seconds{job_name="wallet_sweep.default"}`) {
 		t.Fatal("no job_last_success metric for the sweeper")
 	}
 	if !strings.Contains(string(metrics), "\ncaddy_llm_failover_wallet_settlements_pending ") {

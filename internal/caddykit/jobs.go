@@ -156,13 +156,17 @@ func AttachHeartbeats(configs []HeartbeatConfig) (detach func(), err error) {
 	return detach, nil
 }
 
+// The jobs' series are labelled job_name, not job: Prometheus sets its own
+// target label job on every series it scrapes, which would overwrite the
+// job's name (or move it to exported_job) and leave alerts naming the
+// scrape job instead of the job that failed.
 var (
 	jobLastSuccessDesc = prometheus.NewDesc("caddy_llm_failover_job_last_success_timestamp_seconds",
-		"When each background job last succeeded; alert when it is older than a few intervals.", []string{"job"}, nil)
+		"When each background job last succeeded; alert when it is older than a few intervals.", []string{"job_name"}, nil)
 	jobDurationDesc = prometheus.NewDesc("caddy_llm_failover_job_duration_seconds",
-		"How long each background job's last run took.", []string{"job"}, nil)
+		"How long each background job's last run took.", []string{"job_name"}, nil)
 	jobOverdueDesc = prometheus.NewDesc("caddy_llm_failover_job_overdue",
-		"1 when a periodic job has not succeeded for two of its intervals.", []string{"job"}, nil)
+		"1 when a periodic job has not succeeded for two of its intervals.", []string{"job_name"}, nil)
 )
 
 // JobMetrics reads the jobs' records at scrape time.
