@@ -53,6 +53,14 @@ func oddServe(t *testing.T, adapter provider.Adapter, path, body, raw string, ch
 			m.Resume = ResumeContinue
 		}
 	}, tcs...))
+	row, _ := chargeRow(t, e, path, body)
+	return row
+}
+
+// chargeRow sends body to e with a funded wallet key and returns the
+// answer's settled charge row and what the client got.
+func chargeRow(t *testing.T, e *Engine, path, body string) (wallet.Entry, string) {
+	t.Helper()
 	ctx, st, secret := withTestWallet(t, e)
 	req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+secret)
@@ -75,7 +83,7 @@ func oddServe(t *testing.T, adapter provider.Adapter, path, body, raw string, ch
 		}
 		return false
 	})
-	return row
+	return row, w.Body.String()
 }
 
 func chatJSON(usage string) string {

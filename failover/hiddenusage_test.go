@@ -3,10 +3,8 @@ package failover
 import (
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 	"github.com/llmfailover/caddy-llm-failover/provider"
@@ -19,42 +17,20 @@ import (
 // names by URL or file id. Each must be charged as reported, not at an
 // estimate of what was delivered nor at a bound the body alone gave.
 
-// todayServe sends body to model "m" (oddPrice, set up further by model)
+// hiddenServe sends body to model "m" (oddPrice, set up further by model)
 // on one channel whose upstream answers with answer, and returns the
 // settled charge row and what the client got.
-func todayServe(t *testing.T, adapter provider.Adapter, path, body string, model func(*Model), answer fu.BehaviorFunc) (wallet.Entry, string) {
+func hiddenServe(t *testing.T, adapter provider.Adapter, path, body string, model func(*Model), answer fu.BehaviorFunc) (wallet.Entry, string) {
 	t.Helper()
 	up := upstream(t, answer)
-	name := uniqueName("today")
+	name := uniqueName("hidden")
 	e := testEngine(t, testPlan(t, Options{}, func(m *Model) {
 		m.Price, m.Charge = oddPrice, map[string]ChargePrice{name: {Price: oddPrice}}
 		if model != nil {
 			model(m)
 		}
 	}, testChannel{name: name, url: up.URL, adapter: adapter}))
-	ctx, st, secret := withTestWallet(t, e)
-	req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+secret)
-	w := httptest.NewRecorder()
-	serveDirect(e, w, req)
-	if w.Code != http.StatusOK {
-		t.Fatalf("status %d: %s", w.Code, w.Body)
-	}
-	var row wallet.Entry
-	eventually(t, 5*time.Second, "the charge row", func() bool {
-		rows, err := st.Usage(ctx, "acct", 0, 100)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range rows {
-			if r.Kind == wallet.KindCharge {
-				row = r
-				return true
-			}
-		}
-		return false
-	})
-	return row, w.Body.String()
+	return chargeRow(t, e, path, body)
 }
 
 // openAIReasoningStream answers a chat stream as OpenAI does for a
@@ -87,7 +63,7 @@ data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index"
 func TestUsageChatStreamOptionsWithoutUsageStillReported(t *testing.T) {
 	for _, opts := range []string{`{"include_obfuscation":false}`, `{"include_usage":false}`, `{}`} {
 		body := `{"model":"m","max_completion_tokens":4000,"stream":true,"stream_options":` + opts + `,"messages":[{"role":"user","content":"Say hello."}]}`
-		row, got := todayServe(t, nil, "/v1/chat/completions", body, nil, openAIReasoningStream)
+		row, got := hiddenServe(t, nil, "/v1/chat/completions", body, nil, openAIReasoningStream)
 		if row.TokensOut != 2000 || row.Note != "" {
 			t.Errorf("stream_options %s: charged %d out (%d micros), note %q; want the 2000 completion tokens OpenAI bills (1998 of them reasoning)",
 				opts, row.TokensOut, int64(row.Cost), row.Note)
@@ -113,7 +89,7 @@ func anthropicJSON(usage string) fu.BehaviorFunc {
 // bills for it is charged.
 func TestUsageServerToolInputCharged(t *testing.T) {
 	body := `{"model":"m","max_tokens":1000,"tools":[{"type":"web_search_20250305","name":"web_search","max_uses":3}],"messages":[{"role":"user","content":"What changed in Go 1.26?"}]}`
-	row, _ := todayServe(t, new(provider.Anthropic), "/v1/messages", body, func(m *Model) { m.MaxInput = 200_000 },
+	row, _ := hiddenServe(t, new(provider.Anthropic), "/v1/messages", body, func(m *Model) { m.MaxInput = 200_000 },
 		anthropicJSON(`{"input_tokens":25310,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":412,"server_tool_use":{"web_search_requests":2},"service_tier":"standard"}`))
 	if row.TokensIn != 25310 || row.TokensOut != 412 || row.Note != "" {
 		t.Errorf("charged %d in, %d out (%d micros), note %q; want the 25310 in, 412 out Anthropic bills", row.TokensIn, row.TokensOut, int64(row.Cost), row.Note)
@@ -147,7 +123,7 @@ func TestUsageReferencedDocumentCharged(t *testing.T) {
 		if strings.HasSuffix(tt.path, "/messages") {
 			adapter = new(provider.Anthropic)
 		}
-		row, _ := todayServe(t, adapter, tt.path, tt.body, nil, tt.answer)
+		row, _ := hiddenServe(t, adapter, tt.path, tt.body, nil, tt.answer)
 		if row.TokensIn != 30120 || row.TokensOut != 300 || row.Note != "" {
 			t.Errorf("%s: charged %d in, %d out (%d micros), note %q; want the 30120 in, 300 out the provider bills",
 				name, row.TokensIn, row.TokensOut, int64(row.Cost), row.Note)
@@ -163,7 +139,7 @@ func TestUsageReferencedDocumentCharged(t *testing.T) {
 // price).
 func TestUsageCutStreamKeepsReportedCacheClasses(t *testing.T) {
 	body := `{"model":"m","max_tokens":100,"stream":true,"system":"` + strings.Repeat("You are a careful assistant. ", 400) + `","messages":[{"role":"user","content":"Say hello."}]}`
-	row, _ := todayServe(t, new(provider.Anthropic), "/v1/messages", body, nil, func(w http.ResponseWriter, _ *http.Request, _ int64) {
+	row, _ := hiddenServe(t, new(provider.Anthropic), "/v1/messages", body, nil, func(w http.ResponseWriter, _ *http.Request, _ int64) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		_, _ = io.WriteString(w, `event: message_start
 data: {"type":"message_start","message":{"id":"msg","type":"message","role":"assistant","model":"m","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":10,"cache_creation_input_tokens":0,"cache_read_input_tokens":3000,"output_tokens":1}}}
