@@ -2,14 +2,9 @@ package docs
 
 import (
 	"bufio"
-	"go/ast"
-	"go/parser"
-	"go/token"
-	"io/fs"
+	"github.com/llmfailover/caddy-llm-failover/internal/codestrings"
 	"os"
-	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 )
@@ -64,36 +59,7 @@ func loggedMessages(t *testing.T, file string) []string {
 // outside the benchmarks, the soak and the end-to-end suites.
 func codeStrings(t *testing.T, root string) map[string]bool {
 	t.Helper()
-	skip := map[string]bool{"bench": true, "soak": true, "e2e": true, "sdktest": true, "integration": true, "testdata": true}
-	lits := map[string]bool{}
-	fset := token.NewFileSet()
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if p != root && (skip[d.Name()] || strings.HasPrefix(d.Name(), ".")) {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
-			return nil
-		}
-		f, err := parser.ParseFile(fset, p, nil, 0)
-		if err != nil {
-			return err
-		}
-		ast.Inspect(f, func(n ast.Node) bool {
-			if lit, ok := n.(*ast.BasicLit); ok && lit.Kind == token.STRING {
-				if s, err := strconv.Unquote(lit.Value); err == nil {
-					lits[s] = true
-				}
-			}
-			return true
-		})
-		return nil
-	})
+	lits, err := codestrings.Of(root)
 	if err != nil {
 		t.Fatal(err)
 	}

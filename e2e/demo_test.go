@@ -16,19 +16,27 @@ import (
 // heartbeat receiver 9509) moved into 19xxx for the test.
 var portsDemo = ports{19111, 19112}
 
+// demoConfig is Caddyfile.example with its gateway and admin on p, and its
+// three demo upstreams (9501-9503) and heartbeat receiver (9509) on
+// first, first+1, first+2 and first+3.
+func demoConfig(t *testing.T, p ports, first int) string {
+	t.Helper()
+	raw, err := os.ReadFile("../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := func(i int) string { return fmt.Sprintf("127.0.0.1:%d", first+i) }
+	return strings.NewReplacer(":8080", fmt.Sprintf(":%d", p.HTTP), "localhost:2019", fmt.Sprintf("localhost:%d", p.Admin),
+		"127.0.0.1:9501", at(0), "127.0.0.1:9502", at(1), "127.0.0.1:9503", at(2), "127.0.0.1:9509", at(3)).Replace(string(raw))
+}
+
 // Caddyfile.example, as `make run` serves it, answers every API the demo
 // prints a command for in that API's own format (its Responses request
 // got a chat completion, so the SDK's output_text was undefined), and
 // shows the operator features: the status page, readiness, probes that
 // run, a heartbeat receiver that is pinged, the history store.
 func TestBinaryDemoAnswersEveryAPI(t *testing.T) {
-	raw, err := os.ReadFile("../Caddyfile.example")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := strings.NewReplacer(":8080", fmt.Sprintf(":%d", portsDemo.HTTP), "localhost:2019", fmt.Sprintf("localhost:%d", portsDemo.Admin),
-		"127.0.0.1:9501", "127.0.0.1:19113", "127.0.0.1:9502", "127.0.0.1:19114", "127.0.0.1:9503", "127.0.0.1:19115",
-		"127.0.0.1:9509", "127.0.0.1:19116").Replace(string(raw))
+	cfg := demoConfig(t, portsDemo, 19113)
 	for _, line := range strings.Split(cfg, "\n") {
 		if line = strings.TrimSpace(line); !strings.HasPrefix(line, "#") && (strings.Contains(line, ":95") || strings.Contains(line, ":8080") || strings.Contains(line, ":2019")) {
 			t.Fatalf("a port of Caddyfile.example was not moved: %s", line)
@@ -179,13 +187,7 @@ var portsDemoRestart = ports{19117, 19118}
 // `make run` (the demo key and accounts already exist) must keep that
 // promise too, not only the very first start.
 func TestBinaryDemoReadmeFailoverAfterRestart(t *testing.T) {
-	raw, err := os.ReadFile("../Caddyfile.example")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := strings.NewReplacer(":8080", fmt.Sprintf(":%d", portsDemoRestart.HTTP), "localhost:2019", fmt.Sprintf("localhost:%d", portsDemoRestart.Admin),
-		"127.0.0.1:9501", "127.0.0.1:19119", "127.0.0.1:9502", "127.0.0.1:19120", "127.0.0.1:9503", "127.0.0.1:19121",
-		"127.0.0.1:9509", "127.0.0.1:19122").Replace(string(raw))
+	cfg := demoConfig(t, portsDemoRestart, 19119)
 	in := newInstance(t, "demo-restart", portsDemoRestart, cfg, "FLAKY_API_KEY=k1", "OVERLOADED_API_KEY=k2", "BACKUP_API_KEY=k3")
 	cli := func(args ...string) string {
 		t.Helper()

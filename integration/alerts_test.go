@@ -3,11 +3,8 @@ package integration_test
 import (
 	"bytes"
 	"fmt"
-	"go/ast"
-	"go/parser"
-	"go/token"
+	"github.com/llmfailover/caddy-llm-failover/internal/codestrings"
 	"io"
-	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -93,36 +90,7 @@ func alertRules(t *testing.T) []alertRule {
 // pluginLiterals is every string literal of the plugin's non-test code.
 func pluginLiterals(t *testing.T) map[string]bool {
 	t.Helper()
-	lits := map[string]bool{}
-	fset := token.NewFileSet()
-	skip := map[string]bool{"bench": true, "soak": true, "e2e": true, "sdktest": true, "integration": true, "testdata": true}
-	err := filepath.WalkDir("..", func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if p != ".." && (skip[d.Name()] || strings.HasPrefix(d.Name(), ".")) {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
-			return nil
-		}
-		f, err := parser.ParseFile(fset, p, nil, 0)
-		if err != nil {
-			return err
-		}
-		ast.Inspect(f, func(n ast.Node) bool {
-			if lit, ok := n.(*ast.BasicLit); ok && lit.Kind == token.STRING {
-				if s, err := strconv.Unquote(lit.Value); err == nil {
-					lits[s] = true
-				}
-			}
-			return true
-		})
-		return nil
-	})
+	lits, err := codestrings.Of("..")
 	if err != nil {
 		t.Fatal(err)
 	}
