@@ -214,6 +214,17 @@ func (e *Engine) relayError(ctx context.Context, x *exchange, ch *Channel, res *
 		// fault of the channel.
 		return retryWith(&failure{reason: reasonStoredContextMissing, status: res.StatusCode, message: x.api.UpstreamMessage(body)})
 	}
+	if x.mode != modeContinue && provider.ChannelRefusal(res.StatusCode, res.Header, body) {
+		// The channel's account or key refused (its quota, its balance,
+		// its key): another channel may serve the request, and this one
+		// is not working.
+		return retryWith(&failure{reason: reasonStatus, status: res.StatusCode, message: x.api.UpstreamMessage(body)})
+	}
+	if b, changed := x.api.ClientErrorBody(res.StatusCode, body); changed {
+		// Refused in another API's shape: the client's SDK reads its own.
+		body = b
+		res.Header.Set("Content-Type", "application/json")
+	}
 	if !commit() {
 		return attemptResult{verdict: clientGone}
 	}

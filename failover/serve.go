@@ -225,6 +225,10 @@ func exhausted(x *exchange, last *failure) provider.Error {
 		switch {
 		case last.timeout:
 			e.Status = http.StatusGatewayTimeout
+		case last.reason == reasonStatus && (last.status == http.StatusBadRequest || last.status == http.StatusPaymentRequired):
+			// A channel's account or key refused (provider.ChannelRefusal):
+			// the request is not at fault, nor the client's wallet, and
+			// the client must not read it so.
 		case last.status >= 400 && last.status <= 599:
 			// A status outside HTTP's range is no answer: a 502.
 			e.Status = last.status

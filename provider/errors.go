@@ -337,3 +337,55 @@ func StoredContextMissing(status int, body []byte) bool {
 	// referring to stored context is that context's.
 	return status == http.StatusNotFound && notFound
 }
+
+// ChannelRefusal reports whether an upstream's error answer that no
+// retry_status names (a 400, a 402) is about the channel's own account or
+// credentials rather than the request: another channel, with its own
+// account, may serve the same request, so it is the channel's failure and
+// not the client's answer. h and body are the answer's headers and body
+// as the adapter hands them on (a Google or Bedrock body already in the
+// client API's format).
+//   - 402, whoever sends it (Anthropic's billing_error, an aggregator out
+//     of credit): the client pays the gateway, never the upstream.
+//   - Bedrock's ServiceQuotaExceededException, a 400 named by
+//     x-amzn-ErrorType: the account's quota ("resubmit your request
+//     later").
+//   - Anthropic's 400 "Your credit balance is too low": the organisation's
+//     prepaid balance.
+//   - Google's 400 INVALID_ARGUMENT API_KEY_INVALID ("API key not valid.
+//     Please pass a valid API key."): the channel's key.
+func ChannelRefusal(status int, h http.Header, body []byte) bool {
+	switch status {
+	case http.StatusPaymentRequired:
+		return true
+	case http.StatusBadRequest:
+	default:
+		return false
+	}
+	if strings.HasPrefix(strings.TrimSpace(h.Get("X-Amzn-Errortype")), "ServiceQuotaExceededException") {
+		return true
+	}
+	msg := upstreamMessage(body)
+	return strings.Contains(msg, "credit balance is too low") || strings.Contains(msg, "Please pass a valid API key") ||
+		bytes.Contains(body, []byte(`"API_KEY_INVALID"`))
+}
+
+// ClientErrorBody returns an upstream's error body (status >= 400) in the
+// shape the client's API reads: an Anthropic client whose channel refused
+// in OpenAI's shape (an OpenAI-compatible host serving /v1/messages) gets
+// Anthropic's {"type":"error","error":{...}}, the upstream's message and
+// status kept. A body already in the API's shape, or with no message to
+// quote, is returned as it is (false).
+func (a API) ClientErrorBody(status int, body []byte) ([]byte, bool) {
+	if !a.Anthropic() {
+		return body, false
+	}
+	if t := scanTop(body); t.ok && string(t.typ) == "error" {
+		return body, false
+	}
+	msg := upstreamMessage(body)
+	if msg == "" {
+		return body, false
+	}
+	return anthropicErrorBody(Error{Status: status, Message: msg}), true
+}

@@ -306,3 +306,34 @@ func TestStoredContextMissing(t *testing.T) {
 		}
 	}
 }
+
+// A refusal about the channel's own account or key fails over; one about
+// the request (too long, filtered, malformed) is the client's answer from
+// every channel, and is not one.
+func TestChannelRefusal(t *testing.T) {
+	quota := http.Header{"X-Amzn-Errortype": {"ServiceQuotaExceededException:http://internal.amazon.com/coral/com.amazon.bedrock/"}}
+	validation := http.Header{"X-Amzn-Errortype": {"ValidationException:http://internal.amazon.com/coral/com.amazon.bedrock/"}}
+	tests := []struct {
+		name   string
+		status int
+		h      http.Header
+		body   string
+		want   bool
+	}{
+		{"bedrock quota", 400, quota, `{"type":"error","error":{"type":"invalid_request_error","message":"Your request exceeds the service quota for your account."}}`, true},
+		{"anthropic credit", 400, nil, `{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits."}}`, true},
+		{"anthropic billing", 402, nil, `{"type":"error","error":{"type":"billing_error","message":"billing"}}`, true},
+		{"google key, translated", 400, nil, `{"error":{"message":"API key not valid. Please pass a valid API key.","type":"invalid_request_error","param":null,"code":null}}`, true},
+		{"google key, raw", 400, nil, `[{"error":{"code":400,"message":"API Key not found. Please pass a valid API key.","status":"INVALID_ARGUMENT","details":[{"reason":"API_KEY_INVALID"}]}}]`, true},
+		{"bedrock validation", 400, validation, `{"message":"messages: roles must alternate"}`, false},
+		{"context too long", 400, nil, `{"error":{"message":"This model's maximum context length is 128000 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}`, false},
+		{"prompt too long", 400, nil, `{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 210000 tokens > 200000 maximum"}}`, false},
+		{"azure content filter", 400, nil, `{"error":{"message":"The response was filtered due to the prompt triggering Azure OpenAI's content management policy.","type":null,"param":"prompt","code":"content_filter","status":400}}`, false},
+		{"unauthorized (retry_status decides)", 401, nil, `{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":"invalid_api_key"}}`, false},
+	}
+	for _, tt := range tests {
+		if got := ChannelRefusal(tt.status, tt.h, []byte(tt.body)); got != tt.want {
+			t.Errorf("%s: ChannelRefusal = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
