@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -39,6 +40,11 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) error {
 		return e.listModels(w, r)
 	}
 	if r.Method != http.MethodPost {
+		if x.api == provider.OpenAIModels {
+			// The model list is read, never posted to.
+			w.Header().Set("Allow", "GET, HEAD")
+			return e.refuse(x, provider.Error{Status: http.StatusMethodNotAllowed, Message: r.Method + " is not supported here; the model list is read with GET"})
+		}
 		w.Header().Set("Allow", http.MethodPost)
 		return e.refuse(x, provider.Error{Status: http.StatusMethodNotAllowed, Message: r.Method + " is not supported here; LLM API requests are POSTs"})
 	}
@@ -60,6 +66,16 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) error {
 	}
 	x.body = body
 	if x.req, err = x.api.ParseRequest(body); err != nil {
+		if enc, ok := contentCoded(r.Header); ok {
+			// A compressed body (some SDKs and proxies compress
+			// requests) is not JSON as it comes: refused for what it
+			// is, 415 with the coding accepted (RFC 9110 15.5.16), not
+			// a 400 saying the client's JSON is invalid. (A body
+			// labelled so but sent plain is read as it came.)
+			w.Header().Set("Accept-Encoding", "identity")
+			return e.refuse(x, provider.Error{Status: http.StatusUnsupportedMediaType,
+				Message: fmt.Sprintf("request bodies with Content-Encoding %q are not supported; send the body uncompressed", enc)})
+		}
 		return e.refuse(x, provider.Error{Status: http.StatusBadRequest, Message: err.Error()})
 	}
 	x.setVar("http.llm_failover.model", x.req.Model)
@@ -253,6 +269,22 @@ func exhausted(x *exchange, last *failure) provider.Error {
 	return e
 }
 
+// contentCoded reports the request body's content coding when it has one
+// other than identity, cut to a length fit for a message.
+func contentCoded(h http.Header) (string, bool) {
+	for _, v := range h.Values("Content-Encoding") {
+		for c := range strings.SplitSeq(v, ",") {
+			if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
+				if len(c) > 32 {
+					c = c[:32]
+				}
+				return c, true
+			}
+		}
+	}
+	return "", false
+}
+
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
 	if r.ContentLength > limit {
 		return nil, &http.MaxBytesError{Limit: limit}
@@ -309,9 +341,10 @@ func (e *Engine) refuse(x *exchange, pe provider.Error) error {
 // errorAPI is the API whose error format x's refusals use: its path's,
 // except that the model list answers an Anthropic SDK (anthropic-version
 // set, as listModels and provider.ModelList tell it) in Anthropic's
-// format, its errors included.
+// format, its errors included, and so does a path no API serves (the
+// Message Batches API, /v1/complete): its 404 is for an Anthropic SDK.
 func errorAPI(x *exchange) provider.API {
-	if x.api == provider.OpenAIModels && x.r.Header.Get("Anthropic-Version") != "" {
+	if (x.api == provider.OpenAIModels || x.api == provider.Unknown) && x.r.Header.Get("Anthropic-Version") != "" {
 		return provider.AnthropicMessages
 	}
 	return x.api

@@ -501,3 +501,47 @@ func TestWalletAudit(t *testing.T) {
 		}
 	})
 }
+
+// On /v1/completions the upstream generates max_tokens for each choice
+// of each prompt: best_of (generated server-side and all billed, "it can
+// quickly consume your token quota") and a batch of prompts (an array)
+// multiply the output as n does. The reservation covered one completion,
+// so the upstream's true report was "implausible" and capped at the
+// bound: the client paid for one completion, the operator for the other
+// 19.
+func TestWalletCompletionsMultipliersAreReserved(t *testing.T) {
+	const maxTokens, times = 100, 20
+	prompts := make([]string, times)
+	for i := range prompts {
+		prompts[i] = fmt.Sprintf("%q", fmt.Sprint("Say this is test ", i))
+	}
+	for name, body := range map[string]string{
+		"best_of":            fmt.Sprintf(`{"model":"pricey","prompt":"Say this is a test","max_tokens":%d,"best_of":%d}`, maxTokens, times),
+		"a batch of prompts": fmt.Sprintf(`{"model":"pricey","prompt":[%s],"max_tokens":%d}`, strings.Join(prompts, ","), maxTokens),
+	} {
+		t.Run(name, func(t *testing.T) {
+			a := upstream(t, fu.BehaviorFunc(func(w http.ResponseWriter, r *http.Request, _ int64) {
+				w.Header().Set("Content-Type", "application/json")
+				fmt.Fprintf(w, `{"id":"cmpl-1","object":"text_completion","created":1,"model":"pricey","choices":[{"text":"best","index":0,"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":2,"completion_tokens":%d,"total_tokens":%d}}`,
+					maxTokens*times, 2+maxTokens*times)
+			}))
+			b := upstream(t, fu.OKNamed("b"))
+			walletGateway(t, a, b)
+			// pricey costs $0.001 a token: $100 covers the 2,000 output
+			// tokens and the input bound.
+			secret, _ := newWalletAccount(t, "acct", "100")
+			res, got := postSettled(t, "acct", "/v1/completions", []byte(body), bearer(secret)...)
+			if res.StatusCode != 200 {
+				t.Fatalf("status %d: %s", res.StatusCode, got)
+			}
+			rows := requestRows(t, "acct")
+			if len(rows) != 1 {
+				t.Fatalf("ledger rows %s", kinds(rows))
+			}
+			if e := rows[0]; e.TokensOut != maxTokens*times || strings.Contains(e.Note, "implausible") {
+				t.Errorf("%s × max_tokens %d charged as %d output tokens (%s): the upstream billed %d",
+					name, maxTokens, e.TokensOut, e.Note, maxTokens*times)
+			}
+		})
+	}
+}

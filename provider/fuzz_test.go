@@ -40,20 +40,20 @@ func topLevelKeys(body []byte) (keys []string, ok bool) {
 	return keys, true
 }
 
-// ambiguousKeys is the oracle for ErrAmbiguous: a limit given twice, or a
-// key that differs from a guarded one only in case.
+// ambiguousKeys is the oracle for ErrAmbiguous: a guarded key given
+// twice, or a key that differs from one only in case.
 func ambiguousKeys(keys []string) bool {
 	count := map[string]int{}
 	for _, k := range keys {
 		count[k]++
-		for _, g := range []string{"model", "stream", "max_tokens", "max_completion_tokens", "max_output_tokens", "n"} {
+		for _, g := range []string{"model", "stream", "max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of", "prompt"} {
 			if k != g && strings.EqualFold(k, g) {
 				return true
 			}
 		}
 	}
-	for _, limit := range []string{"max_tokens", "max_completion_tokens", "max_output_tokens", "n"} {
-		if count[limit] > 1 {
+	for _, g := range []string{"model", "stream", "max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of", "prompt"} {
+		if count[g] > 1 {
 			return true
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -29,7 +30,7 @@ var (
 
 // guardedKeys are the top-level fields the gateway routes or bills by,
 // which must mean the same to it and to any upstream.
-var guardedKeys = []string{"model", "stream", "max_tokens", "max_completion_tokens", "max_output_tokens", "n"}
+var guardedKeys = [...]string{"model", "stream", "max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of", "prompt"}
 
 // caseVariant reports the guarded key that key differs from only in case,
 // Unicode's simple folding included, as encoding/json matches it: "ſtream"
@@ -52,7 +53,10 @@ type Request struct {
 	// MaxOutput is max_tokens, max_completion_tokens or max_output_tokens,
 	// whichever the client set (0 when none).
 	MaxOutput int64
-	// N is the number of choices asked for (1 when absent).
+	// N is the number of completions the upstream generates (1 when
+	// absent): n, or legacy completions' best_of when larger (generated
+	// server-side and all billed), times the prompts of a completions
+	// batch (an array of strings or of token arrays).
 	N int
 	// IncludeUsage is stream_options.include_usage as the client sent it.
 	IncludeUsage bool
@@ -96,16 +100,19 @@ func (API) ParseRequest(body []byte) (Request, error) {
 		return req, ErrMalformed
 	}
 	foundModel := false
-	var limits [4]bool // max_tokens, max_completion_tokens, max_output_tokens, n: seen
-	once := func(i int, key []byte) error {
-		if limits[i] {
-			return fmt.Errorf("%w: %q is given twice", ErrAmbiguous, key)
-		}
-		limits[i] = true
-		return nil
-	}
+	bestOf, prompts := 1, 1
+	var seen [len(guardedKeys)]bool
 	err := eachTopLevel(body, func(key []byte, start, end int) error {
 		val := body[start:end]
+		if i := slices.Index(guardedKeys[:], string(key)); i >= 0 {
+			// Upstreams differ on which of two keeps (most the last,
+			// some the first, some refuse): routed or billed by one and
+			// run by the other, the answer would not be what was paid for.
+			if seen[i] {
+				return fmt.Errorf("%w: %q is given twice", ErrAmbiguous, key)
+			}
+			seen[i] = true
+		}
 		switch string(key) {
 		case "model":
 			if val[0] != '"' {
@@ -121,9 +128,6 @@ func (API) ParseRequest(body []byte) (Request, error) {
 		case "stream":
 			req.Stream = string(val) == "true"
 		case "max_tokens", "max_completion_tokens", "max_output_tokens":
-			if err := once(limitIndex(key), key); err != nil {
-				return err
-			}
 			n, set, err := limitValue(string(key), val, MaxTokenLimit)
 			if err != nil {
 				return err
@@ -132,9 +136,6 @@ func (API) ParseRequest(body []byte) (Request, error) {
 				req.MaxOutput = n
 			}
 		case "n":
-			if err := once(3, key); err != nil {
-				return err
-			}
 			n, set, err := limitValue("n", val, MaxChoices)
 			if err != nil {
 				return err
@@ -143,7 +144,20 @@ func (API) ParseRequest(body []byte) (Request, error) {
 			if set && n > 1 {
 				req.N = int(n)
 			}
+		case "best_of":
+			// Legacy completions: best_of candidates are generated (and
+			// billed) server-side, n of them returned.
+			n, set, err := limitValue("best_of", val, MaxChoices)
+			if err != nil {
+				return err
+			}
+			if set && n > 1 {
+				bestOf = int(n)
+			}
 		case "previous_response_id", "conversation", "prompt":
+			if string(key) == "prompt" {
+				prompts = promptCount(val)
+			}
 			// State the upstream keeps and the body does not show: its
 			// tokens are input the body's size cannot bound. A stored
 			// prompt is an object naming its id; legacy completions'
@@ -196,8 +210,28 @@ func (API) ParseRequest(body []byte) (Request, error) {
 	if !foundModel || req.Model == "" {
 		return req, ErrNoModel
 	}
+	req.N = max(req.N, bestOf) * prompts
 	req.Images = countImages(body) + countDocuments(body)
 	return req, nil
+}
+
+// promptCount is how many prompts a legacy completions "prompt" holds,
+// each answered with its own choices: the elements of an array of
+// strings or of token arrays; 1 for a string, an array of token ids, an
+// empty array or anything else.
+func promptCount(val []byte) int {
+	arr, ok := jsonscan.Array(val)
+	if !ok {
+		return 1
+	}
+	n := 0
+	for _, more := arr.Next(); more; _, more = arr.Next() {
+		if c := arr.Peek(); c == '-' || c >= '0' && c <= '9' {
+			return 1 // token ids: one prompt
+		}
+		n++
+	}
+	return max(n, 1)
 }
 
 // countDocuments counts the document parts a body names without carrying
@@ -359,17 +393,6 @@ func (e *LimitError) Error() string {
 		v = v[:40] + "..."
 	}
 	return fmt.Sprintf("invalid %q: %s %s", e.Field, v, e.Reason)
-}
-
-// limitIndex is a token limit key's place in ParseRequest's seen limits.
-func limitIndex(key []byte) int {
-	switch string(key) {
-	case "max_tokens":
-		return 0
-	case "max_completion_tokens":
-		return 1
-	}
-	return 2
 }
 
 // limitValue reads a limit that JSON may write as any number with an

@@ -132,7 +132,6 @@ func TestParseRequestFields(t *testing.T) {
 			Request{Model: "outer", N: 1}},
 		{"string values containing braces", `{"system":"}{\"model\":\"evil\"}][","model":"good","stop":["}","]"]}`,
 			Request{Model: "good", N: 1}},
-		{"duplicate model: last wins like encoding/json", `{"model":"first","model":"second"}`, Request{Model: "second", N: 1}},
 		{"two limit fields: the larger bounds", `{"model":"m","max_tokens":10,"max_completion_tokens":20}`, Request{Model: "m", MaxOutput: 20, N: 1}},
 	}
 	for _, tt := range tests {
@@ -181,6 +180,8 @@ func TestParseRequestErrors(t *testing.T) {
 		{"max_tokens twice", `{"model":"m","max_tokens":16,"max_tokens":null}`, ErrAmbiguous},
 		{"MAX_TOKENS", `{"model":"m","max_tokens":16,"MAX_TOKENS":100000}`, ErrAmbiguous},
 		{"n twice", `{"model":"m","n":1,"n":8}`, ErrAmbiguous},
+		{"model twice", `{"model":"cheap","model":"expensive"}`, ErrAmbiguous},
+		{"stream twice", `{"model":"m","stream":false,"stream":true}`, ErrAmbiguous},
 		{"Stream", `{"model":"m","Stream":true}`, ErrAmbiguous},
 		{"long s in stream", `{"model":"m","\u017ftream":true}`, ErrAmbiguous},
 		{"Kelvin sign in max_tokens", `{"model":"m","max_tokens":16,"max_to\u212aens":100000}`, ErrAmbiguous},
@@ -512,6 +513,43 @@ func TestParseRequestCompletionsPromptIsNotStored(t *testing.T) {
 		}
 		if req.StoredContext != "" || req.Effects != "" {
 			t.Errorf("%s: StoredContext %q, Effects %q: a prompt in the body is no stored context", body, req.StoredContext, req.Effects)
+		}
+	}
+}
+
+// Legacy completions generate max_tokens for each of best_of candidates
+// (server-side, all billed) and for each prompt of a batch (an array of
+// strings or of token arrays): the request's choices, which the wallet
+// reserves for, multiply as n's do.
+func TestParseRequestCompletionsChoices(t *testing.T) {
+	for body, want := range map[string]int{
+		`{"model":"m","prompt":"x","best_of":5}`:       5,
+		`{"model":"m","prompt":"x","n":2,"best_of":5}`: 5,
+		`{"model":"m","prompt":"x","best_of":null}`:    1,
+		`{"model":"m","prompt":["a","b","c"]}`:         3,
+		`{"model":"m","prompt":["a","b"],"n":3}`:       6,
+		`{"model":"m","prompt":["a","b"],"best_of":4}`: 8,
+		`{"model":"m","prompt":[1212,318]}`:            1,
+		`{"model":"m","prompt":[[1212],[318],[1,2]]}`:  3,
+		`{"model":"m","prompt":[]}`:                    1,
+		`{"model":"m","prompt":{"id":"pmpt_1"},"n":2}`: 2,
+	} {
+		req, err := OpenAICompletions.ParseRequest([]byte(body))
+		if err != nil {
+			t.Errorf("%s: %v", body, err)
+			continue
+		}
+		if req.N != want {
+			t.Errorf("%s: N = %d, want %d", body, req.N, want)
+		}
+	}
+	for _, body := range []string{
+		`{"model":"m","prompt":"x","best_of":"5"}`,
+		`{"model":"m","prompt":"x","best_of":5,"best_of":1}`,
+		`{"model":"m","prompt":"x","best_of":1e9}`,
+	} {
+		if _, err := OpenAICompletions.ParseRequest([]byte(body)); err == nil {
+			t.Errorf("%s: accepted", body)
 		}
 	}
 }
