@@ -106,6 +106,10 @@ PORT_B=$((PORT + 2))
 PORT_C=$((PORT + 3))
 PORT_UP=$((PORT + 10))
 PORT_ADMIN=$((PORT + 19))
+# Every target sends the upstream a key, as a real channel does: the
+# gateway then masks it in everything an answer carries (a look for the
+# key in every event), a cost a keyless channel would not show.
+UPSTREAM_KEY="sk-proj-bench$(printf '%040d' 7)"
 
 die() { echo "bench: $*" >&2; exit 1; }
 
@@ -237,6 +241,7 @@ http://127.0.0.1:$PORT_A {
 	bind 127.0.0.1
 	reverse_proxy 127.0.0.1:$PORT_UP {
 		flush_interval -1
+		header_up Authorization "Bearer $UPSTREAM_KEY"
 		$TRANSPORT
 	}
 }
@@ -250,6 +255,7 @@ http://127.0.0.1:$1 {
 	bind 127.0.0.1
 	llm_failover {
 		channel up http://127.0.0.1:$PORT_UP {
+			header Authorization "Bearer $UPSTREAM_KEY"
 			$TRANSPORT
 		}
 		model m {
@@ -269,6 +275,7 @@ http://127.0.0.1:$1 {
 	bind 127.0.0.1
 	llm_failover {
 		channel up http://127.0.0.1:$PORT_UP {
+			header Authorization "Bearer $UPSTREAM_KEY"
 			$TRANSPORT
 		}
 		model m {
@@ -294,6 +301,7 @@ http://127.0.0.1:$1 {
 			$TRANSPORT
 		}
 		channel backup http://127.0.0.1:$PORT_UP {
+			header Authorization "Bearer $UPSTREAM_KEY"
 			$TRANSPORT
 		}
 		model m {
@@ -548,7 +556,7 @@ fi
 	echo "pinning:     $PINNING"
 	echo "load:        bench/load (Go, closed loop), $CONC clients, keep-alive, ${DURATION} measured after ${WARMUP} warm-up, $REPS runs per target alternating $(echo $TARGETS $(for t in $FLEETS; do echo "${INSTANCES}x$t"; done) | sed 's/ /, /g')"
 	echo "upstream:    bench/upstream over $UPSTREAM, JSON answer $(curl -fsS -d "$BODY_JSON" "$URL_A" | wc -c) bytes; SSE $CHUNKS content chunks + finish + [DONE], event delay $EVENT_DELAY, role-only first chunk: $([ "$ROLE_CHUNK" = 1 ] && echo yes || echo no)"
-	echo "targets:     reverse_proxy (flush_interval -1) vs llm_failover (1 channel, stream gate on, no wallet); access logs off"
+	echo "targets:     reverse_proxy (flush_interval -1) vs llm_failover (1 channel, stream gate on, no wallet); both send the upstream a key; access logs off"
 	if [ "$FAILOVER" != 0 ]; then
 		echo "             $TARGET_C: two channels, the first $([ "$FAILOVER" = refused ] && echo "refusing connections" || echo "answering 503") (breaker never opens): every request fails over once"
 	fi
