@@ -37,7 +37,10 @@ func (e *Engine) preferCachedChannel(x *exchange, candidates []*chain.Route) {
 	if !ok {
 		return
 	}
-	i := slices.IndexFunc(candidates, func(r *chain.Route) bool { return r.Name == pin.Channel })
+	// A pin names the channel's identity, not only its name: a channel a
+	// reload gave another base URL or key (or another site's channel of
+	// the same name) has no cache of the conversation.
+	i := slices.IndexFunc(candidates, func(r *chain.Route) bool { return e.pinRef(r) == pin.Channel })
 	if i <= 0 {
 		return
 	}
@@ -46,7 +49,7 @@ func (e *Engine) preferCachedChannel(x *exchange, candidates []*chain.Route) {
 	}
 	// Affinity overruled the chain: the journal says so, naming the
 	// channel the chain would have tried first.
-	e.decided(x, pin.Channel, &failure{reason: reasonAffinity}, candidates[0].Name)
+	e.decided(x, candidates[i].Name, &failure{reason: reasonAffinity}, candidates[0].Name)
 	r := candidates[i]
 	copy(candidates[1:i+1], candidates[:i])
 	candidates[0] = r
@@ -103,13 +106,27 @@ func (e *Engine) rememberCachedChannel(x *exchange, res attemptResult) {
 	if x.affinityKey == "" || x.servedBy == "" || res.verdict != served || x.meter == nil {
 		return
 	}
+	i := slices.IndexFunc(x.model.Chain.Routes, func(r chain.Route) bool { return r.Name == x.servedBy })
+	if i < 0 {
+		return
+	}
 	u := x.meter.Usage()
-	pin := failoverapp.Pin{Channel: x.servedBy, Cached: u.CacheRead + u.CacheWrite + u.CacheWrite1h, Output: outputTokens(x.meter)}
+	pin := failoverapp.Pin{Channel: e.pinRef(&x.model.Chain.Routes[i]), Cached: u.CacheRead + u.CacheWrite + u.CacheWrite1h, Output: outputTokens(x.meter)}
 	if e.cachesImplicitly(x.model, x.servedBy) {
 		// The whole prompt is cached, not only what was read or written.
 		pin.Cached = max(pin.Cached, u.Input)
 	}
 	e.app.RememberAffinity(x.req.Model, x.affinityKey, pin, e.opts.CacheAffinity, time.Now())
+}
+
+// pinRef is how a pin names route's channel: its name and its identity's
+// Ref, so that a pin never moves a request to another channel of the
+// same name.
+func (e *Engine) pinRef(r *chain.Route) string {
+	if h := e.channels[r.Channel].health; h != nil {
+		return r.Name + "@" + h.Ref
+	}
+	return r.Name
 }
 
 // cachesImplicitly reports whether the provider of model's route on

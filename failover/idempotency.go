@@ -54,6 +54,9 @@ type idempotentRun struct {
 	grace           *time.Timer
 	claimed         *store.Store
 	renewing        chan struct{}
+	// release lets the claimed store close once the claim's end is
+	// written (failoverapp.IdempotencyStore.Hold).
+	release func()
 }
 
 // Bounds of the fleet's claims: how often a duplicate looks at a call
@@ -165,6 +168,14 @@ func (e *Engine) claim(x *exchange, run *idempotentRun) bool {
 	if e.idem == nil {
 		return false
 	}
+	// Held before the store is asked, so that a reload releasing it
+	// meanwhile cannot close it under the claim.
+	hold := e.idem.Hold()
+	defer func() {
+		if run.release == nil {
+			hold()
+		}
+	}()
 	st, err := e.idem.Store()
 	if err != nil {
 		return false
@@ -181,7 +192,7 @@ func (e *Engine) claim(x *exchange, run *idempotentRun) bool {
 			e.logger.Warn("the idempotency store failed; this request runs as on one instance", zap.Error(err))
 			return false
 		case c.State == store.Claimed:
-			run.claimed, run.renewing = st, make(chan struct{})
+			run.claimed, run.renewing, run.release = st, make(chan struct{}), hold
 			go renewClaim(st, run.id, lim.Lease, run.renewing)
 			return false
 		case c.Fingerprint != run.fingerprint:
@@ -281,6 +292,7 @@ func (e *Engine) finishRun(x *exchange, run *idempotentRun) {
 	if run.claimed != nil {
 		close(run.renewing)
 		e.settleClaim(run, keep)
+		run.release()
 	}
 	e.memory.Release(run.flight.Held())
 	e.app.Idempotency().Finish(run.flight, keep, idempotency.Limits{

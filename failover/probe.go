@@ -32,7 +32,11 @@ func (p prober) Routes() []probe.Route {
 		}
 		for i := range m.Chain.Routes {
 			r := &m.Chain.Routes[i]
-			out = append(out, probe.Route{Model: name, Channel: r.Name, Plan: *m.Probe, ID: i, MaxCost: p.e.probeMaxCost(m, r)})
+			ref := ""
+			if h := p.e.channels[r.Channel].health; h != nil {
+				ref = h.Ref
+			}
+			out = append(out, probe.Route{Model: name, Channel: r.Name, Ref: ref, Plan: *m.Probe, ID: i, MaxCost: p.e.probeMaxCost(m, r)})
 		}
 	}
 	return out

@@ -168,21 +168,19 @@ func (a *App) Provision(ctx caddy.Context) error {
 	return registerMetrics(ctx.GetMetricsRegistry())
 }
 
-// Start applies this config's breaker settings to its channels (surviving
-// ones included), opens the history store, attaches the heartbeats and
+// Start opens the history store, attaches the heartbeats, applies this
+// config's breaker settings to its channels (surviving ones included) and
 // starts the prober, in that order, after warning about handlers that
 // serve anyone. Caddy starts apps only once the whole config has
-// provisioned, so a config that fails to load changes no running breaker.
+// provisioned, so a config that fails to load changes no running breaker;
+// on a reload the settings apply when the replaced config stops (Stop),
+// so that a config refused when it starts changes none either.
 // When one step fails, Start undoes the ones before it: Caddy never stops
 // an app whose Start failed, and a prober left running would probe for
 // ever under a config that was refused.
 func (a *App) Start() (err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for _, c := range a.channels {
-		c.ch.Breaker.SetConfig(c.cfg)
-		c.ch.learning.Store(a.learning[c.ch])
-	}
 	a.started = true
 	a.warnConfigRisks()
 	defer func() {
@@ -201,9 +199,27 @@ func (a *App) Start() (err error) {
 	if a.detachHeartbeats, err = caddykit.AttachHeartbeats(a.Heartbeats); err != nil {
 		return err
 	}
+	// The shared breakers and learners take this config's settings only
+	// once it runs. On a reload the config this one replaces hands them
+	// over as it stops (Stop), which Caddy does only once every app of
+	// this config started: one refused here, or by an app that starts
+	// after this one, changes nothing (a shortened cooldown, once
+	// applied, cannot be given back). With no config running, now.
+	if prev := active(); prev == nil || prev == a {
+		a.applySettingsLocked()
+	}
 	a.probeTraces = startProbeTracing(a.ctx, a.logger)
 	a.prober = startProber(a.probes, a.leaderDSN, a.logger)
 	return nil
+}
+
+// applySettingsLocked gives this config's channels (surviving ones
+// included) its breaker settings and adaptive_deadlines; a.mu is held.
+func (a *App) applySettingsLocked() {
+	for _, c := range a.channels {
+		c.ch.Breaker.SetConfig(c.cfg)
+		c.ch.learning.Store(a.learning[c.ch])
+	}
 }
 
 // Stop ends what Start started: the prober, then the heartbeats. The
@@ -221,6 +237,14 @@ func (a *App) Stop() error {
 	a.prober, a.detachHeartbeats = nil, nil
 	a.mu.Unlock()
 	stopStarted(p, detach)
+	// The config that runs now (the one replacing this, or, when this
+	// one was stopped because another of its apps failed to start, the
+	// one it was to replace) takes the shared channels' settings.
+	if act := active(); act != nil && act != a {
+		act.mu.Lock()
+		act.applySettingsLocked()
+		act.mu.Unlock()
+	}
 	// After the prober: its last round's spans are flushed too.
 	a.mu.Lock()
 	a.probeTraces = nil

@@ -30,6 +30,11 @@ var channels = caddy.NewUsagePool()
 type Channel struct {
 	Name    string
 	BaseURL string // redacted, for views and events
+	// Ref tells the channel's identity apart from another's of the same
+	// name (another base URL or credentials) without holding a secret: a
+	// short hash of it, for state kept by name outside the pool, such as
+	// cache affinity's pins.
+	Ref     string
 	Breaker *breaker.Breaker
 	// Latency is what the channel's waits usually take, for its learned
 	// deadlines (adaptive_deadlines) and hedge_after pNN: kept across
@@ -166,7 +171,9 @@ func (a *App) Channel(id ChannelID, cfg breaker.Config, owner string) (*Channel,
 		}
 	}
 	v, _, err := channels.LoadOrNew(id.key, func() (caddy.Destructor, error) {
-		return &Channel{Name: id.name, BaseURL: id.baseURL, Breaker: breaker.New(cfg), Latency: latency.NewLearner()}, nil
+		ref := sha256.Sum256([]byte(id.key))
+		return &Channel{Name: id.name, BaseURL: id.baseURL, Ref: hex.EncodeToString(ref[:6]),
+			Breaker: breaker.New(cfg), Latency: latency.NewLearner()}, nil
 	})
 	if err != nil {
 		return nil, err

@@ -59,6 +59,36 @@ type IdempotencyStore struct {
 	st       *store.Store
 	failedAt time.Time
 	closed   bool
+	// claims counts the runs that claimed a call in st and have not
+	// recorded its end: a config released by a reload (onto another
+	// database) leaves st open for them, and the last one closes it.
+	claims int
+}
+
+// Hold keeps the store open until done is called, for a run that may
+// claim a call in it: its end (the answer, or the abandon) is written
+// there even after the config that opened the store was unloaded, or the
+// fleet's other instances would see the call running and, once its lease
+// passed, run it again.
+func (s *IdempotencyStore) Hold() (done func()) {
+	s.mu.Lock()
+	s.claims++
+	s.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			s.claims--
+			var st *store.Store
+			if s.claims == 0 && s.closed {
+				st, s.st = s.st, nil
+			}
+			s.mu.Unlock()
+			if st != nil {
+				_ = st.Close()
+			}
+		})
+	}
 }
 
 // IdempotencyStore returns the idempotency store on the wallet's
@@ -162,7 +192,8 @@ func (s *IdempotencyStore) sweep() {
 	})
 }
 
-// Destruct stops the sweeper and closes the store, when no config uses it.
+// Destruct stops the sweeper and closes the store, when no config uses it;
+// while runs still hold it (Hold), the last of them closes it.
 func (s *IdempotencyStore) Destruct() error {
 	close(s.stop)
 	<-s.done
@@ -170,8 +201,10 @@ func (s *IdempotencyStore) Destruct() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
-	if s.st == nil {
+	if s.st == nil || s.claims > 0 {
 		return nil
 	}
-	return s.st.Close()
+	st := s.st
+	s.st = nil
+	return st.Close()
 }

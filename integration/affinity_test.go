@@ -250,3 +250,31 @@ func TestCacheAffinityDecisionRemainingBudget(t *testing.T) {
 		}
 	}
 }
+
+// A channel whose base URL changes in a reload is a new channel
+// (docs/configuration.md: identity is the name, the base URL and the
+// credentials): the prompt cache its old upstream held is not at the new
+// one, so a conversation pinned to the old channel must not be steered to
+// the new one by its name. Here b (1.5 times a's price) served turns 3
+// and 4 with its cache warm; the reload points b at another upstream,
+// cold for this conversation, and the fifth turn must go to the chain's
+// choice, a, rather than to the new b priced as if its cache were warm.
+func TestCacheAffinityForgetsAChannelWhoseIdentityChanged(t *testing.T) {
+	a, b, b2 := newCachingChannel(), newCachingChannel(), newCachingChannel()
+	config := strings.Replace(affinityChannels, "policy weighted\n\t\t\troute a\n\t\t\troute b", "route a cost 1 1\n\t\t\troute b cost 1.5 1.5", 1)
+	aURL, b2URL := upstream(t, a).URL, upstream(t, b2).URL
+	gateway(t, config, aURL, upstream(t, b).URL)
+	turn := 0
+	conversationTurns(t, uniqueName("identity"), 1, 5, func(int) {
+		turn++
+		a.failing.Store(turn == 3) // the third turn goes to b, which keeps the next
+		if turn == 5 {
+			gateway(t, config, aURL, b2URL)
+		}
+	})
+	if a.served.Load() != 3 || b.served.Load() != 2 || b2.served.Load() != 0 {
+		t.Fatalf("a served %d, b (old URL) %d, b (new URL, cold cache) %d; want 3, 2 and 0: "+
+			"the pin of the old b was applied to the new channel of the same name",
+			a.served.Load(), b.served.Load(), b2.served.Load())
+	}
+}

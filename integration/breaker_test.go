@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -743,5 +744,54 @@ func TestBreakerRejectedReloadKeepsSettings(t *testing.T) {
 	hits(t, a, 3)
 	if st := brkState(t, "a"); st.State != "open" {
 		t.Fatalf("after a rejected reload: %+v", st)
+	}
+}
+
+// A config that is refused when it starts (here its history store cannot
+// be opened: the file would be under a regular file) must leave the
+// running breakers' settings alone, as one refused at provision does
+// (docs/configuration.md: the new settings apply "once the whole config
+// has loaded"). The refused config's 10ms cooldown must not close the
+// running config's open primary early.
+func TestBreakerReloadRefusedAtStartKeepsSettings(t *testing.T) {
+	a := upstream(t, fu.Status(503, ""))
+	b := upstream(t, fu.OKNamed("backup"))
+	gateway(t, twoChannels, a.URL, b.URL, "")
+	brkFailOver(t, 3)
+	a.Set(fu.OKNamed("primary"))
+
+	notDir := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(notDir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, body := tryLoadWith(t, failoverOption("history sqlite "+filepath.Join(notDir, "h.db")),
+		twoChannels, a.URL, b.URL, brkBlock("cooldown 10ms"))
+	if code == 200 {
+		t.Fatalf("the config whose history store cannot be opened loaded: %s", body)
+	}
+	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
+	time.Sleep(100 * time.Millisecond)
+	brkServedBy(t, "b")
+	hits(t, a, 3)
+	if st := brkState(t, "a"); st.State != "open" {
+		t.Fatalf("after a reload refused at start: %+v", st)
+	}
+
+	// Refused because another app (the wallet's, whose SQLite file cannot
+	// be opened) fails to start: loaded a few times, the llm_failover app
+	// starts before the wallet app in some, and Caddy stops it again.
+	for range 8 {
+		code, body := tryLoadWith(t, walletOptions("sqlite "+filepath.Join(notDir, "w.db")),
+			twoChannels, a.URL, b.URL, brkBlock("cooldown 10ms"))
+		if code == 200 {
+			t.Fatalf("the config whose wallet store cannot be opened loaded: %s", body)
+		}
+	}
+	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
+	time.Sleep(100 * time.Millisecond)
+	brkServedBy(t, "b")
+	hits(t, a, 3)
+	if st := brkState(t, "a"); st.State != "open" {
+		t.Fatalf("after reloads refused when another app started: %+v", st)
 	}
 }

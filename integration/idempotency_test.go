@@ -13,8 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmfailover/caddy-llm-failover/idempotency"
+	"github.com/llmfailover/caddy-llm-failover/idempotency/store"
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
+	"github.com/llmfailover/caddy-llm-failover/internal/pgtest"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
+	"github.com/llmfailover/caddy-llm-failover/walletapp"
 )
 
 // idempotentGateway loads walletChannels with idempotency on (options in
@@ -469,4 +473,51 @@ func TestIdempotentReplayToAClientThatStopsReadingIsCut(t *testing.T) {
 		t.Fatalf("a client that read nothing for 5 s still got the whole %d-byte replay: nothing cut it", n)
 	}
 	t.Logf("replay cut after %d of %d bytes: %v", n, res.ContentLength, err)
+}
+
+// A reload that moves the wallet off PostgreSQL, the fleet's idempotency
+// store, while a keyed stream runs: the old config's run still holds its
+// claim there, and must record its answer when it ends, or the fleet's
+// other instances see the call running, then (once the lease passes)
+// abandoned, and run it again for its client's retry: a second upstream
+// run, and a second charge.
+func TestIdempotentRunAcrossReloadOffTheFleetStoreRecordsItsAnswer(t *testing.T) {
+	pieces := []string{"one", " two", " three", " four", " five", " six", " seven", " eight"}
+	a := upstream(t, fu.OKNamed("a").WithPieces(pieces...).WithEventDelay(250*time.Millisecond).WithUsage(10, 5))
+	b := upstream(t, fu.OK())
+	dsn := pgtest.FreshDSN(t)
+	t.Setenv("LLMF_IT_WALLET_DSN", dsn)
+	gatewayWith(t, storeOption("postgres {env.LLMF_IT_WALLET_DSN}"), walletChannels+"\t\tidempotency\n", a.URL, b.URL)
+	secret, keyID := newWalletAccount(t, "fleet", "1000")
+	body := fu.ChatRequest("m", true)
+	firstDone := make(chan []byte)
+	go func() {
+		_, _, got := do(t, keyed(t, secret, "moved", body))
+		firstDone <- got
+	}()
+	eventually(t, 5*time.Second, "the first stream under way", func() bool { return a.Hits() == 1 })
+	gatewayWith(t, storeOption("sqlite "+t.TempDir()+"/w.db"), walletChannels+"\t\tidempotency\n", a.URL, b.URL)
+	first := <-firstDone
+	if fu.StreamText(mustSSE(t, first)) != strings.Join(pieces, "") {
+		t.Fatalf("the stream across the reload:\n%s", first)
+	}
+
+	// What another instance of the fleet finds for the client's retry.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := store.OpenPostgres(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	id := idempotency.ID(walletapp.DefaultName+"\x00fleet\x00"+keyID, "moved")
+	now := time.Now()
+	c, err := st.Claim(ctx, id, idempotency.Fingerprint("POST /v1/chat/completions", body), "another-instance", now.Add(30*time.Second), now.Add(time.Hour), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.State != store.Done || c.Answer == nil {
+		t.Fatalf("the fleet's store has the call as %v (answer %v), want done with its answer: "+
+			"another instance would run it again", c.State, c.Answer != nil)
+	}
 }

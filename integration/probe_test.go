@@ -292,3 +292,32 @@ func TestReloadKeepsTheProbeInterval(t *testing.T) {
 		t.Fatalf("%d probes within the interval (1h) across 6 reloads; want the first one only", n)
 	}
 }
+
+// A channel whose base URL changes in a reload is a new channel, with
+// fresh health (docs/configuration.md): its upstream has never been
+// checked, so the reload must not hand it the old channel's last probe.
+// Here the old upstream passed its probe (interval 1h); the reload points
+// the channel at an upstream that is down. The new channel must be probed
+// (and found down) within the prober's first rounds, not an hour later,
+// while the status page says its synthetic check passed.
+func TestReloadChangingAChannelsURLProbesTheNewChannel(t *testing.T) {
+	up := fu.New(fu.OK())
+	defer up.Close()
+	down := fu.New(fu.Status(503, ""))
+	defer down.Close()
+	prefix := uniqueName("prMoved")
+	probeGateway(t, prefix, "http://"+up.Addr(), "interval 1h")
+	waitFor(t, 3*time.Second, "a first probe", func() bool { return up.Hits() > 0 })
+	time.Sleep(300 * time.Millisecond) // its record
+
+	probeGateway(t, prefix, "http://"+down.Addr(), "interval 1h")
+	deadline := time.Now().Add(3 * time.Second)
+	for down.Hits() == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if down.Hits() == 0 {
+		_, p := probedChannel(t, prefix+"A")
+		t.Fatalf("the channel's new upstream was never probed after the reload (the old URL's last probe "+
+			"counted for it); the status page shows its probes as %v", p)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -1271,4 +1272,116 @@ func TestWalletSweeperReportsItsSchedule(t *testing.T) {
 		}
 		return false
 	})
+}
+
+// A stream that started under one config is billed at that config's
+// prices, whatever a reload during it sets: the client was quoted, and
+// reserved against, the prices of the config that admitted it.
+func TestWalletReloadChangingPricesBillsTheOldPrices(t *testing.T) {
+	a := slowStreamUpstream(t)
+	b := upstream(t, fu.OKNamed("b"))
+	path := walletGateway(t, a, b)
+	secret, _ := newWalletAccount(t, "acct", "1")
+	reloadMidStream(t, a, secret, true, func() {
+		gatewayWith(t, storeOption("sqlite "+path), strings.Replace(walletChannels, "price 2 8", "price 20 80", 1), a.URL, b.URL)
+	}, func() []walletapp.EntryView { return requestRows(t, "acct") })
+}
+
+// A reload from the SQLite wallet onto PostgreSQL while a stream is in
+// flight: the stream of the old config settles into the SQLite file it
+// reserved in, and the PostgreSQL store bills the new config's requests.
+func TestWalletReloadFromSQLiteToPostgresSettlesInFlight(t *testing.T) {
+	a := slowStreamUpstream(t)
+	b := upstream(t, fu.OKNamed("b"))
+	path := walletGateway(t, a, b)
+	secret, _ := newWalletAccount(t, "acct", "1")
+	dsn := pgtest.FreshDSN(t)
+	t.Setenv("LLMF_IT_WALLET_DSN", dsn)
+	reloadMidStream(t, a, secret, false, func() {
+		gatewayWith(t, storeOption("postgres {env.LLMF_IT_WALLET_DSN}"), walletChannels, a.URL, b.URL)
+	}, func() []walletapp.EntryView {
+		st, err := wallet.OpenSQLite(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		entries, err := st.Usage(context.Background(), "acct", 0, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []walletapp.EntryView
+		for _, e := range entries {
+			if e.Kind != wallet.KindCredit {
+				out = append(out, walletapp.EntryView{Kind: e.Kind, Cost: e.Cost.String(), TokensOut: e.TokensOut, Channel: e.Channel})
+			}
+		}
+		return out
+	})
+	// The old file's balance is the credit less the charge, nothing held
+	// once the old store, released by the reload, has closed (returning
+	// its credit lease) after its last request left.
+	var acct wallet.Account
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := wallet.OpenSQLite(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		acct, err = st.Account(context.Background(), "acct")
+		st.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if acct.Reserved == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if acct.Balance != money(t, "1")-priceM.Cost(400, 60) || acct.Reserved != 0 {
+		t.Fatalf("SQLite account after the reload: balance %s reserved %s", acct.Balance, acct.Reserved)
+	}
+	// The new config bills the PostgreSQL wallet.
+	secret2, _ := newWalletAccount(t, "acct2", "1")
+	a.Set(fu.OKNamed("a"))
+	res, body := postSettled(t, "acct2", "/v1/chat/completions", fu.ChatRequest("m", false), bearer(secret2)...)
+	if res.StatusCode != 200 {
+		t.Fatalf("after the reload onto PostgreSQL: %d %s", res.StatusCode, body)
+	}
+}
+
+// A reload that changes the wallet's lease_ttl on the same database
+// applies it: the store the two configs share renews this instance's
+// credit leases to the new TTL, so that after a crash they are released
+// as the running config says (here within 2s, not the 30s of the config
+// before the reload).
+func TestWalletReloadAppliesANewLeaseTTL(t *testing.T) {
+	a := upstream(t, fu.OKNamed("a").WithUsage(10, 5))
+	b := upstream(t, fu.OKNamed("b"))
+	path := filepath.Join(t.TempDir(), "w.db")
+	gatewayWith(t, storeOption("sqlite "+path+"\n\t\tlease_ttl 30s"), walletChannels, a.URL, b.URL)
+	secret, _ := newWalletAccount(t, "lease", "1")
+	if res, body := postSettled(t, "lease", "/v1/chat/completions", fu.ChatRequest("m", false), bearer(secret)...); res.StatusCode != 200 {
+		t.Fatalf("%d %s", res.StatusCode, body)
+	}
+	gatewayWith(t, storeOption("sqlite "+path+"\n\t\tlease_ttl 2s"), walletChannels, a.URL, b.URL)
+	if res, body := postSettled(t, "lease", "/v1/chat/completions", fu.ChatRequest("m", false), bearer(secret)...); res.StatusCode != 200 {
+		t.Fatalf("after the reload: %d %s", res.StatusCode, body)
+	}
+	time.Sleep(2 * time.Second) // renewals under the new TTL
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var expires sql.NullInt64
+	if err := db.QueryRow(`SELECT MAX(expires_at) FROM leases WHERE account_id = 'lease'`).Scan(&expires); err != nil {
+		t.Fatal(err)
+	}
+	if !expires.Valid {
+		t.Fatal("no credit lease of the account")
+	}
+	if left := time.Until(time.UnixMicro(expires.Int64)); left > 3*time.Second {
+		t.Fatalf("the instance's credit lease expires in %s after a reload set lease_ttl 2s: "+
+			"the store shared across the reload kept the old config's TTL", left.Round(time.Second))
+	}
 }

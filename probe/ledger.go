@@ -21,12 +21,14 @@ type Ledger struct {
 	channels map[string]*Record
 	// slots lets one probe of unknown cost per channel run at a time.
 	slots map[string]chan struct{}
-	// probed is when each route (model, channel) was last probed, so
-	// that the scheduler of the next config keeps its interval.
+	// probed is when each route (model, channel and the channel's
+	// identity) was last probed, so that the scheduler of the next config
+	// keeps its interval; a channel that a reload gave another URL or key
+	// is another channel, never probed yet.
 	probed map[probedKey]time.Time
 }
 
-type probedKey struct{ model, channel string }
+type probedKey struct{ model, channel, ref string }
 
 // NewLedger returns an empty ledger.
 func NewLedger() *Ledger {
@@ -48,20 +50,21 @@ type Record struct {
 }
 
 // noteProbed records that a probe of the route was sent at at.
-func (l *Ledger) noteProbed(model, channel string, at time.Time) {
+func (l *Ledger) noteProbed(c Route, at time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if at.After(l.probed[probedKey{model, channel}]) {
-		l.probed[probedKey{model, channel}] = at
+	k := probedKey{c.Model, c.Channel, c.Ref}
+	if at.After(l.probed[k]) {
+		l.probed[k] = at
 	}
 }
 
 // lastProbed is when a probe of the route was last sent, by any config;
 // the zero time when none was.
-func (l *Ledger) lastProbed(model, channel string) time.Time {
+func (l *Ledger) lastProbed(c Route) time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.probed[probedKey{model, channel}]
+	return l.probed[probedKey{c.Model, c.Channel, c.Ref}]
 }
 
 // History is the probes' own history, for the status page.

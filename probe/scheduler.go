@@ -17,7 +17,11 @@ import (
 type Route struct {
 	Model   string
 	Channel string
-	Plan    Plan
+	// Ref tells the channel's identity (its base URL and credentials)
+	// apart from another's of the same name: a reload that changes them
+	// makes a new channel, whose first probe is due at once.
+	Ref  string
+	Plan Plan
 	// ID is the Target's own handle on the route.
 	ID int
 	// MaxCost is the most one probe of the route can cost (its prompt
@@ -103,7 +107,7 @@ func NewScheduler(targets []Target, ledger *Ledger, leader Leader, logger *zap.L
 		for _, c := range routes {
 			// A reload keeps the interval: a route probed by the previous
 			// config is not due again before its interval has passed.
-			s.last[routeKey{len(s.targets) - 1, c.Model, c.Channel}] = ledger.lastProbed(c.Model, c.Channel)
+			s.last[routeKey{len(s.targets) - 1, c.Model, c.Channel}] = ledger.lastProbed(c)
 			if s.every == 0 || c.Plan.Interval < s.every {
 				s.every = c.Plan.Interval
 			}
@@ -235,7 +239,7 @@ func (s *Scheduler) Round(ctx context.Context) (jobs.Summary, error) {
 				s.mu.Lock()
 				s.last[key] = now
 				s.mu.Unlock()
-				s.ledger.noteProbed(c.Model, c.Channel, now)
+				s.ledger.noteProbed(c, now)
 				h.settle(res, time.Now())
 				if res.Outcome != Passed {
 					s.logger.Warn("probe did not pass", zap.String("model", c.Model), zap.String("channel", c.Channel),

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -222,8 +223,10 @@ type growCall struct {
 
 // leaseBook is a store's in-memory leases and reservations.
 type leaseBook struct {
-	id  string // this instance's lease ID
-	ttl time.Duration
+	id string // this instance's lease ID
+	// ttl is the lease TTL (time.Duration): a reload that keeps the store
+	// may set another (SetLeaseTTL).
+	ttl atomic.Int64
 
 	mu     sync.Mutex
 	leases map[string]*lease
@@ -238,24 +241,41 @@ func newLeaseBook(ttl time.Duration) *leaseBook {
 	if ttl <= 0 {
 		ttl = DefaultLeaseTTL
 	}
-	return &leaseBook{
+	b := &leaseBook{
 		id:     "lease_" + randomBase62(20),
-		ttl:    ttl,
 		leases: map[string]*lease{},
 		res:    map[string]*memReservation{},
+	}
+	b.ttl.Store(int64(ttl))
+	return b
+}
+
+// TTL is the lease TTL.
+func (b *leaseBook) TTL() time.Duration { return time.Duration(b.ttl.Load()) }
+
+// SetLeaseTTL makes ttl the lease TTL of s (an SQLite or PostgreSQL
+// store) from its next grant or renewal on: a reload that keeps the store
+// open (the same database) applies its lease_ttl. Zero means
+// DefaultLeaseTTL.
+func SetLeaseTTL(s Store, ttl time.Duration) {
+	if ttl <= 0 {
+		ttl = DefaultLeaseTTL
+	}
+	if ss, ok := s.(*sqlStore); ok && ss.leases != nil {
+		ss.leases.ttl.Store(int64(ttl))
 	}
 }
 
 // maySwept reports whether l's row may have expired by now, and so been
 // swept by another instance.
 func (b *leaseBook) maySwept(l *lease, now time.Time) bool {
-	return now.Sub(l.extended) >= b.ttl
+	return now.Sub(l.extended) >= b.TTL()
 }
 
 // usable reports whether a Reserve may be served from l without touching
 // the database: its row is far enough from expiring.
 func (b *leaseBook) usable(l *lease, now time.Time) bool {
-	return now.Sub(l.extended) < b.ttl*2/3
+	return now.Sub(l.extended) < b.TTL()*2/3
 }
 
 // errDuplicateReservation: a Reserve with the ID of a live reservation.
@@ -451,7 +471,7 @@ func (s *sqlStore) grow(ctx context.Context, what, account string, need, amount 
 					exists               bool
 				)
 				if err := t.queryRowText(s.d.growOne, account, int64(amount), int64(max(1, leaseGiveBackFactor*amount)), kmax, int64(need),
-					s.leases.id, toDB(now.Add(s.leases.ttl)), toDB(now)).Scan(&granted, &exists, &sized, &held); err != nil {
+					s.leases.id, toDB(now.Add(s.leases.TTL())), toDB(now)).Scan(&granted, &exists, &sized, &held); err != nil {
 					return err
 				}
 				switch {
@@ -500,7 +520,7 @@ func (s *sqlStore) grow(ctx context.Context, what, account string, need, amount 
 		err = t.tx.QueryRowContext(t.ctx, s.q(`INSERT INTO leases (id, account_id, amount, expires_at, created_at) VALUES (?, ?, ?, ?, ?)
 			ON CONFLICT (id, account_id) DO UPDATE SET amount = leases.amount + excluded.amount, expires_at = excluded.expires_at
 			RETURNING amount`),
-			s.leases.id, account, int64(grant), toDB(now.Add(s.leases.ttl)), toDB(now)).Scan(&held)
+			s.leases.id, account, int64(grant), toDB(now.Add(s.leases.TTL())), toDB(now)).Scan(&held)
 		if err != nil {
 			return fmt.Errorf("writing lease: %w", err)
 		}
@@ -741,7 +761,7 @@ func (s *sqlStore) Renew(ctx context.Context) error {
 				continue
 			}
 		}
-		if now.Sub(l.extended) >= b.ttl/3 {
+		if now.Sub(l.extended) >= b.TTL()/3 {
 			extend = true
 		}
 	}
@@ -763,7 +783,7 @@ func (s *sqlStore) Renew(ctx context.Context) error {
 		if err := s.lockAccounts(t, leaseAccounts, s.leases.id); err != nil {
 			return err
 		}
-		rs, err := t.tx.QueryContext(t.ctx, s.q(`UPDATE leases SET expires_at = ? WHERE id = ? RETURNING account_id`), toDB(now.Add(b.ttl)), b.id)
+		rs, err := t.tx.QueryContext(t.ctx, s.q(`UPDATE leases SET expires_at = ? WHERE id = ? RETURNING account_id`), toDB(now.Add(b.TTL())), b.id)
 		if err != nil {
 			return err
 		}

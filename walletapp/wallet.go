@@ -232,6 +232,9 @@ func (w *Wallet) dial() (*storeHolder, error) {
 	h := v.(*storeHolder)
 	if loaded {
 		h.addName(w.name)
+		// The store outlives the config that opened it: this config's
+		// lease_ttl applies to it from now on.
+		wallet.SetLeaseTTL(h.store, w.leaseTTL)
 	}
 	return h, nil
 }
