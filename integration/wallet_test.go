@@ -3,6 +3,7 @@ package integration_test
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -548,19 +549,24 @@ func TestWalletClientErrorPassthroughNotCharged(t *testing.T) {
 		path string
 		body []byte
 		hdr  func(string) []string
+		want string // the client's body, when not the upstream's
 	}{
-		{"/v1/chat/completions", fu.ChatRequest("m", false), bearer},
-		{"/v1/chat/completions", chatStreamBody(false), bearer},
-		{"/v1/messages", fu.MessagesRequest("claude", true), func(s string) []string { return []string{"X-Api-Key", s} }},
+		{"/v1/chat/completions", fu.ChatRequest("m", false), bearer, ""},
+		{"/v1/chat/completions", chatStreamBody(false), bearer, ""},
+		// The upstream's OpenAI-shaped refusal reaches an Anthropic client
+		// in Anthropic's shape, its message and status kept.
+		{"/v1/messages", fu.MessagesRequest("claude", true), func(s string) []string { return []string{"X-Api-Key", s} },
+			`{"type":"error","error":{"type":"invalid_request_error","message":"bad thing"}}`},
 	} {
 		t.Run(api.path, func(t *testing.T) {
 			upBody := fu.OpenAIErrorBody("bad thing", "invalid_request_error", "bad")
+			want := cmp.Or(api.want, upBody)
 			a := upstream(t, fu.Status(400, upBody))
 			b := upstream(t, fu.OKNamed("b"))
 			walletGateway(t, a, b)
 			secret, _ := newWalletAccount(t, "acct", "1")
 			res, body := postSettled(t, "acct", api.path, api.body, api.hdr(secret)...)
-			if res.StatusCode != 400 || string(body) != upBody {
+			if res.StatusCode != 400 || string(body) != want {
 				t.Fatalf("status %d: %s", res.StatusCode, body)
 			}
 			hits(t, b, 0)
