@@ -218,7 +218,7 @@ func (e *Engine) relayError(ctx context.Context, x *exchange, ch *Channel, res *
 		// The channel's account or key refused (its quota, its balance,
 		// its key): another channel may serve the request, and this one
 		// is not working.
-		return retryWith(&failure{reason: reasonStatus, status: res.StatusCode, message: x.api.UpstreamMessage(body)})
+		return retryWith(&failure{reason: reasonAccountRefused, status: res.StatusCode, message: x.api.UpstreamMessage(body)})
 	}
 	if b, changed := x.api.ClientErrorBody(res.StatusCode, body); changed {
 		// Refused in another API's shape: the client's SDK reads its own.

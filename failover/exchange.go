@@ -39,6 +39,10 @@ const (
 	reasonRedirect      reason = "redirect"
 	reasonContentType   reason = "unexpected_content_type"
 	reasonOverloaded    reason = "gateway_overloaded"
+	// reasonAccountRefused: the channel's own provider account refused
+	// (its balance, its quota, its key; provider.ChannelRefusal), which
+	// another channel's account may not.
+	reasonAccountRefused reason = "account_refused"
 	// A committed stream the upstream cut, or left silent.
 	reasonTruncated reason = "truncated"
 	reasonStalled   reason = "stalled"
@@ -80,7 +84,7 @@ const (
 var reasons = []reason{
 	reasonStatus, reasonDial, reasonNetwork, reasonHeaderTimeout, reasonBudget, reasonFirstByte,
 	reasonErrorFrame, reasonClosedEarly, reasonGateTimeout, reasonErrorBody, reasonBadBody,
-	reasonTooLarge, reasonLineTooLarge, reasonRedirect, reasonContentType, reasonOverloaded,
+	reasonTooLarge, reasonLineTooLarge, reasonRedirect, reasonContentType, reasonOverloaded, reasonAccountRefused,
 	reasonTruncated, reasonStalled, reasonLearnedDeadline,
 	outcomeClientGone, outcomeRateLimited, reasonResumed, reasonPrefillRefused, reasonRestarted, reasonAffinity,
 	reasonStoredContextMissing,

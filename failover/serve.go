@@ -241,7 +241,7 @@ func exhausted(x *exchange, last *failure) provider.Error {
 		switch {
 		case last.timeout:
 			e.Status = http.StatusGatewayTimeout
-		case last.reason == reasonStatus && (last.status == http.StatusBadRequest || last.status == http.StatusPaymentRequired):
+		case last.reason == reasonAccountRefused:
 			// A channel's account or key refused (provider.ChannelRefusal):
 			// the request is not at fault, nor the client's wallet, and
 			// the client must not read it so.
