@@ -90,6 +90,24 @@ func (c *authCache) forget(hash keyHash) {
 	c.expiry.Remove(hash)
 }
 
+// forgetKey forgets the entries of the key called id (a revoked key),
+// keeping every other key's: a revocation, even one that failed, must
+// not make the instance forget the keys it may serve while the database
+// cannot be asked (KnownKey). Like invalidate it changes the generation,
+// so that a lookup that read the database before the revocation cannot
+// store its answer after it.
+func (c *authCache) forgetKey(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gen++
+	for h, e := range c.m {
+		if e.k.ID == id {
+			delete(c.m, h)
+			c.expiry.Remove(h)
+		}
+	}
+}
+
 // invalidate forgets every entry. Revocations are rare, so clearing
 // everything beats keeping an index from key ID to hash.
 func (c *authCache) invalidate() {

@@ -592,8 +592,10 @@ func (s *sqlStore) RevokeKey(ctx context.Context, keyID string) error {
 	})
 	// Committed (or failed): either way nothing cached about this key may
 	// outlive the call, so the revocation applies to this store at once.
-	s.auth.invalidate()
-	s.known.invalidate()
+	// Only this key: the others stay known (KnownKey), so that a
+	// revocation during an outage does not refuse every other client.
+	s.auth.forgetKey(keyID)
+	s.known.forgetKey(keyID)
 	return err
 }
 

@@ -37,7 +37,7 @@ without touching the database: every subcommand calls the admin API.
   caddy llm-wallet keys <account>
   caddy llm-wallet create-key <account> [label]         prints the key once; it cannot be shown again
   caddy llm-wallet revoke-key <key_id>
-  caddy llm-wallet usage <account> [limit]
+  caddy llm-wallet usage <account> [limit [before]]      newest first; before: the next_before of the last page
   caddy llm-wallet audit [<wallet>]                      checks every account's books; exits non-zero on a difference
 `,
 		CobraFunc: func(cmd *cobra.Command) {
@@ -108,6 +108,11 @@ func runCommand(out io.Writer, admin, name string, args []string, asJSON bool) (
 		if a, ok := answer.(*AuditView); ok && !a.Clean {
 			return fmt.Errorf("audit: %d of %d account(s) disagree with the ledger", len(a.Differences), a.Accounts)
 		}
+		if st, ok := answer.(*map[string]any); ok && path == "status" {
+			if err := storeUnreachable(*st); err != nil {
+				return err
+			}
+		}
 		return errPrinted
 	}
 	need := func(n int) error {
@@ -115,6 +120,13 @@ func runCommand(out io.Writer, admin, name string, args []string, asJSON bool) (
 			return fmt.Errorf("%s needs %d argument(s); see caddy help llm-wallet", args[0], n)
 		}
 		return nil
+	}
+	// An argument the subcommand would not use is refused before anything
+	// is written: "revoke-key key_a key_b" must not revoke key_a alone,
+	// nor "credit acme 25 refund for outage" write the note "refund".
+	if most, ok := maxArgs[args[0]]; ok && len(args) > most+1 {
+		return fmt.Errorf("%s takes at most %d argument(s), got %d (quote a note or label with spaces; revoke one key at a time); see caddy help llm-wallet",
+			args[0], most, len(args)-1)
 	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	defer tw.Flush()
@@ -137,7 +149,7 @@ func runCommand(out io.Writer, admin, name string, args []string, asJSON bool) (
 			}
 			fmt.Fprintf(tw, "%s\t%v\n", k, v)
 		}
-		return nil
+		return storeUnreachable(st)
 	case "accounts":
 		var accts []AccountView
 		if err := adminCall(http.MethodGet, "accounts", nil, &accts); err != nil {
@@ -224,12 +236,20 @@ func runCommand(out io.Writer, admin, name string, args []string, asJSON bool) (
 		if err := need(1); err != nil {
 			return err
 		}
+		// Query parameters in the order the admin API documents them;
+		// the cursor is the last page's next_before.
 		q := ""
 		if len(args) > 2 {
 			q = "?limit=" + url.QueryEscape(args[2])
 		}
+		if len(args) > 3 {
+			q += "&before=" + url.QueryEscape(args[3])
+		}
 		var page struct {
 			Entries []EntryView `json:"entries"`
+			// Next is the cursor of the next page (--json prints the
+			// admin API's answer, cursor included).
+			Next int64 `json:"next_before,omitempty"`
 		}
 		if err := adminCall(http.MethodGet, "accounts/"+url.PathEscape(args[1])+"/usage"+q, nil, &page); err != nil {
 			return err
@@ -237,6 +257,9 @@ func runCommand(out io.Writer, admin, name string, args []string, asJSON bool) (
 		fmt.Fprintln(tw, "TIME\tKIND\tMODEL\tCHANNEL\tIN\tOUT\tCOST\tCACHED\tNOTE")
 		for _, e := range page.Entries {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", e.Time.Format("2006-01-02 15:04:05"), e.Kind, e.Model, e.Channel, e.TokensIn, e.TokensOut, human(e.Cost), cached(e), e.Note)
+		}
+		if page.Next != 0 {
+			fmt.Fprintf(tw, "\nmore: caddy llm-wallet usage %s %d %d\n", args[1], len(page.Entries), page.Next)
 		}
 		return nil
 	case "audit":
@@ -255,6 +278,20 @@ func runCommand(out io.Writer, admin, name string, args []string, asJSON bool) (
 		return fmt.Errorf("audit: %d of %d account(s) disagree with the ledger", len(a.Differences), a.Accounts)
 	}
 	return fmt.Errorf("unknown subcommand %q; see caddy help llm-wallet", args[0])
+}
+
+// maxArgs is the most arguments each subcommand takes.
+var maxArgs = map[string]int{"status": 0, "accounts": 0, "create-account": 1, "balance": 1, "credit": 3,
+	"keys": 1, "create-key": 2, "revoke-key": 1, "usage": 3, "audit": 1}
+
+// storeUnreachable is the status subcommand's failure: a store that does
+// not answer (printed all the same) makes the command exit non-zero, for
+// scripts and health checks.
+func storeUnreachable(st map[string]any) error {
+	if st["reachable"] == false {
+		return fmt.Errorf("the wallet's store does not answer: %v", st["error"])
+	}
+	return nil
 }
 
 // misplacedFlag tells one of the command's own flags written after the
