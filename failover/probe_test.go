@@ -10,6 +10,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
 
+	"github.com/llmfailover/caddy-llm-failover/breaker"
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 	"github.com/llmfailover/caddy-llm-failover/probe"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
@@ -74,4 +75,40 @@ func histogramCount(t *testing.T, h prometheus.Histogram) uint64 {
 		t.Fatal(err)
 	}
 	return m.GetHistogram().GetSampleCount()
+}
+
+// A probe that finds its half-open channel's trial slot taken by a
+// client is not sent (the trial tells about the channel already); it is
+// no request that skipped the channel: channel_skipped_total counts
+// requests ("Requests that skipped a channel before sending because its
+// breaker was open or it was parked"), and a synthetic check must not
+// count as client traffic in any metric.
+func TestProbeNotSentIsNoSkippedRequest(t *testing.T) {
+	up := upstream(t, fu.OK())
+	name := uniqueName("halfopen")
+	e := testEngine(t, testPlan(t, Options{Breaker: breaker.Config{Cooldown: time.Millisecond}}, func(m *Model) {
+		plan, err := probe.NewPlan(time.Minute, 0, "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Probe = &plan
+	}, testChannel{name: name, url: up.URL}))
+	b := e.channels[0].health.Breaker
+	for range 3 {
+		b.RecordFailure(time.Now())
+	}
+	time.Sleep(5 * time.Millisecond) // past the cooldown: half-open
+	trial, ok := b.Admit(time.Now()) // a client's trial
+	if !ok {
+		t.Fatal("no trial admitted")
+	}
+	defer trial.Done()
+	routes := prober{e}.Routes()
+	if _, sent := (prober{e}).Probe(context.Background(), routes[0]); sent {
+		t.Fatal("a probe was sent while a client held the trial slot")
+	}
+	hits(t, up, 0)
+	if n := testutil.ToFloat64(channelSkipped.WithLabelValues(name)); n != 0 {
+		t.Errorf("channel_skipped_total counts %v probe(s) as requests that skipped the channel", n)
+	}
 }

@@ -72,7 +72,11 @@ func (e *Engine) walk(x *exchange, routes []*chain.Route, taken *breaker.Ticket,
 			// when they are taken the request moves on at once.
 			var ok bool
 			if ticket, ok = e.channels[route.Channel].health.Breaker.Admit(time.Now()); !ok {
-				e.skipped(x, route)
+				if x.mode != modeSynthetic {
+					// A probe not sent is no request that skipped the
+					// channel: the prober reports it (not sent).
+					e.skipped(x, route)
+				}
 				continue
 			}
 		}

@@ -2,6 +2,7 @@ package failoverapp
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,5 +69,78 @@ func TestStopWhileAProbeChangesABreaker(t *testing.T) {
 	case <-stopped:
 	case <-time.After(10 * time.Second):
 		t.Fatal("Stop did not return while a probe of its round changed a breaker: deadlock")
+	}
+}
+
+// slowRoute is a probe target, one per config, whose probes of its one
+// route take until their prober stops (an upstream that is slow to
+// answer); all the configs' targets count the probes of the route in
+// flight at once.
+type slowRoute struct {
+	name     string
+	plan     probe.Plan
+	mu       *sync.Mutex
+	inFlight *int
+	most     *int
+	sent     int
+	probing  chan struct{}
+}
+
+func (t *slowRoute) Routes() []probe.Route {
+	return []probe.Route{{Model: "m", Channel: t.name, Ref: "ref", Plan: t.plan, MaxCost: 1_000}} // a priced route
+}
+
+func (*slowRoute) Quiet(probe.Route, time.Time) bool { return true }
+
+func (t *slowRoute) Probe(ctx context.Context, _ probe.Route) (probe.Result, bool) {
+	t.mu.Lock()
+	t.sent++
+	*t.inFlight++
+	*t.most = max(*t.most, *t.inFlight)
+	first := t.sent == 1
+	t.mu.Unlock()
+	if first {
+		close(t.probing)
+	}
+	<-ctx.Done()
+	t.mu.Lock()
+	*t.inFlight--
+	t.mu.Unlock()
+	return probe.Result{Outcome: probe.Failed, Reason: "stopped"}, true
+}
+
+// A reload while a probe is under way (a slow upstream) must not start a
+// second probe of the same route alongside it: the new config's prober
+// starts before the old one stops (Caddy starts the new config, then
+// stops the old), and a reload keeps each route's last probe
+// (operations.md), which a probe in flight is too. Probes of one route
+// must never pile up, whatever reloads do.
+func TestReloadDoesNotProbeARouteWhoseProbeIsUnderWay(t *testing.T) {
+	plan, err := probe.NewPlan(time.Hour, 0, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var inFlight, most int
+	name := "slow" + time.Now().Format("150405.000000000")
+	target := func() *slowRoute {
+		return &slowRoute{name: name, plan: plan, mu: &mu, inFlight: &inFlight, most: &most, probing: make(chan struct{})}
+	}
+	old, next := target(), target()
+	oldProber := startProber([]probe.Target{old}, "", zap.NewNop())
+	select {
+	case <-old.probing:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the old config's probe never ran")
+	}
+	// The reload: the new config's prober starts, then the old one stops.
+	newProber := startProber([]probe.Target{next}, "", zap.NewNop())
+	defer newProber.stop()
+	time.Sleep(300 * time.Millisecond) // the new prober's first round
+	oldProber.stop()
+	mu.Lock()
+	defer mu.Unlock()
+	if most > 1 {
+		t.Fatalf("%d probes of one route ran at once across a reload (the new config's prober sent %d)", most, next.sent)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"net/http"
 	"net/url"
@@ -165,37 +164,46 @@ func (h *Heartbeat) request(ctx context.Context, p Ping) (*http.Request, error) 
 }
 
 // Pinger sends pings in the background, retrying failures with backoff.
-// Pings to one receiver go out in the order they were sent (a run's start
-// before its end: receivers pair them, and an end overtaken by its start
-// would read as a run that never finished); different receivers do not
-// wait for each other. Send never blocks: when a receiver's queue is full
-// the ping is dropped and reported. Failures are reported through Report with the job, style and a
-// URL-free error; the URL is never passed on.
+// Each receiver has a queue and a sender of its own: pings to one
+// receiver go out in the order they were sent, retries included (a run's
+// start before its end: receivers pair them, and an end overtaken by its
+// start would read as a run that never finished), and a receiver that is
+// down or hangs holds up only its own pings, never another's. Send never
+// blocks: when a receiver's queue is full the ping is dropped and
+// reported. Failures are reported through Report with the job, style and
+// a URL-free error; the URL is never passed on.
 type Pinger struct {
 	client  *http.Client
-	queues  []chan pending // one per worker; a receiver always uses the same
+	queue   int // each receiver's queue size
 	retries []time.Duration
 	// Report is told about each ping that failed for good (dropped, or
 	// every retry failed). It must not block.
 	Report func(job string, style Style, state State, err error)
 
-	stop chan struct{}
-	wg   sync.WaitGroup
+	mu      sync.Mutex
+	senders map[string]chan pending // by receiver; a sender ends when idle
+	closed  bool
+	stop    chan struct{}
+	wg      sync.WaitGroup
 }
 
 type pending struct {
 	hb Heartbeat
 	p  Ping
-	// attempt counts the sends already failed.
-	attempt int
 }
 
 // DefaultRetries are the waits before each retry of a failed ping.
 var DefaultRetries = []time.Duration{time.Second, 5 * time.Second, 30 * time.Second}
 
-// NewPinger starts a pinger with workers goroutines, each with a queue of
-// size queue. Close stops it.
+// senderIdle is how long a receiver's sender waits for another ping
+// before it ends (a reload may have detached the receiver for good).
+const senderIdle = time.Minute
+
+// NewPinger returns a pinger whose receivers each have a queue of size
+// queue. workers is kept for compatibility: every receiver has its own
+// sender. Close stops it.
 func NewPinger(client *http.Client, workers, queue int, retries []time.Duration) *Pinger {
+	_ = workers
 	if client == nil {
 		client = &http.Client{}
 	}
@@ -203,71 +211,94 @@ func NewPinger(client *http.Client, workers, queue int, retries []time.Duration)
 	// receivers do not redirect pings.
 	c := *client
 	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	p := &Pinger{client: &c, retries: retries, stop: make(chan struct{})}
-	for range max(workers, 1) {
-		q := make(chan pending, queue)
-		p.queues = append(p.queues, q)
-		p.wg.Add(1)
-		go p.work(q)
-	}
-	return p
+	return &Pinger{client: &c, queue: max(queue, 1), retries: retries, senders: map[string]chan pending{}, stop: make(chan struct{})}
 }
 
 // Send queues p for hb. It never blocks.
 func (pg *Pinger) Send(hb Heartbeat, p Ping) {
-	pg.enqueue(pending{hb: hb, p: p})
-}
-
-func (pg *Pinger) enqueue(it pending) {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(it.hb.URL))
+	key := string(hb.Style) + " " + hb.URL
+	pg.mu.Lock()
+	if pg.closed {
+		pg.mu.Unlock()
+		return
+	}
+	q := pg.senders[key]
+	if q == nil {
+		q = make(chan pending, pg.queue)
+		pg.senders[key] = q
+		pg.wg.Add(1)
+		go pg.send(key, q)
+	}
 	select {
-	case pg.queues[h.Sum32()%uint32(len(pg.queues))] <- it:
+	case q <- pending{hb: hb, p: p}:
+		pg.mu.Unlock()
 	default:
-		pg.report(it.p.Job, it.hb.Style, it.p.State, errors.New("heartbeat queue full; ping dropped"))
+		pg.mu.Unlock()
+		pg.report(p.Job, hb.Style, p.State, errors.New("heartbeat queue full; ping dropped"))
 	}
 }
 
-// Close stops the workers; queued pings not yet sent are dropped.
+// Close stops the senders; queued pings not yet sent are dropped.
 func (pg *Pinger) Close() {
-	close(pg.stop)
+	pg.mu.Lock()
+	if !pg.closed {
+		pg.closed = true
+		close(pg.stop)
+	}
+	pg.mu.Unlock()
 	pg.wg.Wait()
 }
 
-func (pg *Pinger) work(queue chan pending) {
+// send delivers one receiver's pings in order, until it has had none for
+// senderIdle (it then ends; the next Send starts another) or Close.
+func (pg *Pinger) send(key string, q chan pending) {
 	defer pg.wg.Done()
+	idle := time.NewTimer(senderIdle)
+	defer idle.Stop()
 	for {
 		select {
 		case <-pg.stop:
 			return
-		case it := <-queue:
-			pg.deliver(it)
+		case it := <-q:
+			if !pg.deliver(it) {
+				return
+			}
+			idle.Reset(senderIdle)
+		case <-idle.C:
+			pg.mu.Lock()
+			if len(q) == 0 {
+				// Under the lock: no Send can queue into q from now on.
+				delete(pg.senders, key)
+				pg.mu.Unlock()
+				return
+			}
+			pg.mu.Unlock()
+			idle.Reset(senderIdle)
 		}
 	}
 }
 
-// deliver sends one ping once. A failed one is queued again after its
-// retry wait rather than waited for here: a receiver that is down must
-// not hold up the pings of the other receivers sharing this worker (it
-// did, for 36 s per ping).
-func (pg *Pinger) deliver(it pending) {
-	err := pg.once(it)
-	if err == nil {
-		return
-	}
-	if it.attempt == len(pg.retries) {
-		pg.report(it.p.Job, it.hb.Style, it.p.State, err)
-		return
-	}
-	wait := pg.retries[it.attempt]
-	it.attempt++
-	time.AfterFunc(wait, func() {
+// deliver sends one ping, retrying it after each wait of retries; the
+// receiver's later pings wait behind it, so that they keep their order.
+// It returns false when the pinger was closed meanwhile.
+func (pg *Pinger) deliver(it pending) bool {
+	for attempt := 0; ; attempt++ {
+		err := pg.once(it)
+		if err == nil {
+			return true
+		}
+		if attempt == len(pg.retries) {
+			pg.report(it.p.Job, it.hb.Style, it.p.State, err)
+			return true
+		}
+		t := time.NewTimer(pg.retries[attempt])
 		select {
 		case <-pg.stop:
-		default:
-			pg.enqueue(it)
+			t.Stop()
+			return false
+		case <-t.C:
 		}
-	})
+	}
 }
 
 func (pg *Pinger) once(it pending) error {

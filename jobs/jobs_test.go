@@ -310,3 +310,68 @@ func TestHungRunIsOverdue(t *testing.T) {
 		t.Fatalf("a run hung for an hour, no success in 720 intervals, is not overdue: %+v", st)
 	}
 }
+
+// A receiver that hangs (accepts the ping and answers only at its
+// timeout) must not hold up the pings of another receiver: the pinger
+// says different receivers do not wait for each other. It did: the two
+// share a worker, which waits out the hanging ping's timeout before it
+// sends the next one (ten seconds per ping by default; a job pinging
+// every second, as wallet_leases does, fills the worker's queue and the
+// other receiver's pings are dropped).
+func TestHangingReceiverDoesNotDelayOthers(t *testing.T) {
+	slow := newReceiver(t)
+	slow.delay = 3 * time.Second
+	live := newReceiver(t)
+	p := NewPinger(nil, 1, 16, nil)
+	defer p.Close()
+	p.Send(Heartbeat{URL: slow.srv.URL + "/ping/slow", Style: Healthchecks, Timeout: 5 * time.Second}, Ping{Job: "a", State: Success})
+	slow.wait(t, 1) // the slow receiver holds the ping now
+	began := time.Now()
+	p.Send(Heartbeat{URL: live.srv.URL + "/ping/live", Style: Healthchecks}, Ping{Job: "b", State: Success})
+	live.wait(t, 1)
+	if took := time.Since(began); took > time.Second {
+		t.Errorf("the live receiver's ping took %v behind a hanging one", took)
+	}
+}
+
+// Pings to one receiver arrive in the order they were sent, retries
+// included: a start whose first send failed must not reach the receiver
+// after its run's success (Healthchecks and Cronitor would read a run
+// that started and never finished, and alert on it).
+func TestRetriedPingKeepsOrder(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	first := true
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		if first {
+			// One transient failure, as any receiver has now and then.
+			first = false
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		got = append(got, r.URL.Path)
+	}))
+	defer srv.Close()
+	p := NewPinger(nil, 1, 16, []time.Duration{20 * time.Millisecond})
+	defer p.Close()
+	hb := Heartbeat{URL: srv.URL + "/ping/abc", Style: Healthchecks}
+	p.Send(hb, Ping{Job: "a", Run: "r1", State: Start})
+	p.Send(hb, Ping{Job: "a", Run: "r1", State: Success})
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		n := len(got)
+		mu.Unlock()
+		if n >= 2 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 2 || got[0] != "/ping/abc/start" || got[1] != "/ping/abc" {
+		t.Fatalf("the receiver got %q, want the start then the success", got)
+	}
+}

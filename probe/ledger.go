@@ -26,6 +26,10 @@ type Ledger struct {
 	// keeps its interval; a channel that a reload gave another URL or key
 	// is another channel, never probed yet.
 	probed map[probedKey]time.Time
+	// inFlight are the routes a probe is under way for, by any config's
+	// scheduler: during a reload the new config's prober starts before
+	// the old one stops, and must not probe a route alongside it.
+	inFlight map[probedKey]bool
 }
 
 type probedKey struct{ model, channel, ref string }
@@ -33,7 +37,7 @@ type probedKey struct{ model, channel, ref string }
 // NewLedger returns an empty ledger.
 func NewLedger() *Ledger {
 	return &Ledger{history: history.NewRecorder(), channels: map[string]*Record{}, slots: map[string]chan struct{}{},
-		probed: map[probedKey]time.Time{}}
+		probed: map[probedKey]time.Time{}, inFlight: map[probedKey]bool{}}
 }
 
 // Record is one channel's last probe and today's probe spend.
@@ -57,6 +61,25 @@ func (l *Ledger) noteProbed(c Route, at time.Time) {
 	if at.After(l.probed[k]) {
 		l.probed[k] = at
 	}
+}
+
+// claim marks a probe of the route under way; false when one already is.
+func (l *Ledger) claim(c Route) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := probedKey{c.Model, c.Channel, c.Ref}
+	if l.inFlight[k] {
+		return false
+	}
+	l.inFlight[k] = true
+	return true
+}
+
+// unclaim ends a claim.
+func (l *Ledger) unclaim(c Route) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.inFlight, probedKey{c.Model, c.Channel, c.Ref})
 }
 
 // lastProbed is when a probe of the route was last sent, by any config;

@@ -209,10 +209,13 @@ func (s *Scheduler) Round(ctx context.Context) (jobs.Summary, error) {
 	for i, t := range s.targets {
 		for _, c := range t.Routes() {
 			key := routeKey{i, c.Model, c.Channel}
-			if !s.due(t, c, key, now) {
+			if !s.due(t, c, key, now) || !s.ledger.claim(c) {
+				// Not due, or a probe of the route is under way (another
+				// config's, during a reload): probes never pile up.
 				continue
 			}
 			wg.Go(func() {
+				defer s.ledger.unclaim(c)
 				h := s.hold(ctx, c, now)
 				if h == nil {
 					return

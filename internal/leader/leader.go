@@ -26,7 +26,10 @@
 // Takeover: a follower campaigns every CampaignEvery on the one connection
 // it keeps, and takes the lock at most SessionTimeout + CampaignEvery (plus
 // one campaign, at most CampaignTimeout) after the old leader's last
-// word: about 12 s, 17 s at worst.
+// word: about 12 s, 17 s at worst. When the server ends every session at
+// once (a restart, a failover to a standby), the old leader learns it
+// only at its next ping, still on its lease: a follower whose own session
+// ended too leads only Lease after it takes the lock.
 //
 // It knows PostgreSQL's advisory locks and nothing of what the job does.
 package leader
@@ -100,9 +103,17 @@ type Elector struct {
 	conn    *pgx.Conn // the elector's session: the lock's while holding
 	holding bool      // conn holds the lock
 	legacy  bool      // the server has no idle_session_timeout
+	// sawHolder: since this elector last held the lock, a campaign found
+	// another session holding it. fenced: and then this elector's own
+	// session ended too (or it lost the lead with its session), as every
+	// session does when the server restarts or fails over: the holder's
+	// session may have ended at the same moment, its leader still on its
+	// lease, which it learns of only at its next ping.
+	sawHolder, fenced bool
 
 	mu       sync.Mutex
 	leaseEnd time.Time // leading while now is before it
+	leadFrom time.Time // and not before this: another's lease may run until then
 	lastGood time.Time // when the last campaign or ping succeeded
 	err      error     // of the last campaign or ping; nil when it succeeded
 }
@@ -129,6 +140,11 @@ func (e *Elector) Leading() (bool, error) {
 	defer e.mu.Unlock()
 	now := time.Now()
 	if now.Before(e.leaseEnd) {
+		if now.Before(e.leadFrom) {
+			// The lock is this elector's, but the instance that held it
+			// before may still be on its lease.
+			return false, nil
+		}
 		return true, nil
 	}
 	if e.err != nil {
@@ -188,11 +204,12 @@ func (e *Elector) Campaign(ctx context.Context) (bool, error) {
 		cancel()
 		if err == nil {
 			e.good(sent.Add(e.t.lease))
-			return true, nil
+			return e.IsLeader(), nil
 		}
 		// The session, and the lock with it, may be gone: stop leading
 		// now, then campaign as a follower would.
 		e.lost()
+		e.fenced = true
 		e.dropConn()
 	}
 	cctx, cancel := context.WithTimeout(ctx, e.t.campaignTimeout)
@@ -237,12 +254,24 @@ func (e *Elector) tryLock(ctx context.Context) (bool, error) {
 		}
 	}
 	if !got {
+		e.sawHolder = true
 		e.good(time.Time{})
 		return false, nil
 	}
 	e.holding = true
+	if e.fenced {
+		// The server may have ended every session at once (a restart, a
+		// failover to a standby), the previous holder's with this one's:
+		// its leader learns it only at its next ping, and its lease,
+		// counted from a ping sent before now, runs for up to Lease more.
+		// Lead once it has run out.
+		e.mu.Lock()
+		e.leadFrom = time.Now().Add(e.t.lease)
+		e.mu.Unlock()
+	}
+	e.sawHolder, e.fenced = false, false
 	e.good(sent.Add(e.t.lease))
-	return true, nil
+	return e.IsLeader(), nil
 }
 
 func (e *Elector) try(ctx context.Context) (bool, error) {
@@ -340,6 +369,7 @@ func (e *Elector) dropConn() {
 	defer cancel()
 	_ = e.conn.Close(ctx)
 	e.conn, e.holding = nil, false
+	e.fenced = e.fenced || e.sawHolder
 }
 
 // Resign gives the lock up (closing its connection), so another instance

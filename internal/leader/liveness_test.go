@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/llmfailover/caddy-llm-failover/internal/faultproxy"
 )
 
@@ -235,4 +237,53 @@ func backendPID(e *Elector) uint32 {
 		return 0
 	}
 	return e.conn.PgConn().PID()
+}
+
+// A database restart, or a failover to a standby, ends every session at
+// once, not after SessionTimeout of silence: the lock is free as soon as
+// the server is back, and a follower takes it at its next campaign,
+// while the old leader learns of it only at its next ping (PingEvery
+// later, PingTimeout more when that ping hangs on a dead primary), its
+// lease, counted from its last ping, still running. Two instances must
+// never lead at the same time (the package's promise, which the fleet's
+// single prober rests on).
+func TestServerRestartNeverMakesTwoLeaders(t *testing.T) {
+	dsn := testDSN(t)
+	ctx := context.Background()
+	key := rand.Int64()
+	old := newElector(dsn, key, fast)
+	defer old.Resign()
+	next := newElector(dsn, key, fast)
+	defer next.Resign()
+	if lead, err := old.Campaign(ctx); !lead || err != nil {
+		t.Fatalf("first campaign: %v %v", lead, err)
+	}
+	if lead, err := next.Campaign(ctx); lead || err != nil {
+		t.Fatalf("follower's campaign: %v %v", lead, err)
+	}
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	// What a restart does to the electors' sessions (and only to theirs:
+	// the test's server is shared).
+	for _, e := range []*Elector{old, next} {
+		if _, err := admin.Exec(ctx, "SELECT pg_terminate_backend($1)", backendPID(e)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The follower campaigns on; the old leader does not ping meanwhile
+	// (its next ping is not due, or it hangs until PingTimeout).
+	deadline := time.Now().Add(fast.lease + time.Second)
+	for time.Now().Before(deadline) {
+		_, _ = next.Campaign(ctx)
+		if leads(next) && leads(old) {
+			t.Fatal("two leaders: the follower took the freed lock while the old leader's lease still ran")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !leads(next) {
+		t.Fatalf("the follower does not lead %s after the restart: %v", fast.lease+time.Second, errOf(next))
+	}
 }
