@@ -89,8 +89,11 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 // twice.
 func TestPostgresSettlementLostWhileTheServerRunsItIsChargedOnce(t *testing.T) {
 	const credit = 1_000_000
-	// A lock_timeout long enough for the statement to wait out the lock.
-	s, proxy, _, dsn := faultyPG(t, Options{}, "lock_timeout", "20000")
+	// A lock_timeout long enough for the statement to wait out the lock,
+	// and a name of its own for the store's sessions: other packages'
+	// tests run settlement batches on the same server at the same time.
+	app := "settle-lost-" + testReservationID()
+	s, proxy, _, dsn := faultyPG(t, Options{}, "lock_timeout", "20000", "application_name", app)
 	mustAccount(t, s, "a", credit)
 	warm := reserveAll(t, s, "warm", 1, "a")
 	settleAll(t, s, warm, 10*time.Second)
@@ -116,7 +119,7 @@ func TestPostgresSettlementLostWhileTheServerRunsItIsChargedOnce(t *testing.T) {
 	defer watcher.Close(ctx)
 	// waiting answers the sessions whose settlement batch waits for the lock.
 	waiting := func() []int64 {
-		rows, err := watcher.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%AS j(account_id, charged)%'`)
+		rows, err := watcher.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%AS j(account_id, charged)%' AND application_name = $1`, app)
 		if err != nil {
 			t.Fatal(err)
 		}
