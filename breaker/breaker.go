@@ -379,6 +379,9 @@ type Snapshot struct {
 	Calls            int
 	Opened           uint64
 	TrialsInFlight   int
+	// Available: a request may be sent now (closed, or half-open with a
+	// trial slot free), as Available reports.
+	Available bool
 }
 
 // Snapshot returns the breaker's status at now.
@@ -402,6 +405,7 @@ func (b *Breaker) Snapshot(now time.Time) Snapshot {
 		s.RetryIn = time.Duration(blocked - n)
 	}
 	s.SuccessRate, s.Calls = b.outcomes.successRate()
+	s.Available = s.State == Closed || (s.State == HalfOpen && b.inFlight < b.cfg.Trials)
 	return s
 }
 

@@ -16,7 +16,7 @@ import (
 var (
 	requestsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "llm_failover", Name: "requests_total",
-		Help: "Requests by model and how they ended: served, broken (a committed stream that ended in an error), exhausted, unavailable, client_gone.",
+		Help: "Requests by model and how they ended: served, broken (a committed stream that ended in an error), exhausted, unavailable, passed (an upstream's error answer passed back), refused (by the wallet: 401, 402, 503), client_gone.",
 	}, []string{"model", "outcome"})
 	attemptsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "llm_failover", Name: "attempts_total",

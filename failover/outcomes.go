@@ -93,6 +93,14 @@ func (e *Engine) recordServed(x *exchange, res attemptResult) {
 	case broken: // the client saw its stream end in an error
 		requestsTotal.WithLabelValues(x.req.Model, "broken").Inc()
 		x.trace.brokeOff(res)
+	case passed:
+		if res.status >= 400 {
+			// An upstream's error answer passed back: the client got
+			// an error, not an answer.
+			requestsTotal.WithLabelValues(x.req.Model, "passed").Inc()
+			break
+		}
+		requestsTotal.WithLabelValues(x.req.Model, "served").Inc()
 	default:
 		requestsTotal.WithLabelValues(x.req.Model, "served").Inc()
 	}

@@ -50,6 +50,11 @@ func TestRequestsTotalCountsHowRequestsEnded(t *testing.T) {
 	}{
 		{"served", fu.OK(), true, "served", "broken"},
 		{"broken", fu.CutMidStream(), true, "broken", "served"},
+		// An upstream's error passed back (a channel whose key is wrong
+		// answers 401 to everyone): the page counts a client error, never
+		// a success; nor may requests_total count it served.
+		{"passed", fu.Status(401, fu.OpenAIErrorBody("Incorrect API key provided", "invalid_request_error", "invalid_api_key")),
+			false, "passed", "served"},
 	} {
 		e := testEngine(t, testPlan(t, Options{}, nil, testChannel{name: uniqueName(tc.name), url: upstream(t, tc.answer).URL}))
 		before, other := count(tc.outcome), count(tc.notCount)

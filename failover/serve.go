@@ -112,6 +112,12 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) error {
 	if e.wallet != nil {
 		var refusal *provider.Error
 		if x.bill, refusal = e.wallet.admit(x, e.mayResume(x)); refusal != nil {
+			// What the client got, as any other ending: a model whose
+			// every request the wallet refuses (a price no balance
+			// covers, a store that is down) is not a model with no
+			// traffic.
+			requestsTotal.WithLabelValues(x.req.Model, "refused").Inc()
+			e.recordFailed(x, refusal.Status, string(reasonStatus))
 			return e.refuse(x, *refusal)
 		}
 		// Whatever happens from here on, the reservation is settled or
@@ -152,7 +158,15 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) error {
 	if end.answered {
 		res := end.res
 		if x.resume.pending() {
+			// The client's first content came with the attempt that
+			// broke, not with its continuation's (each try starts its
+			// own): the model's time to first content is what its
+			// client waited.
+			firstContent := x.committedAt
 			res = e.resume(x, end.rest, res)
+			if !firstContent.IsZero() {
+				x.committedAt = firstContent
+			}
 		}
 		e.rememberCachedChannel(x, res)
 		e.recordServed(x, res)

@@ -50,3 +50,44 @@ func TestChannelIncidentEndsWhenTheBreakerClosesByTheClock(t *testing.T) {
 		}
 	}
 }
+
+// A model incident is an outage its clients have: it lasts until one of
+// its channels works again. Reading the page while the model's only
+// channel is half-open by the clock (its cooldown over, no trial sent
+// yet) must not end it: the trial may fail, and then the same outage
+// would start a second incident, so that how many incidents an outage
+// shows depends on how often someone looked.
+func TestModelIncidentNotEndedByAPageViewWhileHalfOpen(t *testing.T) {
+	now := time.Now()
+	ch := &Channel{Name: "only", Breaker: breaker.New(breaker.Config{Failures: 1, Window: time.Minute, Cooldown: time.Second, Trials: 1}),
+		Latency: latency.NewLearner()}
+	m, err := chain.New("m", chain.Cost, 1, []chain.Route{{Channel: 0, Name: ch.Name}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &App{logger: zap.NewNop(), status: &statusState{history: history.NewRecorder(), journal: journal.New(journal.DefaultSize),
+		since: map[string]time.Time{}, started: now}}
+	a.channels = []*registeredChannel{{ch: ch}}
+	a.Model(Model{Chain: m, Channels: []*Channel{ch}})
+
+	tr := ch.Breaker.RecordFailure(now)
+	if tr != (breaker.Transition{From: breaker.Closed, To: breaker.Open}) {
+		t.Fatalf("transition %+v, want closed->open", tr)
+	}
+	a.transitioned(ch, tr, "status")
+
+	halfOpen := now.Add(2 * time.Second) // past the cooldown, within the window
+	v := a.statusView(halfOpen, "t", false)
+	if got := v.Models[0].Channels[0].State; got != breaker.HalfOpen.String() {
+		t.Fatalf("channel state %s, want half_open", got)
+	}
+	ongoing := 0
+	for _, in := range v.Incidents {
+		if in.Kind == history.ScopeModel && in.Subject == "m" && in.Ongoing {
+			ongoing++
+		}
+	}
+	if ongoing != 1 {
+		t.Errorf("reading the page while the only channel waits for its trial ended the model's outage: %+v", v.Incidents)
+	}
+}

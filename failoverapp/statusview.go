@@ -350,7 +350,10 @@ func (a *App) statusView(now time.Time, title string, hide bool) StatusView {
 			cv.LastFailure = st.history.LastChannelFailure(r.Route.Name)
 			status, doing, until := channelCondition(r.Health, cv.Windows[5*time.Minute])
 			since := st.stateSince(r.Route.Name)
-			if r.Health.State == breaker.Closed || r.Health.State == breaker.HalfOpen {
+			if r.Health.Available {
+				// Closed, or half-open with a trial slot free: a
+				// half-open channel whose trials are all under way may
+				// be sent nothing, and every other request is refused.
 				working = true
 			} else if since.After(lastOut) {
 				lastOut = since
@@ -460,7 +463,11 @@ func (a *App) endRemoved(snap Snapshot, now time.Time) {
 	for _, m := range snap.Models {
 		w := working[m.Name]
 		for _, r := range m.Routes {
-			w = w || r.Health.State == breaker.Closed || r.Health.State == breaker.HalfOpen
+			// Closed only: a channel half-open by the clock has not
+			// shown that it works (its trial may fail and trip it
+			// again, the same outage), and one whose trial succeeds
+			// reports its close by a transition.
+			w = w || r.Health.State == breaker.Closed
 		}
 		working[m.Name] = w
 	}

@@ -150,3 +150,37 @@ func TestStatusViewShowsLearnedDeadlines(t *testing.T) {
 		t.Errorf("a public page shows learned deadlines: %s", hidden)
 	}
 }
+
+// A model is down while none of its channels may be sent anything: a
+// half-open channel whose trial slots are all taken (its trial is under
+// way, every other request is refused with 503) is no working channel.
+// The model must not read operational then, beside its own ongoing "no
+// working channel" incident.
+func TestStatusViewModelDownWhileItsTrialSlotIsTaken(t *testing.T) {
+	now := time.Now()
+	ch := &Channel{Name: "only", Breaker: breaker.New(breaker.Config{Failures: 1, Window: time.Minute, Cooldown: time.Second, Trials: 1}),
+		Latency: latency.NewLearner()}
+	m, err := chain.New("m", chain.Cost, 1, []chain.Route{{Channel: 0, Name: ch.Name}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &App{logger: zap.NewNop(), status: &statusState{history: history.NewRecorder(), journal: journal.New(journal.DefaultSize),
+		since: map[string]time.Time{}, started: now}}
+	a.channels = []*registeredChannel{{ch: ch}}
+	a.Model(Model{Chain: m, Channels: []*Channel{ch}})
+	a.transitioned(ch, ch.Breaker.RecordFailure(now), "status")
+
+	trial := now.Add(2 * time.Second)
+	ticket, ok := ch.Breaker.Admit(trial)
+	if !ok || !ticket.Trial() {
+		t.Fatalf("no trial admitted after the cooldown")
+	}
+	defer ticket.Done()
+	if ch.Breaker.Available(trial) {
+		t.Fatal("the breaker admits more than its one trial")
+	}
+	v := a.statusView(trial, "t", false)
+	if got := v.Models[0].Status; got != StatusDown {
+		t.Errorf("model %s while its only channel's one trial slot is taken, want down", got)
+	}
+}

@@ -75,13 +75,41 @@ func (s *series) ring(res Resolution) *ring {
 // Track makes the recorder keep, besides its rollups, what each bucket
 // gained since the last TakeChanges, for a store to flush. Without Track
 // nothing is kept.
+//
+// The first Track(true) also makes pending what was recorded before: a
+// reload that gives a running gateway its first store hands the store
+// the history the page showed, which the page reads from the store from
+// then on. (A later one does not: that history went to a store already.)
 func (r *Recorder) Track(on bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !on {
 		r.changes = nil
-	} else if r.changes == nil {
-		r.changes = map[deltaKey]*Counts{}
+		return
+	}
+	if r.changes != nil {
+		return
+	}
+	r.changes = map[deltaKey]*Counts{}
+	if r.tracked {
+		return
+	}
+	r.tracked = true
+	for _, sc := range []struct {
+		scope  string
+		series map[string]*series
+	}{{ScopeChannel, r.channels}, {ScopeModel, r.models}} {
+		for name, s := range sc.series {
+			for _, res := range Resolutions {
+				rg := s.ring(res)
+				for i := range rg.buckets {
+					if b := &rg.buckets[i]; b.start != 0 {
+						c := b.Counts
+						r.changes[deltaKey{sc.scope, name, res, b.start}] = &c
+					}
+				}
+			}
+		}
 	}
 }
 

@@ -369,3 +369,31 @@ func TestEndUnless(t *testing.T) {
 		t.Errorf("%d incidents, want 5", got)
 	}
 }
+
+// The first store a history is given gets what it recorded before (a
+// reload that adds a store to a running gateway): the page reads the
+// store from then on, and must not lose the history it showed. A store
+// given later gets only what came after: the rest went to a store
+// already.
+func TestFirstTrackHandsOverThePast(t *testing.T) {
+	r := NewRecorder()
+	r.Record(Attempt{At: t0, Model: "m", Channel: "a", Class: Success})
+	r.Record(Attempt{At: t0, Model: "m", Channel: "a", Class: Down, Reason: "status"})
+	r.Served(Attempt{At: t0, Model: "m", Class: Success})
+	r.Track(true)
+	got := map[string]int64{}
+	for _, d := range r.TakeChanges() {
+		got[d.Scope+"/"+string(d.Res)] += d.Attempts
+	}
+	want := map[string]int64{"channel/m": 2, "channel/h": 2, "channel/d": 2, "model/m": 1, "model/h": 1, "model/d": 1}
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("pending %s: %d attempts, want %d (all: %v)", k, got[k], w, got)
+		}
+	}
+	r.Track(false)
+	r.Track(true)
+	if ds := r.TakeChanges(); len(ds) != 0 {
+		t.Errorf("a second store is handed the past again: %+v", ds)
+	}
+}

@@ -47,6 +47,9 @@ type Recorder struct {
 	// changes is what each bucket gained since a store last took them;
 	// nil unless Track.
 	changes map[deltaKey]*Counts
+	// tracked: Track was ever on, so what was recorded before went to a
+	// store (or had its chance to).
+	tracked bool
 }
 
 // streak is a channel's run of failed attempts.

@@ -110,3 +110,38 @@ http://localhost:%d {
 		t.Fatalf("sqA with one more attempt: %+v", w)
 	}
 }
+
+// A reload that gives a running gateway a history store keeps what the
+// page showed: the requests this instance served before are its history
+// still (docs/operations.md: the history "survives caddy reload"), not
+// gone from every window and bar because the page now reads the store,
+// which holds only what was recorded after the reload.
+func TestStatusHistoryKeptWhenAReloadAddsAStore(t *testing.T) {
+	a := upstream(t, fu.OKNamed("primary"))
+	b := upstream(t, fu.OKNamed("backup"))
+	prefix := uniqueName("hs")
+	// A gateway that never had a store: a config without llm_failover
+	// first drops the history the earlier tests' configs (and stores)
+	// kept in this process.
+	tc := caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: adminPort})
+	tc.InitServer(testGlobals("")+fmt.Sprintf("http://localhost:%d {\n\trespond \"down for maintenance\"\n}\n", httpPort), "caddyfile")
+	statusGateway(t, prefix, a.URL, b.URL, "failures 60")
+	for range 3 {
+		if got := chatStatus(t, prefix+"m"); got != 200 {
+			t.Fatalf("status %d", got)
+		}
+	}
+	waitFor(t, 5*time.Second, "three attempts on the page", func() bool {
+		return channelWindow(t, fetchStatus(t, adminURL+"/llm_failover/status"), prefix+"A", "5m").Attempts == 3
+	})
+
+	db := filepath.Join(t.TempDir(), "h.db")
+	tc.InitServer(withHistory(statusConfig(prefix, a.URL, b.URL, "failures 60"), "sqlite "+db), "caddyfile")
+	v := fetchStatus(t, adminURL+"/llm_failover/status")
+	if w := channelWindow(t, v, prefix+"A", "5m"); w.Attempts != 3 || w.Successes != 3 {
+		t.Errorf("%sA after the reload that added a store: %+v, want the 3 attempts it had", prefix, w)
+	}
+	if _, w := statusModel(t, v, prefix+"m"); w["24h"].Attempts != 3 {
+		t.Errorf("model after the reload that added a store: %+v, want its 3 requests", w["24h"])
+	}
+}
