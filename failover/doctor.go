@@ -142,7 +142,7 @@ func checkExchange(ctx context.Context, m *Model, api provider.API, stream bool,
 	if m.Probe != nil {
 		maxTokens = m.Probe.MaxTokens
 	}
-	path, hdr, body, err := provider.ProbeRequest(api, m.Name, "Say OK.", maxTokens, stream)
+	path, hdr, body, err := provider.ProbeRequest(api, m.Name, "Say OK.", maxTokens, stream, false)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -51,7 +51,9 @@ func (e *Engine) probeMaxCost(m *Model, route *chain.Route) wallet.Micros {
 	if !ok {
 		return 0
 	}
-	_, _, body, err := provider.ProbeRequest(api, m.Name, m.Probe.Prompt, m.Probe.MaxTokens, true)
+	// The longer limit field (max_completion_tokens), so that the bound
+	// covers a probe written with either.
+	_, _, body, err := provider.ProbeRequest(api, m.Name, m.Probe.Prompt, m.Probe.MaxTokens, true, true)
 	if err != nil {
 		return 0
 	}
@@ -106,7 +108,9 @@ func (p prober) Probe(ctx context.Context, c probe.Route) (probe.Result, bool) {
 func (e *Engine) probeChannel(ctx context.Context, m *Model, route *chain.Route) (res probe.Result, sent bool) {
 	ch := e.channels[route.Channel]
 	api, _ := probeAPI(ch, m, route)
-	path, hdr, body, err := provider.ProbeRequest(api, m.Name, m.Probe.Prompt, m.Probe.MaxTokens, true)
+	model := upstreamModel(route, m.Name)
+	completionTokens := ch.health.UsesCompletionTokens(model)
+	path, hdr, body, err := provider.ProbeRequest(api, m.Name, m.Probe.Prompt, m.Probe.MaxTokens, true, completionTokens)
 	if err != nil {
 		e.logger.Error("building a probe", zap.String("channel", ch.Name), zap.Error(err))
 		return probe.Result{Outcome: probe.ConfigError, Reason: err.Error()}, true
@@ -116,7 +120,8 @@ func (e *Engine) probeChannel(ctx context.Context, m *Model, route *chain.Route)
 		return probe.Result{Outcome: probe.ConfigError, Reason: err.Error()}, true
 	}
 	r.Header = hdr
-	x := newExchange(&probeWriter{header: http.Header{}}, r, api, modeSynthetic)
+	w := &probeWriter{header: http.Header{}}
+	x := newExchange(w, r, api, modeSynthetic)
 	x.model = m
 	x.body, _ = api.AskUsage(body, provider.Request{}) // the probe pays for what it used
 	if x.req, err = api.ParseRequest(x.body); err != nil {
@@ -144,6 +149,14 @@ func (e *Engine) probeChannel(ctx context.Context, m *Model, route *chain.Route)
 	end := e.walk(x, []*chain.Route{route}, nil, began.Add(min(e.opts.Deadline, m.Probe.Interval)))
 	if x.attempts == 0 {
 		return probe.Result{}, false
+	}
+	if !completionTokens && api == provider.OpenAIChat && provider.WantsCompletionTokens(w.status, w.refusal) &&
+		ch.health.LearnCompletionTokens(model) {
+		// A reasoning model of OpenAI's or Azure's refuses max_tokens:
+		// its checks give max_completion_tokens from now on, this one
+		// at once (not recorded: it said nothing of the channel).
+		e.logger.Info("probes of this model give their limit as max_completion_tokens", zap.String("channel", ch.Name), zap.String("model", model))
+		return e.probeChannel(ctx, m, route)
 	}
 	res.Outcome, res.Reason = probeOutcome(end)
 	if meter := x.meter; meter != nil {
@@ -199,7 +212,13 @@ func probeOutcome(end walkEnd) (probe.Outcome, string) {
 type probeWriter struct {
 	header http.Header
 	status int
+	// refusal is the start of an error answer's body (at most
+	// maxProbeRefusal), for what it asks of the next check.
+	refusal []byte
 }
+
+// maxProbeRefusal bounds what a probeWriter keeps of an error answer.
+const maxProbeRefusal = 4 << 10
 
 func (w *probeWriter) Header() http.Header { return w.header }
 func (w *probeWriter) WriteHeader(code int) {
@@ -210,6 +229,9 @@ func (w *probeWriter) WriteHeader(code int) {
 
 func (w *probeWriter) Write(p []byte) (int, error) {
 	w.WriteHeader(http.StatusOK)
+	if w.status >= 400 && len(w.refusal) < maxProbeRefusal {
+		w.refusal = append(w.refusal, p[:min(len(p), maxProbeRefusal-len(w.refusal))]...)
+	}
 	return len(p), nil
 }
 

@@ -1,7 +1,12 @@
 package failover
 
 import (
+	"bytes"
 	"context"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -110,5 +115,47 @@ func TestProbeNotSentIsNoSkippedRequest(t *testing.T) {
 	hits(t, up, 0)
 	if n := testutil.ToFloat64(channelSkipped.WithLabelValues(name)); n != 0 {
 		t.Errorf("channel_skipped_total counts %v probe(s) as requests that skipped the channel", n)
+	}
+}
+
+// OpenAI's and Azure's reasoning models refuse a chat request's
+// max_tokens ("Use 'max_completion_tokens' instead."): a probe that gets
+// that answer asks again at once with max_completion_tokens, passes, and
+// the channel's later probes of the model ask so from the start.
+func TestProbeLearnsMaxCompletionTokens(t *testing.T) {
+	var sent []string
+	var mu sync.Mutex
+	up := upstream(t, fu.BehaviorFunc(func(w http.ResponseWriter, r *http.Request, _ int64) {
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		sent = append(sent, string(body))
+		mu.Unlock()
+		if bytes.Contains(body, []byte(`"max_tokens"`)) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, `{"error":{"message":"Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.","type":"invalid_request_error","param":"max_tokens","code":"unsupported_parameter"}}`)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		fu.OK().Serve(w, r, 0)
+	}))
+	e := testEngine(t, testPlan(t, Options{}, func(m *Model) {
+		plan, err := probe.NewPlan(time.Minute, 0, "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Probe = &plan
+	}, testChannel{name: uniqueName("gpt5"), url: up.URL}))
+	routes := prober{e}.Routes()
+	for i := range 2 {
+		res, ok := (prober{e}).Probe(context.Background(), routes[0])
+		if !ok || res.Outcome != probe.Passed {
+			t.Fatalf("probe %d: %+v (sent %v)", i+1, res, ok)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sent) != 3 || !strings.Contains(sent[0], `"max_tokens"`) || !strings.Contains(sent[1], `"max_completion_tokens"`) || !strings.Contains(sent[2], `"max_completion_tokens"`) {
+		t.Fatalf("the upstream got %d probes: %q", len(sent), sent)
 	}
 }

@@ -51,6 +51,9 @@ type Channel struct {
 	// prefill here: they are asked in the instructed form from then on,
 	// across reloads, instead of paying a refused request per resume.
 	noPrefill sync.Map // upstream model → struct{}
+	// completionTokens holds the upstream models whose checks must give
+	// their limit as max_completion_tokens (they refused max_tokens).
+	completionTokens sync.Map // upstream model → struct{}
 }
 
 // RefusesPrefill reports whether the channel's model refused a prefill.
@@ -74,6 +77,20 @@ func (c *Channel) noPrefillModels() []string {
 // it reports whether this was news.
 func (c *Channel) LearnRefusesPrefill(model string) bool {
 	_, known := c.noPrefill.LoadOrStore(model, struct{}{})
+	return !known
+}
+
+// UsesCompletionTokens reports whether the channel's model refused a
+// check's max_tokens for max_completion_tokens (provider.WantsCompletionTokens).
+func (c *Channel) UsesCompletionTokens(model string) bool {
+	_, ok := c.completionTokens.Load(model)
+	return ok
+}
+
+// LearnCompletionTokens records that the channel's model wants
+// max_completion_tokens; it reports whether this was news.
+func (c *Channel) LearnCompletionTokens(model string) bool {
+	_, known := c.completionTokens.LoadOrStore(model, struct{}{})
 	return !known
 }
 

@@ -1,6 +1,7 @@
 package provider
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -38,9 +39,12 @@ func ProbeAPI(a Adapter, model string) (API, bool) {
 // output, streamed or not. Reasoning is kept to what the API does by
 // default with no reasoning parameter: none on Anthropic (thinking is
 // opt-in), the model's own default on OpenAI-style hosts, whose
-// non-reasoning models refuse reasoning_effort. header holds what a
+// non-reasoning models refuse reasoning_effort. On OpenAI chat the limit
+// is max_tokens, which every host knows, or max_completion_tokens when
+// completionTokens is set: OpenAI's and Azure's reasoning models (o-series,
+// GPT-5) refuse max_tokens (WantsCompletionTokens). header holds what a
 // client would send.
-func ProbeRequest(api API, model, prompt string, maxTokens int, stream bool) (path string, header http.Header, body []byte, err error) {
+func ProbeRequest(api API, model, prompt string, maxTokens int, stream, completionTokens bool) (path string, header http.Header, body []byte, err error) {
 	header = http.Header{"Content-Type": {"application/json"}}
 	msgs := []map[string]string{{"role": "user", "content": prompt}}
 	var v any
@@ -51,13 +55,20 @@ func ProbeRequest(api API, model, prompt string, maxTokens int, stream bool) (pa
 		if stream {
 			opts = map[string]bool{"include_usage": true}
 		}
+		// One limit field or the other, never both (omitempty); a check
+		// always has a limit (maxTokens > 0).
+		mt, mct := maxTokens, 0
+		if completionTokens {
+			mt, mct = 0, maxTokens
+		}
 		v = struct {
-			Model         string              `json:"model"`
-			Messages      []map[string]string `json:"messages"`
-			MaxTokens     int                 `json:"max_tokens"`
-			Stream        bool                `json:"stream,omitempty"`
-			StreamOptions map[string]bool     `json:"stream_options,omitempty"`
-		}{model, msgs, maxTokens, stream, opts}
+			Model               string              `json:"model"`
+			Messages            []map[string]string `json:"messages"`
+			MaxTokens           int                 `json:"max_tokens,omitempty"`
+			MaxCompletionTokens int                 `json:"max_completion_tokens,omitempty"`
+			Stream              bool                `json:"stream,omitempty"`
+			StreamOptions       map[string]bool     `json:"stream_options,omitempty"`
+		}{model, msgs, mt, mct, stream, opts}
 	case AnthropicMessages:
 		path = "/v1/messages"
 		header.Set("Anthropic-Version", anthropicVersion)
@@ -72,4 +83,13 @@ func ProbeRequest(api API, model, prompt string, maxTokens int, stream bool) (pa
 	}
 	body, err = json.Marshal(v)
 	return path, header, body, err
+}
+
+// WantsCompletionTokens reports whether an upstream's answer to a check
+// (its status and the start of its body) refuses max_tokens for
+// max_completion_tokens, as OpenAI and Azure answer for their reasoning
+// models: "Unsupported parameter: 'max_tokens' is not supported with this
+// model. Use 'max_completion_tokens' instead."
+func WantsCompletionTokens(status int, body []byte) bool {
+	return status == http.StatusBadRequest && bytes.Contains(body, []byte("max_completion_tokens")) && bytes.Contains(body, []byte("max_tokens"))
 }
