@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/llmfailover/caddy-llm-failover/failoverapp"
 	fu "github.com/llmfailover/caddy-llm-failover/internal/faultupstream"
 	"github.com/llmfailover/caddy-llm-failover/wallet"
 )
@@ -103,5 +104,22 @@ func TestWalletPanicInHedgedRaceReleasesBothReservations(t *testing.T) {
 	})
 	if acct.Reserved != 0 {
 		t.Fatalf("reservation leaked: reserved %s", acct.Reserved)
+	}
+}
+
+// A panic mid-request must give back the bytes it counted against the
+// memory budget too: an answer read whole, and what the stream gate held
+// before commit. The budget is the process's and outlives the request:
+// bytes never given back shrink it for good, until every attempt is
+// refused 503 as if the gateway held max_held_bytes.
+func TestPanicReleasesHeldBytes(t *testing.T) {
+	up := upstream(t, fu.OKNamed("a"))
+	e := testEngine(t, testPlan(t, Options{}, nil, testChannel{name: uniqueName("hpanic"), url: up.URL}))
+	for _, stream := range []bool{false, true} {
+		before := failoverapp.HeldBytes()
+		serveToPanickingWriter(t, e, "unused", stream)
+		if held := failoverapp.HeldBytes() - before; held != 0 {
+			t.Errorf("stream %v: %d bytes still counted as held after the request panicked", stream, held)
+		}
 	}
 }

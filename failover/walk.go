@@ -203,12 +203,16 @@ func (e *Engine) try(x *exchange, route *chain.Route, ticket breaker.Ticket, bud
 	var res attemptResult
 	x.trace.startAttempt(x, e.channels[route.Channel], route, ticket)
 	defer func() { x.trace.endAttempt(x, res, e.secrets) }()
-	if x.drill != nil && route.Name == x.drill.failed {
-		res = retryWith(&failure{reason: reasonDrill})
-	} else {
-		res = e.attempt(x, route, budget)
-	}
-	x.releaseHeld()
+	func() {
+		// Given back however the attempt ends, panics included: the
+		// memory budget is the process's, and outlives this request.
+		defer x.releaseHeld()
+		if x.drill != nil && route.Name == x.drill.failed {
+			res = retryWith(&failure{reason: reasonDrill})
+		} else {
+			res = e.attempt(x, route, budget)
+		}
+	}()
 	e.scrubFailure(res.fail)
 	switch x.mode {
 	case modeDrill:

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -236,5 +237,81 @@ func TestTwoThousandStreamsWaitingForTheirFirstToken(t *testing.T) {
 	wg.Wait()
 	if complete != streams {
 		t.Fatalf("%d of %d streams complete; statuses %v", complete, streams, statuses)
+	}
+}
+
+// A stream held by the gate counts what it holds against max_held_bytes,
+// and the count must be what it costs: 30 streams each holding back most
+// of a 1,000 KB line before their first token (a long comment, under the
+// 1 MiB a line may have) count 30 MB, and the heap must not grow by much
+// more. The parser keeps its own copy of the unfinished line besides the
+// bytes held for the client, and that copy was not counted: the heap grew
+// by twice what max_held_bytes was told.
+func TestHeldLinesCountWhatTheyCost(t *testing.T) {
+	const streams, lineKB = 30, 1000
+	release := make(chan struct{})
+	piece := strings.Repeat("p", 16<<10)
+	var written atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, ": ")
+		for range lineKB << 10 / len(piece) {
+			if _, err := io.WriteString(w, piece); err != nil {
+				return
+			}
+		}
+		w.(http.Flusher).Flush()
+		written.Add(1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer up.Close()
+	defer close(release)
+	gatewayWith(t, failoverOption("max_held_bytes 256MiB"), `
+		channel a %s
+		model m {
+			route a
+		}
+		stream_gate 1m
+		auth off
+	`, up.URL)
+
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	heldBefore := failoverapp.HeldBytes()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range streams {
+		wg.Go(func() {
+			res, err := http.DefaultClient.Do(newPost(t, ctx, "/v1/chat/completions", fu.ChatRequest("m", true)))
+			if err == nil {
+				_, _ = io.Copy(io.Discard, res.Body)
+				res.Body.Close()
+			}
+		})
+	}
+	defer func() { cancel(); wg.Wait() }()
+	lines := int64(streams * (lineKB<<10/len(piece)*len(piece) + 2))
+	last := int64(-1)
+	eventually(t, 30*time.Second, "every stream to hold its line", func() bool {
+		held := failoverapp.HeldBytes() - heldBefore
+		settled := written.Load() == streams && held >= lines && held == last
+		last = held
+		time.Sleep(100 * time.Millisecond)
+		return settled
+	})
+	var after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	held := failoverapp.HeldBytes() - heldBefore
+	grown := int64(after.HeapInuse) - int64(before.HeapInuse)
+	t.Logf("%d streams holding a %d KB line: %d KiB counted as held, heap in use grew by %d KiB", streams, lineKB, held>>10, grown>>10)
+	// What a stream costs besides what it holds (its goroutines, its
+	// connections' buffers, the request) is well under 128 KiB.
+	if grown > held+held/4+streams*128<<10 {
+		t.Fatalf("heap in use grew by %d KiB while %d KiB were counted as held", grown>>10, held>>10)
 	}
 }

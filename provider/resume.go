@@ -143,10 +143,13 @@ func (a API) NewTranscript(maxBytes int) *Transcript {
 }
 
 // refuse marks the stream as not continuable; the first reason stays.
+// The text goes: a stream that is never continued needs none of it, and
+// a long one would keep it (up to the cap) for the rest of its life.
 func (t *Transcript) refuse(why string) {
 	if t.why == "" {
 		t.why = why
 	}
+	t.text = strings.Builder{}
 }
 
 // Event records one event the client was sent.

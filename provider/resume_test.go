@@ -3,6 +3,7 @@ package provider
 import (
 	"encoding/json"
 	"errors"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -101,6 +102,38 @@ func TestTranscriptRefuses(t *testing.T) {
 	if OpenAIEmbeddings.NewTranscript(10) != nil {
 		t.Error("embeddings have no stream to continue")
 	}
+}
+
+// A stream that can no longer be continued (here: more text than the
+// cap) needs none of its text, yet went on holding it, up to the cap
+// (16 MiB), for as long as the stream lasts: an endless stream of small
+// deltas kept 24 MiB of heap for its whole life. A refused Transcript
+// lets its text go.
+func TestRefusedTranscriptLetsItsTextGo(t *testing.T) {
+	const streams, capBytes = 16, 1 << 20
+	delta := textDelta(0, strings.Repeat("a", 1000))
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	trs := make([]*Transcript, streams)
+	for i := range trs {
+		trs[i] = AnthropicMessages.NewTranscript(capBytes)
+		trs[i].Event(antEvent("content_block_start", textStart))
+		for range capBytes/1000 + 10 { // past the cap: refused
+			trs[i].Event(delta)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	for _, tr := range trs {
+		if _, _, err := tr.Continue([]byte(`{"messages":[{"role":"user","content":"hi"}]}`), Prefill); err == nil {
+			t.Fatal("a transcript past its cap was continued")
+		}
+	}
+	if grown := int64(after.HeapInuse) - int64(before.HeapInuse); grown > 2<<20 {
+		t.Fatalf("%d refused transcripts still hold %d KiB", streams, grown>>10)
+	}
+	runtime.KeepAlive(trs)
 }
 
 // FuzzTranscript: no event sequence panics, and whatever Continue accepts

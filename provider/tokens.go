@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"sync"
 	"time"
 
@@ -21,12 +23,18 @@ type tokenKeeper struct {
 	logger *zap.Logger
 	cancel context.CancelFunc
 	done   chan struct{}
+	// stopFetches aborts a fetch under way (tokenFetchContext); nil for
+	// a source that fetches nothing over HTTP.
+	stopFetches context.CancelFunc
 
 	mu      sync.Mutex
 	tok     *oauth2.Token
 	prev    string // the access token tok replaced
 	fetched time.Time
 	lastErr error
+	// fetching is closed when the fetch requests asked for ends; nil
+	// when none is under way.
+	fetching chan struct{}
 }
 
 // Refresh timing: a token is refreshed once half its lifetime (at most
@@ -51,7 +59,50 @@ func newTokenKeeper(src oauth2.TokenSource, logger *zap.Logger) *tokenKeeper {
 // stop ends the background refresh and waits for it.
 func (k *tokenKeeper) stop() {
 	k.cancel()
+	if k.stopFetches != nil {
+		k.stopFetches()
+	}
 	<-k.done
+}
+
+// tokenFetchTimeout bounds one token fetch: the oauth2 library's own
+// client (http.DefaultClient) waits on a silent token endpoint for ever.
+const tokenFetchTimeout = 30 * time.Second
+
+// tokenFetchContext is the context a token source is built with: its
+// fetches go through a client bounded by tokenFetchTimeout, and stop
+// aborts the one under way.
+func tokenFetchContext() (ctx context.Context, stop context.CancelFunc) {
+	life, stop := context.WithCancel(context.Background())
+	client := &http.Client{Timeout: tokenFetchTimeout, Transport: boundTransport{life: life}}
+	return context.WithValue(life, oauth2.HTTPClient, client), stop
+}
+
+// boundTransport ends its requests, bodies included, when life ends.
+type boundTransport struct{ life context.Context }
+
+func (b boundTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	ctx, cancel := context.WithCancel(r.Context())
+	unbind := context.AfterFunc(b.life, cancel)
+	end := func() { unbind(); cancel() }
+	res, err := http.DefaultTransport.RoundTrip(r.WithContext(ctx))
+	if err != nil {
+		end()
+		return nil, err
+	}
+	res.Body = boundBody{ReadCloser: res.Body, end: end}
+	return res, nil
+}
+
+type boundBody struct {
+	io.ReadCloser
+	end func()
+}
+
+func (b boundBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.end()
+	return err
 }
 
 func (k *tokenKeeper) run(ctx context.Context) {
@@ -125,20 +176,45 @@ func (k *tokenKeeper) recent() []string {
 	return out
 }
 
-// token returns a token valid for a request sent now.
-func (k *tokenKeeper) token() (string, error) {
-	now := time.Now()
+// token returns a token valid for a request sent now. Without one, it
+// has one fetched, waiting at most as long as ctx: the requests that
+// find none share one fetch (bounded by tokenFetchTimeout), so that a
+// token endpoint gone silent costs one goroutine, not one per request.
+func (k *tokenKeeper) token(ctx context.Context) (string, error) {
 	k.mu.Lock()
-	tok, fetched := k.tok, k.fetched
-	k.mu.Unlock()
-	if usable(tok, fetched, now) {
+	if usable(k.tok, k.fetched, time.Now()) {
+		tok := k.tok
+		k.mu.Unlock()
 		return tok.AccessToken, nil
 	}
-	tok, err := k.fetch()
-	if err != nil {
-		return "", fmt.Errorf("fetching an access token: %w", err)
+	wait := k.fetching
+	if wait == nil {
+		wait = make(chan struct{})
+		k.fetching = wait
+		go func() {
+			_, _ = k.fetch()
+			k.mu.Lock()
+			k.fetching = nil
+			k.mu.Unlock()
+			close(wait)
+		}()
 	}
-	return tok.AccessToken, nil
+	k.mu.Unlock()
+	select {
+	case <-wait:
+	case <-ctx.Done():
+		return "", fmt.Errorf("fetching an access token: %w", context.Cause(ctx))
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if usable(k.tok, k.fetched, time.Now()) {
+		return k.tok.AccessToken, nil
+	}
+	err := k.lastErr
+	if err == nil {
+		err = errNoToken
+	}
+	return "", fmt.Errorf("fetching an access token: %w", err)
 }
 
 func usable(tok *oauth2.Token, fetched, now time.Time) bool {

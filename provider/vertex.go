@@ -59,20 +59,25 @@ func (v *Vertex) Provision(ctx caddy.Context) error {
 		return err
 	}
 	var err error
+	fetchCtx, stopFetches := tokenFetchContext()
 	if v.CredentialsFile != "" {
 		var data []byte
 		if data, err = os.ReadFile(v.CredentialsFile); err != nil {
+			stopFetches()
 			return fmt.Errorf("vertex credentials_file: %w", err)
 		}
-		creds, err = google.CredentialsFromJSONWithType(context.Background(), data, google.ServiceAccount, cloudPlatformScope)
+		creds, err = google.CredentialsFromJSONWithType(fetchCtx, data, google.ServiceAccount, cloudPlatformScope)
 		if err != nil {
+			stopFetches()
 			return fmt.Errorf("vertex credentials_file %s: %w", v.CredentialsFile, err)
 		}
-	} else if creds, err = google.FindDefaultCredentials(context.Background(), cloudPlatformScope); err != nil {
+	} else if creds, err = google.FindDefaultCredentials(fetchCtx, cloudPlatformScope); err != nil {
+		stopFetches()
 		return fmt.Errorf("vertex: no credentials_file and no application default credentials: %w", err)
 	}
 	v.secrets = jsonSecrets(creds.JSON)
 	v.tokens = newTokenKeeper(creds.TokenSource, ctx.Logger())
+	v.tokens.stopFetches = stopFetches
 	return nil
 }
 
@@ -130,7 +135,7 @@ func (v *Vertex) NewRequest(ctx context.Context, c Call) (*http.Request, error) 
 	if v.tokens == nil {
 		return nil, errNotProvisioned
 	}
-	token, err := v.tokens.token()
+	token, err := v.tokens.token(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("vertex: %w", err)
 	}

@@ -20,6 +20,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -342,6 +343,56 @@ func TestVertexProvision(t *testing.T) {
 	}
 	if ts.issued.Load() == 0 {
 		t.Error("no token was fetched")
+	}
+}
+
+// TestVertexTokenEndpointSilent: a token endpoint that takes the
+// connection and never answers (a hung metadata proxy, a black-holed
+// token_uri) must not hold a request past its context, nor Cleanup (a
+// reload) for ever: the token fetch is bounded like any wait on a peer.
+func TestVertexTokenEndpointSilent(t *testing.T) {
+	const email = "gateway@my-proj.iam.gserviceaccount.com"
+	release := make(chan struct{})
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer ts.Close()
+	defer close(release) // before ts.Close, which waits for the handlers
+	saFile, _ := writeServiceAccount(t, ts.URL+"/token", email)
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	v := &Vertex{Project: "my-proj", Region: "us-east5", CredentialsFile: saFile}
+	if err := v.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	body := `{"model":"claude","max_tokens":1}`
+	reqCtx, reqCancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer reqCancel()
+	built := make(chan error, 1)
+	go func() {
+		_, err := v.NewRequest(reqCtx, Call{
+			API: AnthropicMessages, Base: mustURL(t, v.DefaultBaseURL()),
+			Client: clientRequest(t, "http://gw.local/v1/messages", body, nil), Body: []byte(body), Request: mustParse(t, []byte(body)),
+		})
+		built <- err
+	}()
+	select {
+	case err := <-built:
+		if err == nil {
+			t.Error("built a request without a token")
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("NewRequest still waits on the silent token endpoint 5s after its context ended")
+	}
+	cleaned := make(chan struct{})
+	go func() { _ = v.Cleanup(); close(cleaned) }()
+	select {
+	case <-cleaned:
+	case <-time.After(5 * time.Second):
+		t.Error("Cleanup still waits on the silent token endpoint after 5s")
 	}
 }
 

@@ -97,3 +97,43 @@ func TestRelayHoldCommitsWhenTheBudgetIsSpent(t *testing.T) {
 		t.Fatalf("held %d at the end, %d at most", held, most)
 	}
 }
+
+// panicDown is a client whose every Write panics, standing in for any
+// bug that blows up a request as its stream commits.
+type panicDown struct{ *fakeDown }
+
+func (panicDown) Write([]byte) (int, error) { panic("boom") }
+
+// A panic on the Relay goroutine (here the client's Write, as the held
+// preamble goes out at commit) must still give back what the stream
+// counted against the caller's budget: the budget is the process's, and
+// bytes never given back shrink it for good.
+func TestRelayPanicGivesBackWhatWasHeld(t *testing.T) {
+	b := &budget{limit: 1 << 20}
+	preamble := sse(shapes.ChatRole) + ": keep-alive\n\n"
+	u := newUpstream()
+	panicked := make(chan any, 1)
+	go func() {
+		defer func() { panicked <- recover() }()
+		Relay(u.pr, u.cancel, panicDown{newFakeDown()}, gate(provider.OpenAIChat, Options{Hold: b.hold}))
+	}()
+	_, _ = u.pw.Write([]byte(preamble))
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if h, _ := b.state(); h == int64(len(preamble)) {
+			break
+		}
+	}
+	go func() { _, _ = u.pw.Write([]byte(sse(shapes.ChatContent))) }()
+	select {
+	case p := <-panicked:
+		if p == nil {
+			t.Fatal("Relay returned without the client's panic")
+		}
+	case <-time.After(waitLimit):
+		t.Fatal("Relay did not return")
+	}
+	u.pr.Close()
+	if h, most := b.state(); h != 0 {
+		t.Fatalf("%d bytes (of %d at most) still counted after Relay panicked", h, most)
+	}
+}

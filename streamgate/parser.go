@@ -187,6 +187,10 @@ func (p *Parser) Finish(inspect func(Event)) bool {
 // (MaxEvent once the line grew past it).
 func (p *Parser) LineLen() int { return len(p.line) }
 
+// Buffered is how many bytes the parser holds of the line and the event
+// in progress: its own copies, besides whatever its caller keeps of them.
+func (p *Parser) Buffered() int { return len(p.line) + len(p.data) }
+
 func (p *Parser) appendLine(b []byte) {
 	if p.lineOver {
 		return

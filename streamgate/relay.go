@@ -422,6 +422,12 @@ func Relay(src io.Reader, cancel context.CancelCauseFunc, dst Downstream, opts O
 	r.mu.Lock()
 	r.gate = time.AfterFunc(r.opts.GateTimeout, r.onGate)
 	r.mu.Unlock()
+	defer func() {
+		if p := recover(); p != nil {
+			r.abandon()
+			panic(p)
+		}
+	}()
 
 	committed := false
 	for {
@@ -437,15 +443,7 @@ func Relay(src io.Reader, cancel context.CancelCauseFunc, dst Downstream, opts O
 			if committed {
 				stop = r.forward(buf[:n])
 			} else {
-				r.mu.Lock()
-				if stallOn && r.committed {
-					// Committed by the gate timer during this Read: the
-					// wait since commit counts towards a content stall.
-					r.readWait.Add(r.now() - max(since, r.committedAt))
-				}
-				stop = r.hold(buf[:n])
-				committed = r.committed
-				r.mu.Unlock()
+				stop, committed = r.holdRead(buf[:n], since, stallOn)
 			}
 			if stop {
 				return r.finish(nil)
@@ -464,6 +462,39 @@ func Relay(src io.Reader, cancel context.CancelCauseFunc, dst Downstream, opts O
 }
 
 func (r *relay) now() int64 { return int64(time.Since(r.start)) + 1 }
+
+// holdRead handles a chunk read before commit, under r.mu (released
+// however it ends, panics included); it reports whether the relay must
+// stop and whether the stream is committed now.
+func (r *relay) holdRead(c []byte, since int64, stallOn bool) (stop, committed bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if stallOn && r.committed {
+		// Committed by the gate timer during this Read: the wait since
+		// commit counts towards a content stall.
+		r.readWait.Add(r.now() - max(since, r.committedAt))
+	}
+	stop = r.hold(c)
+	return stop, r.committed
+}
+
+// abandon ends the relay's hold on resources: the timers stopped, and
+// what was counted against Options.Hold given back (the budget is the
+// caller's and outlives this stream). finish runs it, and so does a panic
+// on the Relay goroutine (a Downstream's, an Observe's).
+func (r *relay) abandon() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.done = true
+	r.account() // gives back what was still held
+	r.gate.Stop()
+	if r.idle != nil {
+		r.idle.Stop()
+	}
+	if r.stall != nil {
+		r.stall.Stop()
+	}
+}
 
 // hold handles a chunk read before commit; r.mu is held. It reports whether
 // the relay must stop.
@@ -486,7 +517,9 @@ func (r *relay) account() bool {
 	}
 	var now int64
 	if !r.committed && !r.done {
-		now = int64(len(r.held) + len(r.pending))
+		// The parser's copy of an unfinished line or event costs as much
+		// as the bytes held for the client: both are counted.
+		now = int64(len(r.held) + len(r.pending) + r.p.Buffered())
 	}
 	d := now - r.accounted
 	if d == 0 {
@@ -879,17 +912,7 @@ func (r *relay) callCancel(cause error) {
 }
 
 func (r *relay) finish(readErr error) Result {
-	r.mu.Lock()
-	r.done = true
-	r.account() // gives back what was still held
-	r.gate.Stop()
-	if r.idle != nil {
-		r.idle.Stop()
-	}
-	if r.stall != nil {
-		r.stall.Stop()
-	}
-	r.mu.Unlock()
+	r.abandon() // done: the timers stopped, what was held given back
 
 	res := Result{Committed: r.committed, CommittedAtGate: r.gateCommitted}
 	var rerr error
