@@ -25,55 +25,80 @@ func bedrockAdapter(t *testing.T) *provider.Bedrock {
 	return b
 }
 
-// Bedrock answers an account over its service quota with HTTP 400 and
-// x-amzn-ErrorType ServiceQuotaExceededException ("You can resubmit your
-// request later", AWS's InvokeModel reference): the account's limit, not
-// the request's fault. Another channel (an Anthropic key, another AWS
-// account or region) serves the same request, so it must walk the chain
-// rather than reach the client as a 400 that says its request is wrong.
-func TestBedrockServiceQuotaExceededFailsOver(t *testing.T) {
-	quota := fu.Status(http.StatusBadRequest, `{"message":"Your request exceeds the service quota for your account. You can view your quotas at Viewing service quotas. You can resubmit your request later."}`).
-		WithHeader("X-Amzn-Errortype", "ServiceQuotaExceededException:http://internal.amazon.com/coral/com.amazon.bedrock/").
-		WithHeader("X-Amzn-Requestid", "6f6a1c9e-0000-4000-8000-000000000000")
-	a := upstream(t, quota)
-	b := upstream(t, fu.OKNamed("backup"))
-	e := testEngine(t, testPlan(t, Options{}, nil,
-		testChannel{name: uniqueName("bedrock"), url: a.URL, adapter: bedrockAdapter(t)},
-		testChannel{name: uniqueName("anthropic"), url: b.URL, adapter: new(provider.Anthropic)}))
-	w, ok := send(e, "/v1/messages", fu.MessagesRequest("m", false))
-	if !ok {
-		t.Fatal("no answer")
-	}
-	if w.Code != http.StatusOK {
-		t.Fatalf("Bedrock's quota refusal reached the client: status %d: %s", w.Code, w.Body)
-	}
-	hits(t, a, 1)
-	hits(t, b, 1)
-}
-
-// Anthropic answers an organisation out of prepaid credit with 400
-// invalid_request_error "Your credit balance is too low to access the
-// Anthropic API" (the body Claude Code users quote in anthropics/claude-code
-// #66314 and many more). Clients never send their own Anthropic key
-// through the gateway: the balance is the channel's account's, and the
-// Bedrock or Vertex channel behind it serves the same request. Passed
-// back, it takes the whole model down until someone tops the account up,
-// with the backups idle.
-func TestAnthropicCreditBalanceTooLowFailsOver(t *testing.T) {
+// A refusal about the channel's own provider account, not the request,
+// walks the chain: another channel, with its own account, serves the
+// same request. Each as its provider sends it today:
+//   - Bedrock: HTTP 400, x-amzn-ErrorType ServiceQuotaExceededException
+//     ("You can resubmit your request later", AWS's InvokeModel
+//     reference): the account's quota.
+//   - Anthropic: 400 invalid_request_error "Your credit balance is too
+//     low" (the body Claude Code users quote in anthropics/claude-code
+//     #66314 and many more): the organisation's prepaid balance. Clients
+//     never send their own Anthropic key through the gateway.
+//   - Google AI Studio: 400 INVALID_ARGUMENT, reason API_KEY_INVALID,
+//     array-wrapped (not 401: retry_status 401 403 does not reach it).
+//   - Any 402 (OpenRouter's "Insufficient credits", Anthropic's
+//     billing_error): the client pays the gateway, never the upstream, and
+//     the gateway's own 402 means the client's wallet cannot cover it.
+//
+// Passed back, each took the whole model down with the backups idle, and
+// told the client its request or its wallet was at fault.
+func TestAccountRefusalsFailOver(t *testing.T) {
 	const credit = `{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits."},"request_id":"req_011CbrFTcXhtiMzr3s6EocF7"}`
-	a := upstream(t, fu.Status(http.StatusBadRequest, credit))
-	b := upstream(t, fu.OKNamed("backup"))
-	e := testEngine(t, testPlan(t, Options{}, nil,
-		testChannel{name: uniqueName("anthropic"), url: a.URL, adapter: new(provider.Anthropic)},
-		testChannel{name: uniqueName("backup"), url: b.URL, adapter: new(provider.Anthropic)}))
-	w, ok := send(e, "/v1/messages", fu.MessagesRequest("m", true))
-	if !ok {
-		t.Fatal("no answer")
+	const credits = `{"error":{"code":402,"message":"Insufficient credits. Add more using https://openrouter.ai/settings/credits"}}`
+	const invalid = `[{
+  "error": {
+    "code": 400,
+    "message": "API key not valid. Please pass a valid API key.",
+    "status": "INVALID_ARGUMENT",
+    "details": [
+      {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID", "domain": "googleapis.com",
+       "metadata": {"service": "generativelanguage.googleapis.com"}},
+      {"@type": "type.googleapis.com/google.rpc.LocalizedMessage", "locale": "en-US", "message": "API key not valid. Please pass a valid API key."}
+    ]
+  }
+}
+]`
+
+	for _, tt := range []struct {
+		name             string
+		refusal          fu.Behavior
+		refusing, backup func() provider.Adapter
+		path             string
+		body             []byte
+	}{
+		{"bedrock quota", fu.Status(http.StatusBadRequest, `{"message":"Your request exceeds the service quota for your account. You can view your quotas at Viewing service quotas. You can resubmit your request later."}`).
+			WithHeader("X-Amzn-Errortype", "ServiceQuotaExceededException:http://internal.amazon.com/coral/com.amazon.bedrock/").
+			WithHeader("X-Amzn-Requestid", "6f6a1c9e-0000-4000-8000-000000000000"),
+			func() provider.Adapter { return bedrockAdapter(t) }, func() provider.Adapter { return new(provider.Anthropic) },
+			"/v1/messages", fu.MessagesRequest("m", false)},
+		{"anthropic credit", fu.Status(http.StatusBadRequest, credit),
+			func() provider.Adapter { return new(provider.Anthropic) }, func() provider.Adapter { return new(provider.Anthropic) },
+			"/v1/messages", fu.MessagesRequest("m", true)},
+		{"google key", fu.Status(http.StatusBadRequest, invalid),
+			func() provider.Adapter { return &provider.Gemini{APIKey: "AIza-revoked"} }, func() provider.Adapter { return nil },
+			"/v1/chat/completions", fu.ChatRequest("m", false)},
+		{"402", fu.Status(http.StatusPaymentRequired, credits),
+			func() provider.Adapter { return nil }, func() provider.Adapter { return nil },
+			"/v1/chat/completions", fu.ChatRequest("m", true)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			a := upstream(t, tt.refusal)
+			b := upstream(t, fu.OKNamed("backup"))
+			e := testEngine(t, testPlan(t, Options{}, nil,
+				testChannel{name: uniqueName("refusing"), url: a.URL, adapter: tt.refusing()},
+				testChannel{name: uniqueName("backup"), url: b.URL, adapter: tt.backup()}))
+			w, ok := send(e, tt.path, tt.body)
+			if !ok {
+				t.Fatal("no answer")
+			}
+			if w.Code != http.StatusOK {
+				t.Fatalf("the channel's account refusal reached the client: status %d: %s", w.Code, w.Body)
+			}
+			hits(t, a, 1)
+			hits(t, b, 1)
+		})
 	}
-	if w.Code != http.StatusOK {
-		t.Fatalf("the channel's empty account reached the client: status %d: %s", w.Code, w.Body)
-	}
-	hits(t, b, 1)
 }
 
 // An OpenAI-compatible host serving /v1/messages (the openai adapter
@@ -106,62 +131,6 @@ func TestOpenAIShapedRefusalReachesAnthropicClientInItsFormat(t *testing.T) {
 	if got.Type != "error" || got.Error.Type != "invalid_request_error" || !strings.Contains(got.Error.Message, "maximum context length") {
 		t.Errorf("not an Anthropic error quoting the upstream: %s", w.Body)
 	}
-}
-
-// Google AI Studio refuses a wrong, deleted or restricted key with 400
-// INVALID_ARGUMENT, reason API_KEY_INVALID, array-wrapped (not 401: the
-// retry_status workaround for 401 and 403 does not reach it). The key is
-// the channel's; the next channel, with its own credentials, serves the
-// request.
-func TestGeminiInvalidKeyFailsOver(t *testing.T) {
-	const invalid = `[{
-  "error": {
-    "code": 400,
-    "message": "API key not valid. Please pass a valid API key.",
-    "status": "INVALID_ARGUMENT",
-    "details": [
-      {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID", "domain": "googleapis.com",
-       "metadata": {"service": "generativelanguage.googleapis.com"}},
-      {"@type": "type.googleapis.com/google.rpc.LocalizedMessage", "locale": "en-US", "message": "API key not valid. Please pass a valid API key."}
-    ]
-  }
-}
-]`
-	a := upstream(t, fu.Status(http.StatusBadRequest, invalid))
-	b := upstream(t, fu.OKNamed("backup"))
-	e := testEngine(t, testPlan(t, Options{}, nil,
-		testChannel{name: uniqueName("studio"), url: a.URL, adapter: &provider.Gemini{APIKey: "AIza-revoked"}},
-		testChannel{name: uniqueName("backup"), url: b.URL}))
-	w, ok := send(e, "/v1/chat/completions", fu.ChatRequest("m", false))
-	if !ok {
-		t.Fatal("no answer")
-	}
-	if w.Code != http.StatusOK {
-		t.Fatalf("the channel's refused key reached the client: status %d: %s", w.Code, w.Body)
-	}
-	hits(t, a, 1)
-	hits(t, b, 1)
-}
-
-// A 402 is the upstream asking the channel's account to pay (OpenRouter's
-// "Insufficient credits", Anthropic's billing_error): the client pays the
-// gateway, never the upstream, and a 402 from the gateway means the
-// client's own wallet cannot cover the request (errors.md: "never retry:
-// top up the account"). The next channel serves it.
-func TestUpstreamPaymentRequiredFailsOver(t *testing.T) {
-	const credits = `{"error":{"code":402,"message":"Insufficient credits. Add more using https://openrouter.ai/settings/credits"}}`
-	a := upstream(t, fu.Status(http.StatusPaymentRequired, credits))
-	b := upstream(t, fu.OKNamed("backup"))
-	e := testEngine(t, testPlan(t, Options{}, nil,
-		testChannel{name: uniqueName("router"), url: a.URL}, testChannel{name: uniqueName("backup"), url: b.URL}))
-	w, ok := send(e, "/v1/chat/completions", fu.ChatRequest("m", true))
-	if !ok {
-		t.Fatal("no answer")
-	}
-	if w.Code != http.StatusOK {
-		t.Fatalf("the channel's unpaid account reached the client: status %d: %s", w.Code, w.Body)
-	}
-	hits(t, b, 1)
 }
 
 // When the channel whose account refused is the last (or only) one, the
