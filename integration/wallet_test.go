@@ -1196,22 +1196,7 @@ func TestWalletReloadToOtherStoreSettlesInFlight(t *testing.T) {
 	}, func() []walletapp.EntryView {
 		// The admin API now shows the other wallet; read the first one's
 		// file directly once the old store has closed it.
-		st, err := wallet.OpenSQLite(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer st.Close()
-		entries, err := st.Usage(context.Background(), "acct", 0, 100)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out []walletapp.EntryView
-		for _, e := range entries {
-			if e.Kind != wallet.KindCredit {
-				out = append(out, walletapp.EntryView{Kind: e.Kind, Cost: e.Cost.String(), TokensOut: e.TokensOut, Channel: e.Channel})
-			}
-		}
-		return out
+		return sqliteEntries(t, path)
 	})
 	// Back on the first wallet: its balance reflects the charge.
 	gatewayWith(t, storeOption("sqlite "+path), walletChannels, a.URL, b.URL)
@@ -1305,24 +1290,7 @@ func TestWalletReloadFromSQLiteToPostgresSettlesInFlight(t *testing.T) {
 	t.Setenv("LLMF_IT_WALLET_DSN", dsn)
 	reloadMidStream(t, a, secret, false, func() {
 		gatewayWith(t, storeOption("postgres {env.LLMF_IT_WALLET_DSN}"), walletChannels, a.URL, b.URL)
-	}, func() []walletapp.EntryView {
-		st, err := wallet.OpenSQLite(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer st.Close()
-		entries, err := st.Usage(context.Background(), "acct", 0, 100)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out []walletapp.EntryView
-		for _, e := range entries {
-			if e.Kind != wallet.KindCredit {
-				out = append(out, walletapp.EntryView{Kind: e.Kind, Cost: e.Cost.String(), TokensOut: e.TokensOut, Channel: e.Channel})
-			}
-		}
-		return out
-	})
+	}, func() []walletapp.EntryView { return sqliteEntries(t, path) })
 	// The old file's balance is the credit less the charge, nothing held
 	// once the old store, released by the reload, has closed (returning
 	// its credit lease) after its last request left.
@@ -1390,4 +1358,26 @@ func TestWalletReloadAppliesANewLeaseTTL(t *testing.T) {
 		t.Fatalf("the instance's credit lease expires in %s after a reload set lease_ttl 2s: "+
 			"the store shared across the reload kept the old config's TTL", left.Round(time.Second))
 	}
+}
+
+// sqliteEntries reads the ledger rows of account "acct" but its credits
+// from the SQLite wallet at path, as the admin API would show them.
+func sqliteEntries(t *testing.T, path string) []walletapp.EntryView {
+	t.Helper()
+	st, err := wallet.OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	entries, err := st.Usage(context.Background(), "acct", 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []walletapp.EntryView
+	for _, e := range entries {
+		if e.Kind != wallet.KindCredit {
+			out = append(out, walletapp.EntryView{Kind: e.Kind, Cost: e.Cost.String(), TokensOut: e.TokensOut, Channel: e.Channel})
+		}
+	}
+	return out
 }
