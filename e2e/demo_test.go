@@ -30,19 +30,13 @@ func demoConfig(t *testing.T, p ports, first int) string {
 		"127.0.0.1:9501", at(0), "127.0.0.1:9502", at(1), "127.0.0.1:9503", at(2), "127.0.0.1:9509", at(3)).Replace(string(raw))
 }
 
-// Caddyfile.example, as `make run` serves it, answers every API the demo
-// prints a command for in that API's own format (its Responses request
-// got a chat completion, so the SDK's output_text was undefined), and
-// shows the operator features: the status page, readiness, probes that
-// run, a heartbeat receiver that is pinged, the history store.
-func TestBinaryDemoAnswersEveryAPI(t *testing.T) {
-	cfg := demoConfig(t, portsDemo, 19113)
-	for _, line := range strings.Split(cfg, "\n") {
-		if line = strings.TrimSpace(line); !strings.HasPrefix(line, "#") && (strings.Contains(line, ":95") || strings.Contains(line, ":8080") || strings.Contains(line, ":2019")) {
-			t.Fatalf("a port of Caddyfile.example was not moved: %s", line)
-		}
-	}
-	in := newInstance(t, "demo", portsDemo, cfg, "FLAKY_API_KEY=k1", "OVERLOADED_API_KEY=k2", "BACKUP_API_KEY=k3")
+// startDemo starts cfg (a demoConfig) as instance name and sets it up as
+// scripts/run-demo.sh does on its first run: the demo account and the
+// probes' account funded, a key for the demo. It returns the instance, a
+// `caddy llm-wallet` runner against it and the key.
+func startDemo(t *testing.T, name string, p ports, cfg string) (*instance, func(args ...string) string, string) {
+	t.Helper()
+	in := newInstance(t, name, p, cfg, "FLAKY_API_KEY=k1", "OVERLOADED_API_KEY=k2", "BACKUP_API_KEY=k3")
 	cli := func(args ...string) string {
 		t.Helper()
 		out, err := runCaddy(t, in.env, append([]string{"llm-wallet", "--address", in.adminAddr()}, args...)...)
@@ -55,7 +49,22 @@ func TestBinaryDemoAnswersEveryAPI(t *testing.T) {
 	cli("credit", "demo", "5")
 	cli("create-account", "demo-probes")
 	cli("credit", "demo-probes", "1")
-	key := cliFields(cli("create-key", "demo", "demo"))["key"]
+	return in, cli, cliFields(cli("create-key", "demo", "demo"))["key"]
+}
+
+// Caddyfile.example, as `make run` serves it, answers every API the demo
+// prints a command for in that API's own format (its Responses request
+// got a chat completion, so the SDK's output_text was undefined), and
+// shows the operator features: the status page, readiness, probes that
+// run, a heartbeat receiver that is pinged, the history store.
+func TestBinaryDemoAnswersEveryAPI(t *testing.T) {
+	cfg := demoConfig(t, portsDemo, 19113)
+	for _, line := range strings.Split(cfg, "\n") {
+		if line = strings.TrimSpace(line); !strings.HasPrefix(line, "#") && (strings.Contains(line, ":95") || strings.Contains(line, ":8080") || strings.Contains(line, ":2019")) {
+			t.Fatalf("a port of Caddyfile.example was not moved: %s", line)
+		}
+	}
+	in, cli, key := startDemo(t, "demo", portsDemo, cfg)
 
 	post := func(path string, body string, hdr ...string) (int, []byte) {
 		t.Helper()
@@ -188,21 +197,7 @@ var portsDemoRestart = ports{19117, 19118}
 // promise too, not only the very first start.
 func TestBinaryDemoReadmeFailoverAfterRestart(t *testing.T) {
 	cfg := demoConfig(t, portsDemoRestart, 19119)
-	in := newInstance(t, "demo-restart", portsDemoRestart, cfg, "FLAKY_API_KEY=k1", "OVERLOADED_API_KEY=k2", "BACKUP_API_KEY=k3")
-	cli := func(args ...string) string {
-		t.Helper()
-		out, err := runCaddy(t, in.env, append([]string{"llm-wallet", "--address", in.adminAddr()}, args...)...)
-		if err != nil {
-			t.Fatalf("llm-wallet %v: %v\n%s", args, err, out)
-		}
-		return out
-	}
-	// What scripts/run-demo.sh does on its first run.
-	cli("create-account", "demo")
-	cli("credit", "demo", "5")
-	cli("create-account", "demo-probes")
-	cli("credit", "demo-probes", "1")
-	key := cliFields(cli("create-key", "demo", "demo"))["key"]
+	in, _, key := startDemo(t, "demo-restart", portsDemoRestart, cfg)
 
 	// The second `make run`: same data directory, accounts already there.
 	in.stop()
