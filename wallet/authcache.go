@@ -33,9 +33,9 @@ type authCache struct {
 	// expiry orders m's keys by expiry: a full cache forgets its first
 	// in O(log n), not by reading every entry under mu.
 	expiry expiry.Queue[keyHash]
-	// gen changes on every invalidation, so that a lookup that read the
-	// database before a revocation committed cannot store its stale answer
-	// after the revocation cleared the cache.
+	// gen changes on every revocation (forgetKey), so that a lookup that
+	// read the database before a revocation committed cannot store its
+	// stale answer after the revocation forgot the key.
 	gen uint64
 }
 
@@ -67,7 +67,7 @@ func (c *authCache) put(hash keyHash, k Key, now time.Time, gen uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if gen != c.gen {
-		return // invalidated since the caller's lookup began
+		return // a key was revoked since the caller's lookup began
 	}
 	if _, ok := c.m[hash]; !ok {
 		for len(c.m) >= c.max && c.expiry.Len() > 0 {
@@ -93,7 +93,7 @@ func (c *authCache) forget(hash keyHash) {
 // forgetKey forgets the entries of the key called id (a revoked key),
 // keeping every other key's: a revocation, even one that failed, must
 // not make the instance forget the keys it may serve while the database
-// cannot be asked (KnownKey). Like invalidate it changes the generation,
+// cannot be asked (KnownKey). It changes the generation,
 // so that a lookup that read the database before the revocation cannot
 // store its answer after it.
 func (c *authCache) forgetKey(id string) {
@@ -106,14 +106,4 @@ func (c *authCache) forgetKey(id string) {
 			c.expiry.Remove(h)
 		}
 	}
-}
-
-// invalidate forgets every entry. Revocations are rare, so clearing
-// everything beats keeping an index from key ID to hash.
-func (c *authCache) invalidate() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.gen++
-	clear(c.m)
-	c.expiry = expiry.Queue[keyHash]{}
 }
