@@ -9,18 +9,10 @@ import (
 )
 
 // This file keeps the operator's secrets inside the gateway: every
-// channel credential is masked in what an upstream makes the gateway say
-// (quoted messages, failure details, answer headers), whatever channel
-// echoed it.
-
-// provisionSecrets gathers every channel's credentials into one masker.
-func (e *Engine) provisionSecrets() {
-	var all []string
-	for _, ch := range e.channels {
-		all = append(all, provider.ChannelCredentials(ch.Base, ch.Header, ch.Adapter)...)
-	}
-	e.secrets = redact.NewSecrets(all...)
-}
+// channel credential (gathered into e.secrets when the engine is built)
+// is masked in what an upstream makes the gateway say (quoted messages,
+// failure details, answer headers) and in everything an answer carries
+// to the client, whatever channel echoed it.
 
 // scrubFailure masks secrets in what a failure quotes or describes, before
 // it reaches a log line, an event or a client. The upstream's message is
