@@ -4,12 +4,9 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/llmfailover/caddy-llm-failover/breaker"
 	"github.com/llmfailover/caddy-llm-failover/chain"
 	"github.com/llmfailover/caddy-llm-failover/history"
-	"github.com/llmfailover/caddy-llm-failover/journal"
 	"github.com/llmfailover/caddy-llm-failover/latency"
 )
 
@@ -21,14 +18,7 @@ import (
 func TestChannelIncidentEndsWhenTheBreakerClosesByTheClock(t *testing.T) {
 	now := time.Now()
 	ch := &Channel{Name: "idle-backup", Breaker: breaker.New(breaker.Config{}), Latency: latency.NewLearner()}
-	m, err := chain.New("m", chain.Cost, 1, []chain.Route{{Channel: 0, Name: ch.Name}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := &App{logger: zap.NewNop(), status: &statusState{history: history.NewRecorder(), journal: journal.New(journal.DefaultSize),
-		since: map[string]time.Time{}, started: now}}
-	a.channels = []*registeredChannel{{ch: ch}}
-	a.Model(Model{Chain: m, Channels: []*Channel{ch}})
+	a := modelApp(t, now, []chain.Route{{Channel: 0, Name: ch.Name}}, ch)
 
 	var tr breaker.Transition
 	for range 3 {
@@ -61,14 +51,7 @@ func TestModelIncidentNotEndedByAPageViewWhileHalfOpen(t *testing.T) {
 	now := time.Now()
 	ch := &Channel{Name: "only", Breaker: breaker.New(breaker.Config{Failures: 1, Window: time.Minute, Cooldown: time.Second, Trials: 1}),
 		Latency: latency.NewLearner()}
-	m, err := chain.New("m", chain.Cost, 1, []chain.Route{{Channel: 0, Name: ch.Name}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := &App{logger: zap.NewNop(), status: &statusState{history: history.NewRecorder(), journal: journal.New(journal.DefaultSize),
-		since: map[string]time.Time{}, started: now}}
-	a.channels = []*registeredChannel{{ch: ch}}
-	a.Model(Model{Chain: m, Channels: []*Channel{ch}})
+	a := modelApp(t, now, []chain.Route{{Channel: 0, Name: ch.Name}}, ch)
 
 	tr := ch.Breaker.RecordFailure(now)
 	if tr != (breaker.Transition{From: breaker.Closed, To: breaker.Open}) {

@@ -87,14 +87,7 @@ func TestStatusViewShowsLearnedDeadlines(t *testing.T) {
 	plain := &Channel{Name: "beta", Breaker: breaker.New(breaker.Config{Failures: 3, Window: time.Minute, Cooldown: time.Minute, Trials: 1}),
 		Latency: latency.NewLearner()}
 	plain.Latency.Observe(latency.Header, small, time.Second, latency.DefaultWindow, now)
-	m, err := chain.New("m", chain.Cost, 2, []chain.Route{{Channel: 0, Name: "alpha"}, {Channel: 1, Name: "beta", InputCost: 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := &App{logger: zap.NewNop(), status: &statusState{history: history.NewRecorder(), journal: journal.New(journal.DefaultSize),
-		since: map[string]time.Time{}, started: now}}
-	a.channels = []*registeredChannel{{ch: learning}, {ch: plain}}
-	a.Model(Model{Chain: m, Channels: []*Channel{learning, plain}})
+	a := modelApp(t, now, []chain.Route{{Channel: 0, Name: "alpha"}, {Channel: 1, Name: "beta", InputCost: 1}}, learning, plain)
 
 	b, err := json.Marshal(a.statusView(now, "t", false))
 	if err != nil {
@@ -160,14 +153,7 @@ func TestStatusViewModelDownWhileItsTrialSlotIsTaken(t *testing.T) {
 	now := time.Now()
 	ch := &Channel{Name: "only", Breaker: breaker.New(breaker.Config{Failures: 1, Window: time.Minute, Cooldown: time.Second, Trials: 1}),
 		Latency: latency.NewLearner()}
-	m, err := chain.New("m", chain.Cost, 1, []chain.Route{{Channel: 0, Name: ch.Name}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := &App{logger: zap.NewNop(), status: &statusState{history: history.NewRecorder(), journal: journal.New(journal.DefaultSize),
-		since: map[string]time.Time{}, started: now}}
-	a.channels = []*registeredChannel{{ch: ch}}
-	a.Model(Model{Chain: m, Channels: []*Channel{ch}})
+	a := modelApp(t, now, []chain.Route{{Channel: 0, Name: ch.Name}}, ch)
 	a.transitioned(ch, ch.Breaker.RecordFailure(now), "status")
 
 	trial := now.Add(2 * time.Second)
@@ -183,4 +169,21 @@ func TestStatusViewModelDownWhileItsTrialSlotIsTaken(t *testing.T) {
 	if got := v.Models[0].Status; got != StatusDown {
 		t.Errorf("model %s while its only channel's one trial slot is taken, want down", got)
 	}
+}
+
+// modelApp is an app whose one model "m" routes over chs, as a handler
+// would register them, with an in-memory status started at now.
+func modelApp(t *testing.T, now time.Time, routes []chain.Route, chs ...*Channel) *App {
+	t.Helper()
+	m, err := chain.New("m", chain.Cost, len(routes), routes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &App{logger: zap.NewNop(), status: &statusState{history: history.NewRecorder(), journal: journal.New(journal.DefaultSize),
+		since: map[string]time.Time{}, started: now}}
+	for _, ch := range chs {
+		a.channels = append(a.channels, &registeredChannel{ch: ch})
+	}
+	a.Model(Model{Chain: m, Channels: chs})
+	return a
 }
