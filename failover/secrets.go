@@ -74,7 +74,7 @@ func (e *Engine) copyResponseHeader(ch *Channel, dst, src http.Header) {
 // scrubBytes masks secrets in bytes on their way to a client: a whole
 // answer, and an error event held back for a resume. Bytes that hold none
 // (nearly all) come back as they are, uncopied.
-func (e *Engine) scrubBytes(b []byte) []byte { return e.scrubber()(b) }
+func (e *Engine) scrubBytes(b []byte) []byte { return e.liveSecrets().Bytes(e.secrets.Bytes(b)) }
 
 // scrubber is scrubBytes for the many writes of one stream (streamgate's
 // Scrub, every event): the live credentials are looked up once, not per
